@@ -1,0 +1,141 @@
+"""The ``wakustore`` command line.
+
+Usage errors (bad hex, wrong key length, unknown flag) print one line on
+stderr and exit with status 2; nothing else is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from wakustore.protocols import topics
+from wakustore.protocols.errors import ProtocolError
+from wakustore.protocols.message import WakuMessage, message_hash, muid
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input; reported on one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse calls this on bad flags
+        raise UsageError(message)
+
+
+def parse_hex(text: str, what: str) -> bytes:
+    """Hex with or without a 0x prefix; raises UsageError on anything else."""
+    digits = text[2:] if text[:2] in ("0x", "0X") else text
+    if len(digits) % 2:
+        raise UsageError(f"{what}: odd number of hex digits")
+    try:
+        return bytes.fromhex(digits)
+    except ValueError:
+        raise UsageError(f"{what}: not hexadecimal: {text!r}") from None
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
+    return value
+
+
+def _message_from_args(args: argparse.Namespace) -> WakuMessage:
+    return WakuMessage(
+        payload=parse_hex(args.payload, "--payload"),
+        content_topic=args.content_topic,
+        meta=parse_hex(args.meta, "--meta") if args.meta else b"",
+        timestamp=getattr(args, "timestamp", 0) or 0,
+    )
+
+
+def _cmd_message_hash(args: argparse.Namespace) -> int:
+    print(message_hash(args.pubsub_topic, _message_from_args(args)).hex())
+    return 0
+
+
+def _cmd_message_muid(args: argparse.Namespace) -> int:
+    print(muid(args.pubsub_topic, _message_from_args(args)).hex())
+    return 0
+
+
+def _cmd_topic_community(args: argparse.Namespace) -> int:
+    print(topics.community_content_topic(parse_hex(args.pubkey, "--pubkey")))
+    return 0
+
+
+def _cmd_topic_channel(args: argparse.Namespace) -> int:
+    print(topics.channel_content_topic(parse_hex(args.pubkey, "--pubkey"), args.chat_id))
+    return 0
+
+
+def _cmd_topic_magnet(args: argparse.Namespace) -> int:
+    print(topics.magnet_content_topic(parse_hex(args.pubkey, "--pubkey")))
+    return 0
+
+
+def _cmd_topic_shard(args: argparse.Namespace) -> int:
+    print(topics.shard_pubsub_topic(args.cluster, args.index))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="wakustore", description="A history node for Waku networks.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    message = commands.add_parser("message", help="message hash and MUID")
+    message_verbs = message.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    for verb, handler, with_timestamp in (
+        ("hash", _cmd_message_hash, True),
+        ("muid", _cmd_message_muid, False),
+    ):
+        sub = message_verbs.add_parser(verb)
+        sub.add_argument("--pubsub-topic", required=True)
+        sub.add_argument("--content-topic", required=True)
+        sub.add_argument("--payload", required=True, help="hex")
+        sub.add_argument("--meta", help="hex")
+        if with_timestamp:
+            sub.add_argument("--timestamp", type=_nonnegative_int, default=0, help="Unix ns")
+        sub.set_defaults(handler=handler)
+
+    topic = commands.add_parser("topic", help="community, channel, magnet and shard topics")
+    topic_verbs = topic.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    for verb, handler in (
+        ("community", _cmd_topic_community),
+        ("channel", _cmd_topic_channel),
+        ("magnet", _cmd_topic_magnet),
+    ):
+        sub = topic_verbs.add_parser(verb)
+        sub.add_argument("--pubkey", required=True, help="33- or 65-byte public key, hex")
+        if verb == "channel":
+            sub.add_argument("--chat-id", required=True)
+        sub.set_defaults(handler=handler)
+    shard = topic_verbs.add_parser("shard")
+    shard.add_argument("--cluster", type=_nonnegative_int, required=True)
+    shard.add_argument("--index", type=_nonnegative_int, required=True)
+    shard.set_defaults(handler=_cmd_topic_shard)
+
+    for register in _EXTRA_COMMANDS:
+        register(commands)
+    return parser
+
+
+# Modules that add subcommands (serve, db, query, ...) register here.
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.handler(args)
+    except (UsageError, ProtocolError) as exc:
+        print(f"wakustore: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,3 @@
+from wakustore.cli import main
+
+raise SystemExit(main())
