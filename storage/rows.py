@@ -1,0 +1,172 @@
+"""Conversion between Waku messages, write-ahead-log records and Arrow rows."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from wakustore.protocols.message import WakuMessage, message_hash, muid
+from wakustore.protocols.store_query import StoredMessage
+from wakustore.storage import schema
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One message as the table holds it; times in nanoseconds."""
+
+    muid: bytes
+    message_hash: bytes
+    digest: bytes
+    pubsub_topic: str
+    message: WakuMessage
+    timestamp: int  # ordering time: sender timestamp, or arrival when unset
+    arrival_time: int
+
+    @classmethod
+    def build(cls, pubsub_topic: str, message: WakuMessage, arrival_ns: int) -> Row:
+        return cls(
+            muid=muid(pubsub_topic, message),
+            message_hash=message_hash(pubsub_topic, message),
+            digest=legacy_digest(message),
+            pubsub_topic=pubsub_topic,
+            message=message,
+            timestamp=message.timestamp or arrival_ns,
+            arrival_time=arrival_ns,
+        )
+
+    def stored(self, include_data: bool = True) -> StoredMessage:
+        return StoredMessage(
+            message_hash=self.message_hash,
+            pubsub_topic=self.pubsub_topic,
+            message=self.message if include_data else None,
+            timestamp=self.timestamp,
+            digest=self.digest,
+        )
+
+
+def legacy_digest(message: WakuMessage) -> bytes:
+    """Legacy Store v2 index digest: sha256(utf8(content_topic) || payload)."""
+    return hashlib.sha256(message.content_topic.encode() + message.payload).digest()
+
+
+# --- write-ahead-log records ----------------------------------------------
+# Layout: arrival_ns, timestamp, version (q q I), then length-prefixed
+# pubsub topic, content topic, payload, meta, rate-limit proof.
+
+_HEAD = struct.Struct(">qqI")
+_LEN = struct.Struct(">I")
+
+
+def encode_record(pubsub_topic: str, message: WakuMessage, arrival_ns: int) -> bytes:
+    parts = [_HEAD.pack(arrival_ns, message.timestamp, message.version)]
+    for field in (
+        pubsub_topic.encode(),
+        message.content_topic.encode(),
+        message.payload,
+        message.meta,
+        message.rate_limit_proof,
+    ):
+        parts.append(_LEN.pack(len(field)))
+        parts.append(field)
+    return b"".join(parts)
+
+
+def decode_record(record: bytes) -> Row:
+    arrival_ns, timestamp, version = _HEAD.unpack_from(record, 0)
+    offset = _HEAD.size
+    fields = []
+    for _ in range(5):
+        (length,) = _LEN.unpack_from(record, offset)
+        offset += _LEN.size
+        fields.append(record[offset : offset + length])
+        offset += length
+    pubsub, content, payload, meta, proof = fields
+    message = WakuMessage(
+        payload=bytes(payload),
+        content_topic=content.decode(),
+        version=version,
+        timestamp=timestamp,
+        meta=bytes(meta),
+        rate_limit_proof=bytes(proof),
+    )
+    return Row.build(pubsub.decode(), message, arrival_ns)
+
+
+# --- Arrow ----------------------------------------------------------------
+
+
+def to_arrow(rows: Iterable[Row]) -> pa.Table:
+    rows = list(rows)
+    return pa.Table.from_pydict(
+        {
+            "muid": [r.muid for r in rows],
+            "message_hash": [r.message_hash for r in rows],
+            "digest": [r.digest for r in rows],
+            "pubsub_topic": [r.pubsub_topic for r in rows],
+            "content_topic": [r.message.content_topic for r in rows],
+            "payload": [r.message.payload for r in rows],
+            "meta": [r.message.meta for r in rows],
+            "version": [r.message.version for r in rows],
+            "timestamp": [r.timestamp for r in rows],
+            "sender_timestamp": [r.message.timestamp for r in rows],
+            "rate_limit_proof": [r.message.rate_limit_proof for r in rows],
+            "arrival_time": [r.arrival_time for r in rows],
+            schema.MESSAGES_PARTITION: [schema.day_of_ns(r.timestamp) for r in rows],
+        },
+        schema=schema.MESSAGES,
+    )
+
+
+def from_arrow(table: pa.Table, include_data: bool = True) -> list[StoredMessage]:
+    """StoredMessages from a result with at least message_hash, pubsub_topic, timestamp."""
+    columns = table.to_pydict()
+    n = table.num_rows
+    hashes = columns["message_hash"]
+    pubsubs = columns["pubsub_topic"]
+    timestamps = columns["timestamp"]
+    digests = columns.get("digest") or [b""] * n
+    out = []
+    for i in range(n):
+        message = None
+        if include_data:
+            message = WakuMessage(
+                payload=columns["payload"][i],
+                content_topic=columns["content_topic"][i],
+                version=columns["version"][i],
+                timestamp=columns["sender_timestamp"][i],
+                meta=columns["meta"][i],
+                rate_limit_proof=columns["rate_limit_proof"][i],
+            )
+        out.append(StoredMessage(hashes[i], pubsubs[i], message, timestamps[i], digests[i]))
+    return out
+
+
+def rows_from_arrow(table: pa.Table) -> list[Row]:
+    """Full rows (for window export and re-import)."""
+    columns = table.to_pydict()
+    out = []
+    for i in range(table.num_rows):
+        message = WakuMessage(
+            payload=columns["payload"][i],
+            content_topic=columns["content_topic"][i],
+            version=columns["version"][i],
+            timestamp=columns["sender_timestamp"][i],
+            meta=columns["meta"][i],
+            rate_limit_proof=columns["rate_limit_proof"][i],
+        )
+        out.append(
+            Row(
+                muid=columns["muid"][i],
+                message_hash=columns["message_hash"][i],
+                digest=columns["digest"][i],
+                pubsub_topic=columns["pubsub_topic"][i],
+                message=message,
+                timestamp=columns["timestamp"][i],
+                arrival_time=columns["arrival_time"][i],
+            )
+        )
+    return out

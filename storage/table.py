@@ -1,0 +1,242 @@
+"""A Delta table reached through the engine: the only place queries are built.
+
+Everything here goes through the Spark Connect DataFrame API or SQL that
+both Sail and Spark with Delta accept. Creating the table and setting its
+properties use delta-rs in embedded mode (Sail has no CREATE ... TBLPROPERTIES
+for path tables) and Delta SQL on a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from wakustore.protocols.store_query import HistoryQuery, Ordering
+from wakustore.storage import schema
+
+if TYPE_CHECKING:
+    from wakustore.storage.engine import Engine
+
+# Columns a data page returns (everything but muid, day and arrival time).
+_DATA_COLUMNS = [
+    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
+    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
+]
+_KEY_COLUMNS = ["message_hash", "digest", "pubsub_topic", "timestamp"]
+
+# Failures that mean "another writer committed first; re-read and retry".
+_CONFLICT = re.compile(
+    r"(?i)concurrent|conflict|failed to commit transaction|version \d+ already exists|"
+    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged"
+)
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    return bool(_CONFLICT.search(f"{type(exc).__name__}: {exc}"))
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class DeltaTableRef:
+    """One Delta table at ``uri``, read and written through ``engine``."""
+
+    def __init__(self, engine: Engine, uri: str):
+        self.engine = engine
+        self.uri = uri
+
+    # --- creation ----------------------------------------------------------
+
+    def ensure(self, arrow_schema: pa.Schema, partition: str, description: str) -> None:
+        """Create the table if it does not exist; record the schema version."""
+        if self.engine.is_embedded:
+            from deltalake import DeltaTable
+            from deltalake.exceptions import TableNotFoundError
+
+            try:
+                table = DeltaTable(self.uri)
+            except TableNotFoundError:
+                table = DeltaTable.create(
+                    self.uri, arrow_schema, partition_by=[partition], description=description,
+                    mode="ignore",
+                )
+                table.alter.set_table_properties(
+                    {schema.SCHEMA_VERSION_PROPERTY: str(schema.SCHEMA_VERSION)},
+                    raise_if_not_exists=False,
+                )
+            self._migrate(int(table.metadata().configuration.get(schema.SCHEMA_VERSION_PROPERTY, "1")))
+        else:
+            columns = ", ".join(f"`{f.name}` {_spark_type(f.type)}" for f in arrow_schema)
+            self.engine.run(
+                lambda spark: spark.sql(
+                    f"CREATE TABLE IF NOT EXISTS delta.`{self.uri}` ({columns}) USING delta "
+                    f"PARTITIONED BY ({partition}) "
+                    f"TBLPROPERTIES ('{schema.SCHEMA_VERSION_PROPERTY}' = '{schema.SCHEMA_VERSION}')"
+                ).collect()
+            )
+
+    def _migrate(self, version: int) -> None:
+        while version < schema.SCHEMA_VERSION:
+            for statement in schema.MIGRATIONS[version]:
+                self.engine.run(lambda spark, s=statement: spark.sql(s.format(table=f"delta.`{self.uri}`")).collect())
+            version += 1
+
+    # --- writes ------------------------------------------------------------
+
+    def merge_new(self, batch: pa.Table, key: str, partition: str, partition_values: Sequence[Any]) -> None:
+        """Insert the rows of ``batch`` whose ``key`` the touched partitions lack."""
+        days = ", ".join(_sql_literal(v) for v in partition_values)
+        view = f"batch_{uuid.uuid4().hex}"
+
+        def run(spark):
+            spark.createDataFrame(batch).createOrReplaceTempView(view)
+            try:
+                spark.sql(
+                    f"MERGE INTO delta.`{self.uri}` AS t USING {view} AS s "
+                    f"ON t.{partition} IN ({days}) AND t.{key} = s.{key} "
+                    "WHEN NOT MATCHED THEN INSERT *"
+                ).collect()
+            finally:
+                spark.catalog.dropTempView(view)
+
+        self.engine.run(run)
+
+    def append(self, batch: pa.Table) -> None:
+        self.engine.run(lambda spark: spark.createDataFrame(batch).write.format("delta").mode("append").save(self.uri))
+
+    def replace_where(self, batch: pa.Table, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> None:
+        topics = ", ".join(sql_string(t) for t in content_topics)
+        first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
+        predicate = (
+            f"day >= DATE'{first.isoformat()}' AND day <= DATE'{last.isoformat()}' "
+            f"AND timestamp >= {int(start_ns)} AND timestamp < {int(end_ns)} "
+            f"AND content_topic IN ({topics})"
+        )
+
+        def run(spark):
+            frame = spark.createDataFrame(batch) if batch.num_rows else spark.createDataFrame([], _spark_schema(spark, batch.schema))
+            frame.write.format("delta").mode("overwrite").option("replaceWhere", predicate).save(self.uri)
+
+        self.engine.run(run)
+
+    def delete_where(self, predicate: str) -> None:
+        self.engine.run(lambda spark: spark.sql(f"DELETE FROM delta.`{self.uri}` WHERE {predicate}").collect())
+
+    # --- reads -------------------------------------------------------------
+
+    def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+        """Up to ``fetch`` rows after/before ``key`` in query order (not reversed)."""
+        from pyspark.sql import functions as F
+
+        def run(spark):
+            frame = spark.read.format("delta").load(self.uri)
+            condition = _query_condition(F, query)
+            order_col = "digest" if query.ordering is Ordering.DIGEST else "message_hash"
+            if key is not None:
+                ts, k = key
+                if query.forward:
+                    after = (F.col("timestamp") > F.lit(ts)) | ((F.col("timestamp") == F.lit(ts)) & (F.col(order_col) > F.lit(k)))
+                else:
+                    after = (F.col("timestamp") < F.lit(ts)) | ((F.col("timestamp") == F.lit(ts)) & (F.col(order_col) < F.lit(k)))
+                condition = after if condition is None else condition & after
+            if condition is not None:
+                frame = frame.where(condition)
+            columns = _DATA_COLUMNS if query.include_data else _KEY_COLUMNS
+            orders = [F.col("timestamp"), F.col(order_col)]
+            orders = [c.asc() for c in orders] if query.forward else [c.desc() for c in orders]
+            return frame.select(*columns).orderBy(*orders).limit(fetch).toArrow()
+
+        return self.engine.run(run)
+
+    def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
+        from pyspark.sql import functions as F
+
+        def run(spark):
+            frame = spark.read.format("delta").load(self.uri).where(F.col("message_hash") == F.lit(message_hash))
+            if pubsub_topic is not None:
+                frame = frame.where(F.col("pubsub_topic") == F.lit(pubsub_topic))
+            return frame.select("timestamp").limit(1).toArrow()
+
+        found = self.engine.run(run)
+        return found.column(0)[0].as_py() if found.num_rows else None
+
+    def window_days(self, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> Iterator[pa.Table]:
+        from pyspark.sql import functions as F
+
+        day = schema.day_of_ns(start_ns)
+        last = schema.day_of_ns(max(end_ns - 1, start_ns))
+        while day <= last:
+            def run(spark, day=day):
+                return (
+                    spark.read.format("delta").load(self.uri)
+                    .where(
+                        (F.col("day") == F.lit(day))
+                        & (F.col("timestamp") >= F.lit(start_ns))
+                        & (F.col("timestamp") < F.lit(end_ns))
+                        & F.col("content_topic").isin(list(content_topics))
+                    )
+                    .orderBy("timestamp", "message_hash")
+                    .toArrow()
+                )
+
+            table = self.engine.run(run)
+            if table.num_rows:
+                yield table
+            day += dt.timedelta(days=1)
+
+    def count(self) -> int:
+        return self.engine.run(lambda spark: spark.read.format("delta").load(self.uri).count())
+
+    def scalar(self, sql: str) -> Any:
+        """Run ``sql`` with ``{table}`` replaced by this table; first column of the first row."""
+        rows = self.engine.run(lambda spark: spark.sql(sql.format(table=f"delta.`{self.uri}`")).collect())
+        return rows[0][0] if rows else None
+
+
+def _query_condition(F, query: HistoryQuery):
+    parts = []
+    if query.pubsub_topic is not None:
+        parts.append(F.col("pubsub_topic") == F.lit(query.pubsub_topic))
+    if query.content_topics:
+        parts.append(F.col("content_topic").isin(list(query.content_topics)))
+    if query.message_hashes:
+        parts.append(F.col("message_hash").isin(list(query.message_hashes)))
+    if query.time_start is not None:
+        parts.append(F.col("timestamp") >= F.lit(query.time_start))
+        parts.append(F.col("day") >= F.lit(schema.day_of_ns(query.time_start)))
+    if query.time_end is not None:
+        parts.append(F.col("timestamp") < F.lit(query.time_end))
+        parts.append(F.col("day") <= F.lit(schema.day_of_ns(max(query.time_end - 1, 0))))
+    condition = None
+    for part in parts:
+        condition = part if condition is None else condition & part
+    return condition
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, dt.date):
+        return f"DATE'{value.isoformat()}'"
+    if isinstance(value, str):
+        return sql_string(value)
+    return str(int(value))
+
+
+_SPARK_TYPES = {
+    pa.binary(): "BINARY", pa.string(): "STRING", pa.int32(): "INT",
+    pa.int64(): "BIGINT", pa.date32(): "DATE", pa.bool_(): "BOOLEAN",
+}
+
+
+def _spark_type(arrow_type: pa.DataType) -> str:
+    return _SPARK_TYPES[arrow_type]
+
+
+def _spark_schema(spark, arrow_schema: pa.Schema):
+    return ", ".join(f"`{f.name}` {_spark_type(f.type)}" for f in arrow_schema)
