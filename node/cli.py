@@ -122,13 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--index", type=_nonnegative_int, required=True)
     shard.set_defaults(handler=_cmd_topic_shard)
 
-    for register in _EXTRA_COMMANDS:
+    for register in _extra_commands():
         register(commands)
     return parser
 
 
-# Modules that add subcommands (serve, db, query, ...) register here.
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands that live beside their implementation (imported lazily so
+    that `wakustore message hash` does not load the engine stack)."""
+    from wakustore.node import db_cli, serve
+
+    return [serve.register, db_cli.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -167,21 +167,33 @@ class DeltaTableRef:
         found = self.engine.run(run)
         return found.column(0)[0].as_py() if found.num_rows else None
 
-    def window_days(self, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> Iterator[pa.Table]:
+    def window_days(
+        self,
+        start_ns: int,
+        end_ns: int,
+        content_topics: Sequence[str] | None,
+        pubsub_topic: str | None = None,
+    ) -> Iterator[pa.Table]:
+        """Rows with start <= timestamp < end, one day per table, in
+        (timestamp, message_hash) order; ``None`` topics mean all."""
         from pyspark.sql import functions as F
 
         day = schema.day_of_ns(start_ns)
         last = schema.day_of_ns(max(end_ns - 1, start_ns))
         while day <= last:
             def run(spark, day=day):
+                condition = (
+                    (F.col("day") == F.lit(day))
+                    & (F.col("timestamp") >= F.lit(start_ns))
+                    & (F.col("timestamp") < F.lit(end_ns))
+                )
+                if content_topics is not None:
+                    condition = condition & F.col("content_topic").isin(list(content_topics))
+                if pubsub_topic is not None:
+                    condition = condition & (F.col("pubsub_topic") == F.lit(pubsub_topic))
                 return (
                     spark.read.format("delta").load(self.uri)
-                    .where(
-                        (F.col("day") == F.lit(day))
-                        & (F.col("timestamp") >= F.lit(start_ns))
-                        & (F.col("timestamp") < F.lit(end_ns))
-                        & F.col("content_topic").isin(list(content_topics))
-                    )
+                    .where(condition)
                     .orderBy("timestamp", "message_hash")
                     .toArrow()
                 )
