@@ -26,10 +26,42 @@ class WakuV1Error(ProtocolError):
     """A Waku v1 envelope, payload or mailserver packet that is malformed."""
 
 
-class StoreError(ProtocolError):
-    """A Store request that is invalid; carries the status code to answer with."""
+class FramingError(ProtocolError):
+    """A length-prefixed libp2p stream frame that is malformed or too large."""
 
-    def __init__(self, status_code: int, description: str):
+
+class MetadataError(ProtocolError):
+    """A 66/WAKU2-METADATA request or response that cannot be decoded."""
+
+
+class StoreError(ProtocolError):
+    """A Store request that is invalid; carries the status code to answer with.
+
+    ``request_id`` is the id to echo in the answer: the request's own id when
+    it could be read, ``""`` otherwise (what nwaku answers an undecodable
+    request with).
+    """
+
+    def __init__(self, status_code: int, description: str, request_id: str = ""):
         super().__init__(description)
         self.status_code = status_code
         self.description = description
+        self.request_id = request_id
+
+
+class LightpushError(ProtocolError):
+    """A Lightpush request that is invalid; carries the v3 status code and the
+    request id to answer with (the v2beta1 answer is ``is_success = false``
+    with the description as ``info``)."""
+
+    def __init__(self, status_code: int, description: str, request_id: str = ""):
+        super().__init__(description)
+        self.status_code = status_code
+        self.description = description
+        self.request_id = request_id
+
+
+class RLPxError(ProtocolError):
+    """devp2p RLPx input that is malformed, unauthenticated or too large:
+    a handshake packet, an ECIES ciphertext, a frame or a base-protocol
+    message. The connection cannot continue after one."""
