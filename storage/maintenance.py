@@ -20,6 +20,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from wakustore.storage import schema
 from wakustore.storage.table import DeltaTableRef
 
@@ -178,9 +180,10 @@ def _actions(table: DeltaTableRef):
     from deltalake import DeltaTable
 
     try:
-        return DeltaTable(table.uri).get_add_actions(flatten=True).to_pydict()
+        actions = DeltaTable(table.uri).get_add_actions(flatten=True)
     except Exception:  # no table yet
         return None
+    return pa.table(actions).to_pydict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +201,7 @@ def stats(table: DeltaTableRef) -> TableStats:
     from deltalake import DeltaTable
 
     dt_ = DeltaTable(table.uri)
-    actions = dt_.get_add_actions(flatten=True).to_pydict()
+    actions = pa.table(dt_.get_add_actions(flatten=True)).to_pydict()
     mins = [v for v in actions.get("min.timestamp", []) if v is not None]
     maxs = [v for v in actions.get("max.timestamp", []) if v is not None]
     return TableStats(
@@ -241,7 +244,7 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
     for day, files in sorted(files_per_day.items()):
         if day < today and files > 1 and rewrite_finished_days:
             dtable = DeltaTable(table.uri)
-            data = dtable.to_pyarrow_table(partitions=[("day", "=", day.isoformat())])
+            data = dtable.to_pyarrow_table(filters=[("day", "=", day)])
             data = data.sort_by([("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")])
             write_deltalake(
                 table.uri, data.cast(schema.MESSAGES), mode="overwrite",

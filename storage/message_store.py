@@ -1,23 +1,15 @@
 """The message store: one object whose verbs map to Delta transactions.
 
-Write path: :meth:`MessageStore.put` makes a batch durable in the
-write-ahead log (the point where a message counts as stored) and makes it
-visible to queries at once through the in-memory buffer; :meth:`flush`
-commits the buffer to Delta with a MERGE on MUID scoped to the days the
-batch touches, retried on conflict, then trims the log.
-
-Why MERGE scoped to days rather than blind appends: two nodes sharing one
-table may both hold the same message. A MERGE reads the partitions it
-checks, so Delta's optimistic concurrency turns a concurrent insert of the
-same MUID into a commit conflict; the retry re-reads and skips what the
-other node already landed. Scoping to the touched days keeps the cost
-proportional to a day, not to the table. A bounded in-memory set of recent
-MUIDs drops relay duplicates before they reach the log at all.
+Write path (see :mod:`wakustore.storage.write_path`): :meth:`MessageStore.put`
+makes a batch durable in the write-ahead log and visible to queries at
+once; :meth:`flush` commits it with a MERGE on MUID scoped to the days the
+batch touches. A bounded set of recent MUIDs drops relay duplicates before
+they reach the log.
 
 Read path: Store v3 / legacy v2 pages come from the table (DataFrame API,
 pushed-down filters, day partitions pruned from the time bounds) merged
-with the buffer and the batch being committed, so a message is visible as
-soon as :meth:`put` returns.
+with the rows not yet committed, so a message is visible as soon as
+:meth:`put` returns.
 """
 
 from __future__ import annotations
@@ -25,12 +17,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
 
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import (
@@ -42,8 +31,8 @@ from wakustore.protocols.store_query import (
 )
 from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
-from wakustore.storage.table import DeltaTableRef, is_commit_conflict
-from wakustore.storage.wal import WriteAheadLog
+from wakustore.storage.table import DeltaTableRef
+from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +51,14 @@ DEFAULT_RECENT_MUIDS = 1_000_000
 # the next page needs no lookup by hash (js-waku re-sends the last hash).
 DEFAULT_CURSOR_CACHE = 100_000
 
-# Commit retries on conflict: exponential backoff from 50 ms, 8 tries.
-COMMIT_ATTEMPTS = 8
-COMMIT_BACKOFF_S = 0.05
+MESSAGE_CODEC = RowCodec(
+    key=lambda row: row.muid,
+    encode=lambda row: encode_record(row.pubsub_topic, row.message, row.arrival_time),
+    decode=decode_record,
+    to_arrow=to_arrow,
+    key_column="muid",
+    partition_column=schema.MESSAGES_PARTITION,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,22 +73,6 @@ class StoreConfig:
 class PutResult:
     accepted: int
     duplicates: int
-
-
-class _BoundedSet:
-    """An insertion-ordered set that forgets its oldest members past ``capacity``."""
-
-    def __init__(self, capacity: int):
-        self._items: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._capacity = capacity
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._items
-
-    def add(self, key: bytes) -> None:
-        self._items[key] = None
-        if len(self._items) > self._capacity:
-            self._items.popitem(last=False)
 
 
 class _LruMap:
@@ -127,33 +105,18 @@ class MessageStore:
     def __init__(self, table: DeltaTableRef, wal_dir: Path | str, config: StoreConfig = StoreConfig()):
         self.table = table
         self.config = config
-        self._wal = WriteAheadLog(wal_dir)
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._buffer: dict[bytes, Row] = {}
-        self._buffer_last_seq = 0
-        self._inflight: dict[bytes, Row] = {}
-        self._recent = _BoundedSet(config.recent_muids)
+        self.writes = WritePath(
+            table, wal_dir, MESSAGE_CODEC, config.recent_muids,
+            config.flush_interval_s, config.flush_max_messages,
+        )
         self._cursors = _LruMap(config.cursor_cache)
-        self._last_flush = time.monotonic()
-        self.commits = 0
-        self.committed_messages = 0
-        self.duplicates = 0
-        self.last_commit_seconds = 0.0
 
     # --- lifecycle --------------------------------------------------------
 
     def open(self) -> int:
         """Create the table if needed and replay the log; returns replayed count."""
         self.table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "wakustore messages")
-        replayed = 0
-        with self._lock:
-            for seq, record in self._wal.replay():
-                row = decode_record(record)
-                self._buffer.setdefault(row.muid, row)
-                self._recent.add(row.muid)
-                self._buffer_last_seq = seq
-                replayed += 1
+        replayed = self.writes.replay()
         if replayed:
             log.info("replayed %d messages from the write-ahead log", replayed)
         return replayed
@@ -163,7 +126,7 @@ class MessageStore:
         try:
             self.flush()
         finally:
-            self._wal.close()
+            self.writes.close()
 
     # --- write path -------------------------------------------------------
 
@@ -174,90 +137,24 @@ class MessageStore:
         visible to queries. Duplicates (by MUID) of recent messages are
         dropped here; older duplicates are dropped by the commit's MERGE.
         """
-        rows = []
-        with self._lock:
-            seen = set()
-            for pubsub_topic, message, arrival_ns in messages:
-                row = Row.build(pubsub_topic, message, arrival_ns)
-                if row.muid in self._recent or row.muid in seen:
-                    continue
-                seen.add(row.muid)
-                rows.append(row)
-            duplicates = len(messages) - len(rows)
-            self.duplicates += duplicates
-            if rows:
-                last_seq = self._wal.append(
-                    [encode_record(r.pubsub_topic, r.message, r.arrival_time) for r in rows]
-                )
-                for row in rows:
-                    self._buffer[row.muid] = row
-                    self._recent.add(row.muid)
-                self._buffer_last_seq = last_seq
-        return PutResult(accepted=len(rows), duplicates=duplicates)
+        accepted, duplicates = self.writes.put([Row.build(p, m, a) for p, m, a in messages])
+        return PutResult(accepted=accepted, duplicates=duplicates)
 
     @property
     def pending(self) -> int:
         """Messages durable in the log but not yet committed to Delta."""
-        return len(self._buffer) + len(self._inflight)
+        return self.writes.pending
 
     @property
     def wal_depth(self) -> int:
-        return self._wal.depth
+        return self.writes.wal_depth
 
     def flush_due(self) -> bool:
-        if not self._buffer:
-            return False
-        if len(self._buffer) >= self.config.flush_max_messages:
-            return True
-        return time.monotonic() - self._last_flush >= self.config.flush_interval_s
+        return self.writes.flush_due()
 
     def flush(self) -> int:
-        """Commit the buffer to Delta; returns the number of messages committed.
-
-        On failure the batch stays buffered and durable, and is retried by
-        the next flush.
-        """
-        with self._flush_lock:
-            with self._lock:
-                if not self._buffer:
-                    self._last_flush = time.monotonic()
-                    return 0
-                self._inflight = self._buffer
-                self._buffer = {}
-                upto = self._buffer_last_seq
-            batch = list(self._inflight.values())
-            started = time.monotonic()
-            try:
-                self._merge(batch)
-            except BaseException:
-                with self._lock:
-                    # Put the batch back in front of what arrived meanwhile.
-                    self._inflight.update(self._buffer)
-                    self._buffer = self._inflight
-                    self._inflight = {}
-                raise
-            with self._lock:
-                self._inflight = {}
-            self._wal.trim(upto)
-            self.last_commit_seconds = time.monotonic() - started
-            self._last_flush = time.monotonic()
-            self.commits += 1
-            self.committed_messages += len(batch)
-            return len(batch)
-
-    def _merge(self, batch: list[Row]) -> None:
-        arrow = to_arrow(batch)
-        days = sorted({r[schema.MESSAGES_PARTITION] for r in arrow.select([schema.MESSAGES_PARTITION]).to_pylist()})
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                self.table.merge_new(arrow, key="muid", partition="day", partition_values=days)
-                return
-            except Exception as exc:
-                if not is_commit_conflict(exc) or attempt == COMMIT_ATTEMPTS - 1:
-                    raise
-                delay = COMMIT_BACKOFF_S * (2**attempt)
-                log.info("commit conflict, retry %d in %.2f s: %s", attempt + 1, delay, exc)
-                time.sleep(delay)
+        """Commit the buffer to Delta; returns the number of messages committed."""
+        return self.writes.flush()
 
     # --- read path --------------------------------------------------------
 
@@ -287,9 +184,7 @@ class MessageStore:
             return (query.cursor_timestamp or 0, query.cursor)
         timestamp = self._cursors.get(query.cursor)
         if timestamp is None:
-            with self._lock:
-                pending = [r for r in (*self._buffer.values(), *self._inflight.values())
-                           if r.message_hash == query.cursor]
+            pending = [r for r in self.writes.pending_rows() if r.message_hash == query.cursor]
             if pending:
                 timestamp = pending[0].timestamp
             else:
@@ -302,8 +197,7 @@ class MessageStore:
     def _merge_pending(
         self, query: HistoryQuery, key: tuple[int, bytes] | None, found: list[StoredMessage]
     ) -> list[StoredMessage]:
-        with self._lock:
-            pending = [*self._buffer.values(), *self._inflight.values()]
+        pending = self.writes.pending_rows()
         if not pending:
             return found
         seen = {m.message_hash for m in found}
@@ -336,17 +230,8 @@ class MessageStore:
                 raise ValueError("a message lies outside the window it replaces")
             rows.setdefault(row.muid, row)
         arrow = to_arrow(rows.values())
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                self.table.replace_where(arrow, start_ns, end_ns, content_topics)
-                break
-            except Exception as exc:
-                if not is_commit_conflict(exc) or attempt == COMMIT_ATTEMPTS - 1:
-                    raise
-                time.sleep(COMMIT_BACKOFF_S * (2**attempt))
-        with self._lock:
-            for muid in rows:
-                self._recent.add(muid)
+        retry_on_conflict(lambda: self.table.replace_where(arrow, start_ns, end_ns, content_topics))
+        self.writes.remember(list(rows))
         return len(rows)
 
 

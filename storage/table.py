@@ -203,6 +203,46 @@ class DeltaTableRef:
                 yield table
             day += dt.timedelta(days=1)
 
+    def envelope_page(
+        self, lower_s: int, upper_s: int, topics: list[bytes], cursor: tuple[int, bytes] | None, fetch: int
+    ) -> pa.Table:
+        """Envelope rows with lower <= sent <= upper after ``cursor``, ascending."""
+        from pyspark.sql import functions as F
+
+        def run(spark):
+            sent = F.col("sent")
+            condition = (
+                (sent >= F.lit(lower_s)) & (sent <= F.lit(upper_s))
+                & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
+                & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s)))
+            )
+            if topics:
+                condition = condition & F.col("topic").isin(topics)
+            if cursor is not None:
+                ts, digest = cursor
+                condition = condition & ((sent > F.lit(ts)) | ((sent == F.lit(ts)) & (F.col("envelope_hash") > F.lit(digest))))
+            return (
+                spark.read.format("delta").load(self.uri).where(condition)
+                .select("envelope_hash", "raw", "topic", "expiry", "ttl", "sent", "arrival_time")
+                .orderBy("sent", "envelope_hash").limit(fetch).toArrow()
+            )
+
+        return self.engine.run(run)
+
+    def envelope_topics(self, lower_s: int, upper_s: int) -> list[bytes]:
+        from pyspark.sql import functions as F
+
+        def run(spark):
+            return (
+                spark.read.format("delta").load(self.uri)
+                .where((F.col("sent") >= F.lit(lower_s)) & (F.col("sent") <= F.lit(upper_s))
+                       & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
+                       & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s))))
+                .select("topic").distinct().toArrow()
+            )
+
+        return [t for t in self.engine.run(run).column(0).to_pylist()]
+
     def count(self) -> int:
         return self.engine.run(lambda spark: spark.read.format("delta").load(self.uri).count())
 

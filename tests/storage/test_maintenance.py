@@ -1,0 +1,99 @@
+import datetime as dt
+
+import pytest
+
+from wakustore.protocols.message import WakuMessage
+from wakustore.storage import maintenance
+from wakustore.storage.maintenance import RetentionError, RetentionPolicy
+from wakustore.storage.message_store import MessageStore
+from wakustore.storage.schema import day_start_ns
+from wakustore.storage.table import DeltaTableRef
+
+PUBSUB = "/waku/2/rs/16/32"
+DAY = 86_400 * 10**9
+DAY0 = day_start_ns(dt.date(2026, 10, 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "policy"),
+    [
+        ("time:2592000", RetentionPolicy(max_age_s=2592000)),
+        ("capacity:1000", RetentionPolicy(max_messages=1000)),
+        ("size:50GB", RetentionPolicy(max_bytes=50 * 1024**3)),
+        ("size:512kb", RetentionPolicy(max_bytes=512 * 1024)),
+        ("time:60;capacity:5;size:1MB", RetentionPolicy(60, 5, 1024**2)),
+    ],
+)
+def test_retention_policies_parse_like_nwaku(text, policy):
+    assert RetentionPolicy.parse(text) == policy
+
+
+@pytest.mark.parametrize("text", ["", "time:", "time:-1", "capacity:x", "size:10parsecs", "age:10", "time:0"])
+def test_bad_retention_policies_are_refused(text):
+    with pytest.raises(RetentionError):
+        RetentionPolicy.parse(text)
+
+
+@pytest.fixture
+def filled(engine, tmp_path):
+    store = MessageStore(DeltaTableRef(engine, str(tmp_path / "m")), tmp_path / "wal")
+    store.open()
+    # 10 days, 6 messages a day at 0h, 4h, ... 20h; flushed per day (several files).
+    for day in range(10):
+        store.put([
+            (PUBSUB, WakuMessage(b"d%d-%d" % (day, h), "/app/1/c/proto", timestamp=DAY0 + day * DAY + h * 4 * 3600 * 10**9), 0)
+            for h in range(6)
+        ])
+        store.flush()
+    yield store
+    store.close()
+
+
+def test_time_retention_drops_old_days_and_cuts_the_boundary_day(filled):
+    now = DAY0 + 10 * DAY
+    result = maintenance.apply_retention(filled.table, RetentionPolicy(max_age_s=int(3.5 * 86400)), now)
+    assert result.rows_before == 60
+    cutoff = now - int(3.5 * DAY)
+    remaining = filled.table.scalar("SELECT min(timestamp) FROM {table}")
+    assert remaining >= cutoff
+    assert result.rows_after == 21  # 3 whole days + the 3 messages at/after 12h of the boundary day
+
+
+def test_capacity_retention_keeps_the_newest(filled):
+    result = maintenance.apply_retention(filled.table, RetentionPolicy(max_messages=15), DAY0 + 10 * DAY)
+    assert result.rows_after == 15
+    assert filled.table.scalar("SELECT min(timestamp) FROM {table}") == DAY0 + 7 * DAY + 3 * 4 * 3600 * 10**9
+
+
+def test_retention_never_passes_the_keep_from_guard(filled):
+    now = DAY0 + 10 * DAY
+    result = maintenance.apply_retention(
+        filled.table, RetentionPolicy(max_age_s=86400), now, keep_from_ns=DAY0 + 5 * DAY
+    )
+    assert result.rows_after == 30
+
+
+def test_size_retention_drops_oldest_days(filled):
+    sizes = maintenance.day_sizes(filled.table)
+    budget = sum(sizes.values()) // 2
+    maintenance.apply_retention(filled.table, RetentionPolicy(max_bytes=budget), DAY0 + 10 * DAY)
+    assert sum(maintenance.day_sizes(filled.table).values()) <= budget
+    assert maintenance.count_rows(filled.table) > 0
+
+
+def test_compaction_rewrites_finished_days_into_one_file_and_keeps_rows(filled):
+    filled.put([(PUBSUB, WakuMessage(b"extra", "/app/1/c/proto", timestamp=DAY0 + 5), 0)])
+    filled.flush()
+    before = maintenance.stats(filled.table)
+    maintenance.compact(filled.table, today=dt.date(2026, 10, 11))
+    after = maintenance.stats(filled.table)
+    assert after.rows == before.rows == 61
+    assert after.files <= after.days
+    assert filled.table.count() == 61
+    # still queryable and mergeable after delta-rs rewrote it
+    filled.put([(PUBSUB, WakuMessage(b"later", "/app/1/c/proto", timestamp=DAY0 + 6), 0)])
+    filled.flush()
+    assert filled.table.count() == 62
+    maintenance.checkpoint(filled.table)
+    assert maintenance.vacuum(filled.table, retention_hours=0) > 0
+    assert filled.table.count() == 62

@@ -1,0 +1,256 @@
+import dataclasses
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from wakustore.protocols.errors import StoreError
+from wakustore.protocols.message import WakuMessage, message_hash
+from wakustore.protocols.store_query import HistoryQuery, Ordering, StatusCode, validate_v3
+from wakustore.storage.message_store import MessageStore, StoreConfig
+from wakustore.storage.rows import Row
+from wakustore.storage.table import DeltaTableRef
+
+PUBSUB = "/waku/2/rs/16/32"
+T0 = 1_700_000_000 * 10**9
+SECOND = 10**9
+
+
+def msg(i, topic="/app/1/chat/proto", ts=None, meta=b""):
+    return WakuMessage(payload=b"payload-%d" % i, content_topic=topic, timestamp=T0 + i * SECOND if ts is None else ts, meta=meta)
+
+
+def triples(messages):
+    return [(PUBSUB, m, T0) for m in messages]
+
+
+@pytest.fixture
+def store(engine, tmp_path):
+    s = MessageStore(DeltaTableRef(engine, str(tmp_path / "messages")), tmp_path / "wal")
+    s.open()
+    yield s
+    s.close()
+
+
+def query(**kw):
+    base = dict(pubsub_topic=PUBSUB, content_topics=["/app/1/chat/proto"], time_start=None, time_end=None,
+                message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
+    base.update(kw)
+    return validate_v3(**base)
+
+
+def page_all(store, q):
+    pages, cursor = [], None
+    while True:
+        page = store.query(dataclasses.replace(q, cursor=cursor))
+        pages.append(page.messages)
+        if page.next_cursor is None:
+            return pages
+        cursor = page.next_cursor.message_hash
+
+
+def payloads(messages):
+    return [m.message.payload for m in messages]
+
+
+def test_put_is_visible_before_and_after_the_commit(store):
+    store.put(triples([msg(i) for i in range(5)]))
+    assert payloads(store.query(query()).messages) == [b"payload-%d" % i for i in range(5)]
+    assert store.flush() == 5
+    assert store.pending == 0
+    assert payloads(store.query(query()).messages) == [b"payload-%d" % i for i in range(5)]
+
+
+def test_duplicates_by_muid_never_add_rows(store):
+    first = store.put(triples([msg(i) for i in range(10)]))
+    again = store.put(triples([msg(i) for i in range(10)]))
+    assert (first.accepted, again.duplicates) == (10, 10)
+    store.flush()
+    # Same MUID (topics, meta, payload) with another timestamp is the same message.
+    store.put(triples([msg(3, ts=T0 + 999 * SECOND)]))
+    store.flush()
+    assert store.table.count() == 10
+
+
+def test_duplicates_older_than_the_recent_set_are_caught_by_the_merge(engine, tmp_path):
+    uri = str(tmp_path / "messages")
+    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", StoreConfig(recent_muids=1))
+    a.open()
+    a.put(triples([msg(i) for i in range(20)]))
+    a.flush()
+    a.put(triples([msg(i) for i in range(20)]))  # the recent set remembers only one
+    a.flush()
+    assert a.table.count() == 20
+    a.close()
+
+
+def test_paging_forward_and_backward_covers_everything_once_in_ascending_pages(store):
+    store.put(triples([msg(i) for i in range(45)]))
+    store.flush()
+    store.put(triples([msg(i) for i in range(45, 53)]))  # some still buffered
+    expected = [b"payload-%d" % i for i in range(53)]
+    forward = page_all(store, query(limit=20))
+    assert [len(p) for p in forward] == [20, 20, 13]
+    assert [p for page in forward for p in payloads(page)] == expected
+    backward = page_all(store, query(limit=20, forward=False))
+    assert [len(p) for p in backward] == [20, 20, 13]
+    for page in backward:
+        stamps = [m.timestamp for m in page]
+        assert stamps == sorted(stamps)
+    assert sorted(p for page in backward for p in payloads(page)) == sorted(expected)
+    assert payloads(backward[0]) == expected[-20:]
+
+
+def test_cursor_is_exclusive(store):
+    store.put(triples([msg(i) for i in range(10)]))
+    store.flush()
+    everything = store.query(query()).messages
+    after = store.query(query(cursor=everything[4].message_hash)).messages
+    assert payloads(after) == payloads(everything[5:])
+    before = store.query(query(cursor=everything[4].message_hash, forward=False)).messages
+    assert payloads(before) == payloads(everything[:4])
+
+
+def test_time_range_start_inclusive_end_exclusive(store):
+    store.put(triples([msg(i) for i in range(10)]))
+    store.flush()
+    got = store.query(query(time_start=T0 + 2 * SECOND, time_end=T0 + 5 * SECOND)).messages
+    assert payloads(got) == [b"payload-2", b"payload-3", b"payload-4"]
+
+
+def test_content_topic_and_pubsub_filters(store):
+    store.put(triples([msg(i, topic="/a/1/x/proto") for i in range(3)] + [msg(i, topic="/b/1/y/proto") for i in range(3, 6)]))
+    store.put([("/waku/2/rs/16/33", msg(9, topic="/a/1/x/proto"), T0)])
+    store.flush()
+    got = store.query(query(content_topics=["/b/1/y/proto"])).messages
+    assert payloads(got) == [b"payload-3", b"payload-4", b"payload-5"]
+    both = store.query(query(content_topics=["/a/1/x/proto", "/b/1/y/proto"])).messages
+    assert len(both) == 6
+
+
+def test_hash_lookup_hashes_only(store):
+    messages = [msg(i) for i in range(30)]
+    store.put(triples(messages))
+    store.flush()
+    wanted = [message_hash(PUBSUB, m) for m in messages[::3]]
+    got = store.query(query(pubsub_topic=None, content_topics=[], message_hashes=wanted, include_data=False))
+    assert sorted(m.message_hash for m in got.messages) == sorted(wanted)
+    assert all(m.message is None for m in got.messages)
+
+
+def test_unknown_cursor_is_an_error_not_everything(store):
+    store.put(triples([msg(1)]))
+    store.flush()
+    with pytest.raises(StoreError) as info:
+        store.query(query(cursor=b"\x01" * 32))
+    assert info.value.status_code == StatusCode.BAD_RESPONSE
+
+
+def test_message_without_timestamp_is_ordered_by_arrival_and_returned_unchanged(store):
+    bare = WakuMessage(payload=b"bare", content_topic="/app/1/chat/proto")
+    store.put([(PUBSUB, bare, T0 + 7 * SECOND)])
+    store.flush()
+    (found,) = store.query(query()).messages
+    assert found.timestamp == T0 + 7 * SECOND
+    assert found.message == bare
+    assert found.message_hash == message_hash(PUBSUB, bare)
+
+
+def test_legacy_digest_ordering_and_cursor(store):
+    store.put(triples([msg(i) for i in range(6)]))
+    store.flush()
+    q = HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/app/1/chat/proto",), forward=True, limit=3,
+                     ordering=Ordering.DIGEST)
+    first = store.query(q)
+    assert payloads(first.messages) == [b"payload-0", b"payload-1", b"payload-2"]
+    cur = first.next_cursor
+    second = store.query(dataclasses.replace(q, cursor=cur.digest, cursor_timestamp=cur.timestamp))
+    assert payloads(second.messages) == [b"payload-3", b"payload-4", b"payload-5"]
+
+
+def test_unflushed_messages_are_replayed_after_a_crash(engine, tmp_path):
+    uri, wal = str(tmp_path / "messages"), tmp_path / "wal"
+    code = (
+        "import os\n"
+        "from wakustore.storage.message_store import MessageStore\n"
+        "from wakustore.storage.table import DeltaTableRef\n"
+        "from wakustore.protocols.message import WakuMessage\n"
+        "class NoEngine:\n"
+        "    is_embedded = True\n"
+        "    def run(self, fn): raise RuntimeError('engine down')\n"
+        f"s = MessageStore(DeltaTableRef(NoEngine(), {uri!r}), {str(wal)!r})\n"
+        f"s.put([({PUBSUB!r}, WakuMessage(b'kept-%d' % i, '/app/1/chat/proto', timestamp={T0} + i), {T0}) for i in range(50)])\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    s = MessageStore(DeltaTableRef(engine, uri), wal)
+    assert s.open() == 50
+    assert len(s.query(query(limit=100)).messages) == 50
+    s.flush()
+    assert s.wal_depth == 0
+    assert s.table.count() == 50
+    s.close()
+
+
+def test_failed_commit_keeps_the_batch(engine, tmp_path):
+    class Flaky:
+        is_embedded = True
+        fail = True
+
+        def run(self, fn):
+            if self.fail:
+                raise RuntimeError("engine restarting")
+            return engine.run(fn)
+
+    flaky = Flaky()
+    flaky.fail = False
+    s = MessageStore(DeltaTableRef(flaky, str(tmp_path / "m")), tmp_path / "wal")
+    s.open()
+    s.put(triples([msg(i) for i in range(5)]))
+    flaky.fail = True
+    with pytest.raises(RuntimeError):
+        s.flush()
+    s.put(triples([msg(i) for i in range(5, 8)]))
+    assert s.pending == 8
+    flaky.fail = False
+    assert s.flush() == 8
+    assert s.table.count() == 8
+    s.close()
+
+
+def test_two_stores_sharing_a_table_commit_concurrently_without_duplicates(engine, tmp_path):
+    uri = str(tmp_path / "shared")
+    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a")
+    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b")
+    a.open(), b.open()
+    errors = []
+
+    def load(s, lo, hi):
+        try:
+            for start in range(lo, hi, 50):
+                s.put(triples([msg(i) for i in range(start, start + 50)]))
+                s.flush()
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(a, 0, 300)), threading.Thread(target=load, args=(b, 150, 450))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == []
+    assert a.table.count() == 450
+    a.close(), b.close()
+
+
+def test_stream_and_replace_a_window(store):
+    store.put(triples([msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]))
+    window = (T0, T0 + 10 * SECOND)
+    rows = [r for chunk in store.stream_window(*window, ["/c/1/a/proto"]) for r in chunk]
+    assert [r.message.payload for r in rows] == [b"payload-%d" % i for i in range(10)]
+    replacement = [Row.build(PUBSUB, msg(i, topic="/c/1/a/proto"), T0) for i in range(0, 10, 2)]
+    assert store.replace_window(*window, ["/c/1/a/proto"], replacement) == 5
+    rows = [r for chunk in store.stream_window(*window, ["/c/1/a/proto"]) for r in chunk]
+    assert [r.message.payload for r in rows] == [b"payload-%d" % i for i in range(0, 10, 2)]
+    assert store.table.count() == 25  # other topic and later messages untouched
+    with pytest.raises(ValueError):
+        store.replace_window(*window, ["/c/1/a/proto"], [Row.build(PUBSUB, msg(15, topic="/c/1/a/proto"), T0)])
