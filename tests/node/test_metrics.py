@@ -1,0 +1,47 @@
+import json
+
+import trio
+
+from wakustore.node.metrics import NodeMetrics, serve_http
+
+
+async def _get(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    chunks = []
+    while True:
+        try:
+            data = await stream.receive_some(65536)
+        except trio.BrokenResourceError:  # the server dropped an oversized request
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_metrics_health_and_bad_requests():
+    metrics = NodeMetrics()
+    metrics.ingested.labels("lightpush").inc(3)
+    metrics.queries.labels("store-v3", "200").inc()
+    state = {"ok": True}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_http, 0, "127.0.0.1", metrics, lambda: dict(state))
+            body = await _get(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert b"200 OK" in body.split(b"\r\n")[0] or body.startswith(b"HTTP/1.1 200")
+            assert b'wakustore_messages_ingested_total{source="lightpush"} 3.0' in body
+            health = await _get(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert health.startswith(b"HTTP/1.1 200")
+            assert json.loads(health.split(b"\r\n\r\n", 1)[1]) == {"ok": True}
+            state["ok"] = False
+            assert (await _get(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 503")
+            assert (await _get(port, b"GET /nope HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 404")
+            # garbage and an oversized request are dropped; the server keeps serving
+            await _get(port, b"\x00\xff garbage\r\n\r\n")
+            await _get(port, b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n")
+            assert (await _get(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
