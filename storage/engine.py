@@ -100,8 +100,9 @@ _GRPC_FAILURE = re.compile(r'status = StatusCode\.(?P<code>\w+) details = "(?P<d
 SAIL_DEFAULT_ENV = {
     "SAIL_PARQUET__PUSHDOWN_FILTERS": "true",
     "SAIL_PARQUET__REORDER_FILTERS": "true",
-    # Sail logs every session at INFO; keep warnings and errors.
-    "RUST_LOG": "warn",
+    # Sail logs every session at INFO, and a warning about aborted actor
+    # tasks on every orderly stop; keep the other warnings and errors.
+    "RUST_LOG": "warn,sail_common::actor=error",
 }
 
 # Spark settings applied to every new session (a restart loses them).
@@ -132,8 +133,8 @@ class Engine:
 
     ``target`` is ``"embedded"`` or ``"sc://host:port"``. The server starts on
     :meth:`start` or on first use. ``memory_ceiling_bytes`` (embedded only;
-    ``None`` turns it off) is checked after every :meth:`run` and in
-    :meth:`supervise`. ``sail_env`` adds ``SAIL_*`` variables for the
+    ``None`` turns it off; the attribute may be changed at any time) is
+    checked after every :meth:`run` and in :meth:`supervise`. ``sail_env`` adds ``SAIL_*`` variables for the
     embedded server; ``session_conf`` replaces the Spark settings applied to
     each new session.
     """
@@ -427,7 +428,7 @@ class Engine:
             with self._cond:
                 self._replacing = False
                 self._cond.notify_all()
-            if isinstance(exc, EngineUnavailable):
+            if isinstance(exc, EngineUnavailable) or not isinstance(exc, Exception):
                 raise
             raise EngineUnavailable(f"the engine failed to start: {_describe(exc)}") from exc
         with self._cond:
@@ -453,7 +454,9 @@ class Engine:
             _discard(old_session, release=True)
             return self._connect(self.target), None, self.target
         if child is not None and child.poll() is None and not restart_child:
-            _discard(old_session, release=True)
+            # The old session stopped answering: it expired or the server
+            # hangs, and releasing it would only wait.
+            _discard(old_session, release=False)
             try:
                 return self._connect(self._url), child, self._url
             except EngineUnavailable as exc:

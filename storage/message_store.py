@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from wakustore.protocols.store_query import (
 )
 from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.table import DeltaTableRef
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
@@ -46,6 +48,11 @@ DEFAULT_FLUSH_MAX_MESSAGES = 5000
 # MUIDs (~120 MB) covers hours of a busy shard set. Older duplicates are
 # still caught by the MERGE.
 DEFAULT_RECENT_MUIDS = 1_000_000
+
+# Hot tier (see hot_tier.py): a day of recent history, at most 256 MiB.
+# 0 turns it off, as a fleet sharing one table must.
+DEFAULT_HOT_TIER_BYTES = 256 * 1024 * 1024
+DEFAULT_HOT_WINDOW_S = 86_400
 
 # Cursors the node handed out recently, hash -> ordering timestamp, so that
 # the next page needs no lookup by hash (js-waku re-sends the last hash).
@@ -67,6 +74,8 @@ class StoreConfig:
     flush_max_messages: int = DEFAULT_FLUSH_MAX_MESSAGES
     recent_muids: int = DEFAULT_RECENT_MUIDS
     cursor_cache: int = DEFAULT_CURSOR_CACHE
+    hot_tier_bytes: int = DEFAULT_HOT_TIER_BYTES
+    hot_window_s: int = DEFAULT_HOT_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,7 @@ class MessageStore:
             config.flush_interval_s, config.flush_max_messages,
         )
         self._cursors = _LruMap(config.cursor_cache)
+        self.hot = HotTier(config.hot_tier_bytes, config.hot_window_s * 1_000_000_000)
 
     # --- lifecycle --------------------------------------------------------
 
@@ -119,7 +129,32 @@ class MessageStore:
         replayed = self.writes.replay()
         if replayed:
             log.info("replayed %d messages from the write-ahead log", replayed)
+        if self.hot.enabled:
+            self._warm_hot_tier()
         return replayed
+
+    def _warm_hot_tier(self) -> None:
+        """Load the last hot window from the table, newest first, up to the budget.
+
+        When the whole table lies inside the window (a young node), the tier
+        is complete for all time and even unbounded forward queries stay in
+        memory.
+        """
+        now = time.time_ns()
+        since = now - self.hot.window_ns
+        budget_rows = max(1, self.hot.max_bytes // ROW_OVERHEAD_BYTES)
+        recent = rows_from_arrow(self.table.recent(since, budget_rows))
+        start = since
+        if len(recent) >= budget_rows:
+            # Cut at a timestamp boundary so the tier is complete from start.
+            start = recent[-1].timestamp + 1
+            recent = [r for r in recent if r.timestamp >= start]
+        else:
+            oldest = self.table.oldest_timestamp()
+            if oldest is None or oldest >= since:
+                start = ALL_TIME
+        self.hot.start(start, [*recent, *self.writes.pending_rows()], now)
+        log.info("hot tier: %d messages, complete from %d ns", len(self.hot), self.hot.start_ns)
 
     def close(self) -> None:
         """Commit what is buffered (best effort) and close the log."""
@@ -137,7 +172,10 @@ class MessageStore:
         visible to queries. Duplicates (by MUID) of recent messages are
         dropped here; older duplicates are dropped by the commit's MERGE.
         """
-        accepted, duplicates = self.writes.put([Row.build(p, m, a) for p, m, a in messages])
+        rows = [Row.build(p, m, a) for p, m, a in messages]
+        accepted, duplicates = self.writes.put(rows)
+        if accepted and self.hot.enabled:
+            self.hot.add(rows, time.time_ns())
         return PutResult(accepted=accepted, duplicates=duplicates)
 
     @property
@@ -161,11 +199,11 @@ class MessageStore:
     def query(self, query: HistoryQuery) -> Page:
         """One page with Store semantics; raises StoreError for an unknown cursor."""
         key = self._cursor_key(query)
-        fetch = query.limit + 1
-        found = self.table.page(query, key, fetch)
-        found = self._merge_pending(query, key, from_arrow(found, query.include_data))
-        keyed = _sort_key(query.ordering)
-        found.sort(key=keyed, reverse=not query.forward)
+        found = self.hot.page(query, key)
+        if found is None:
+            found = from_arrow(self.table.page(query, key, query.limit + 1), query.include_data)
+            found = self._merge_pending(query, key, found)
+            found.sort(key=_sort_key(query.ordering), reverse=not query.forward)
         more = len(found) > query.limit
         page = found[: query.limit]
         if not query.forward:
@@ -182,7 +220,7 @@ class MessageStore:
             return None
         if query.ordering is Ordering.DIGEST:
             return (query.cursor_timestamp or 0, query.cursor)
-        timestamp = self._cursors.get(query.cursor)
+        timestamp = self._cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
         if timestamp is None:
             pending = [r for r in self.writes.pending_rows() if r.message_hash == query.cursor]
             if pending:
@@ -206,6 +244,10 @@ class MessageStore:
                 found.append(row.stored(query.include_data))
                 seen.add(row.message_hash)
         return found
+
+    def forget_before(self, cutoff_ns: int) -> None:
+        """Retention removed rows older than ``cutoff_ns`` from the table."""
+        self.hot.forget_before(cutoff_ns)
 
     # --- windows for archives --------------------------------------------
 
@@ -232,6 +274,7 @@ class MessageStore:
         arrow = to_arrow(rows.values())
         retry_on_conflict(lambda: self.table.replace_where(arrow, start_ns, end_ns, content_topics))
         self.writes.remember(list(rows))
+        self.hot.replace(start_ns, end_ns, content_topics, list(rows.values()))
         return len(rows)
 
 

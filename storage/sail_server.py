@@ -127,10 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _wait_for_eof(stopping: threading.Event) -> None:
+    # os.read on the descriptor, not sys.stdin: a daemon thread blocked
+    # inside the buffered reader holds its lock, and interpreter shutdown
+    # aborts when it cannot take that lock.
     try:
-        while sys.stdin.buffer.read(4096):
+        while os.read(sys.stdin.fileno(), 4096):
             pass
-    except (OSError, ValueError):
+    except OSError:
         pass
     stopping.set()
 

@@ -1,0 +1,715 @@
+"""The legacy Waku v1 mailserver: devp2p RLPx over TCP with the ``waku/1`` capability.
+
+Each connection runs in its own nursery: the RLPx handshake and the Hellos,
+the waku/1 status exchange, then a reader that archives Messages (1)
+packets and queues P2P Requests (0x7e) for a worker that answers them with
+P2P Message (0x7f) bundles and a P2P Request Complete (0x7d), plus a task
+that pings the peer. Behaviour follows status-go (``waku/v1/peer.go``,
+``waku/waku.go``, ``mailserver/mailserver.go``) where the spec is silent.
+
+:func:`open_session` is the shared trio glue over the sans-IO
+:mod:`~wakustore.protocols.rlpx`; the client in
+:mod:`wakustore.node.mailserver_cli` uses it too.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+import os
+import struct
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import coincurve
+import trio
+
+from wakustore.protocols import ecies, rlpx
+from wakustore.protocols import mailserver as wms
+from wakustore.protocols.crypto import keccak256
+from wakustore.protocols.errors import RLPxError, WakuV1Error
+from wakustore.protocols.waku_v1 import (
+    DEFAULT_MAX_MESSAGE_SIZE, MAX_UINT32, MAX_UINT64, TOPIC_SIZE, Envelope, decode_envelope_list,
+    decode_rlp, envelope_hash, full_bloom, key_from_password, rlp_encode, rlp_uint,
+)
+from wakustore.storage.envelope_store import EnvelopeStore, StoredEnvelope
+
+log = logging.getLogger(__name__)
+
+# --- limits and defaults ---------------------------------------------------------
+
+# go-ethereum p2p/transport.go handshakeTimeout (RLPx handshake, then again
+# for the protocol handshake), p2p/server.go frameReadTimeout and
+# frameWriteTimeout, p2p/peer.go pingInterval; seconds.
+HANDSHAKE_TIMEOUT_S = 5.0
+FRAME_READ_TIMEOUT_S = 30.0
+FRAME_WRITE_TIMEOUT_S = 20.0
+PING_INTERVAL_S = float(rlpx.PING_INTERVAL_S)
+# go-ethereum p2p/peer_error.go discWriteTimeout: a parting Disconnect gets 1 s.
+DISCONNECT_WRITE_TIMEOUT_S = 1.0
+# Connections served at once. status-go's node defaults to MaxPeers 25
+# (params/config.go), but mailserver clients are short-lived requesters;
+# each may hold one frame (up to ~1.2 MiB) in its buffer.
+MAX_CONNECTIONS = 100
+RECEIVE_SIZE = 64 * 1024
+# P2P Requests waiting behind the one being answered; a full queue stops the
+# reader, which stops reading the socket (TCP backpressure).
+MAX_QUEUED_REQUESTS = 4
+# The largest request packet worth opening: the request payload bound plus
+# what an envelope adds (flags, size, 65-byte signature, padding to 256
+# bytes, GCM tag and nonce, RLP headers). Larger ones are dropped unread.
+MAX_REQUEST_PACKET_SIZE = wms.MAX_REQUEST_PAYLOAD_SIZE + 1024
+# status-go waku/common/const.go DefaultSyncAllowance (seconds): how far an
+# envelope may be stamped in the future; twice this past expiry is "very old".
+SYNC_ALLOWANCE_S = 10
+# status-go waku/common/const.go MaxTopicInterest (10,000 topics) plus room
+# for the other options: the RLP items a status packet may hold.
+MAX_STATUS_ITEMS = 10_000 + 64
+# status-go config/README.md: "The default password used by Status App and
+# our mailservers is status-offline-inbox".
+DEFAULT_PASSWORD = "status-offline-inbox"
+# status-go params/defaults.go WakuMinimumPoW, which NodeConfig.UpdateWithDefaults
+# forces on every Waku node; the mailserver checks requests against the
+# same value (mailserver.go minRequestPoW = cfg.MinimumPoW).
+DEFAULT_MINIMUM_POW = 0.000002
+# status-go params WakuConfig.MailServerRateLimit (seconds between requests
+# per peer) is 0, no limiter, unless configured.
+DEFAULT_RATE_LIMIT_S = 0.0
+# Rate-limiter entries kept before expired ones are dropped.
+MAX_RATE_LIMITED_PEERS = 100_000
+# Blocking store work (Spark, write-ahead log fsync) in worker threads.
+STORE_THREADS = 4
+FLUSH_POLL_S = 0.05
+KEY_FILE = "mailserver.key"
+CLIENT_ID = "wakustore/mailserver"
+WAKU = rlpx.Capability(rlpx.WAKU_CAPABILITY_NAME, rlpx.WAKU_V1_VERSION)
+_ZERO_HASH = bytes(32)
+
+
+@dataclass(frozen=True)
+class MailserverSettings:
+    """What a mailserver accepts and answers.
+
+    ``minimum_pow`` applies to archived envelopes and to request envelopes
+    (0 turns both checks off). ``rate_limit_s``: one request per peer per
+    that many seconds, 0 for none. ``require_signature``: refuse unsigned
+    request envelopes as status-go does (the spec and nim-waku's client do
+    not sign, and status-go accepts any signer, so off by default).
+    ``max_message_size`` (bytes) bounds received packets and sent bundles.
+    """
+
+    password: str = DEFAULT_PASSWORD
+    minimum_pow: float = DEFAULT_MINIMUM_POW
+    rate_limit_s: float = DEFAULT_RATE_LIMIT_S
+    require_signature: bool = False
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_connections: int = MAX_CONNECTIONS
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
+    read_timeout_s: float = FRAME_READ_TIMEOUT_S
+    ping_interval_s: float = PING_INTERVAL_S
+    clock: Callable[[], float] = field(default=time.time, compare=False)
+    """Unix seconds, for envelope expiry checks and request defaults."""
+
+    @classmethod
+    def from_config(cls, config) -> MailserverSettings:
+        """Defaults, overridden by ``mailserver_password``,
+        ``mailserver_minimum_pow``, ``mailserver_rate_limit_s`` and
+        ``mailserver_require_signature`` when the configuration has them."""
+        values = {}
+        for name in ("password", "minimum_pow", "rate_limit_s", "require_signature"):
+            value = getattr(config, f"mailserver_{name}", None)
+            if value is not None:
+                values[name] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class MailserverInfo:
+    """A running mailserver: ``enode`` is ``enode://<64-byte key hex>@host:port``."""
+
+    enode: str
+    public_key: bytes
+    host: str
+    port: int
+
+
+@dataclass
+class MailserverStats:
+    """Counters since start (envelopes, requests)."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    invalid_packets: int = 0
+    requests: int = 0
+    request_errors: int = 0
+    connections: int = 0
+
+
+# --- entry points ----------------------------------------------------------------
+
+async def run_mailserver(
+    config,
+    envelope_store: EnvelopeStore,
+    *,
+    settings: MailserverSettings | None = None,
+    flush: bool = True,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``envelope_store`` (opened) on ``config.listen_host``:``config.mailserver_port``
+    until cancelled; ``task_status.started`` gets the :class:`MailserverInfo`.
+
+    The node key lives in ``<config.data_dir>/mailserver.key``. With
+    ``flush`` the store's buffer is committed as its policy says (the
+    caller still closes the store after this returns).
+    """
+    settings = settings or MailserverSettings.from_config(config)
+    key = await trio.to_thread.run_sync(load_or_create_node_key, Path(config.data_dir))
+    server = Mailserver(envelope_store, key, settings)
+    await server.serve(config.listen_host, config.mailserver_port, flush=flush, task_status=task_status)
+
+
+@asynccontextmanager
+async def running_mailserver(config, engine, *, settings: MailserverSettings | None = None):
+    """Open the envelope table on ``engine`` (started), serve it as
+    :func:`run_mailserver` does and yield the :class:`MailserverInfo`; on
+    exit stop serving, then commit the buffer and close the table."""
+    store = await trio.to_thread.run_sync(open_envelope_store, config, engine)
+    try:
+        async with trio.open_nursery() as nursery:
+            info = await nursery.start(functools.partial(run_mailserver, config, store, settings=settings))
+            try:
+                yield info
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(store.close)
+            except Exception as exc:
+                log.error("final envelope commit failed; the write-ahead log keeps them: %s", exc)
+
+
+def open_envelope_store(config, engine) -> EnvelopeStore:
+    """The node's envelope table and its log under ``<data_dir>/wal/envelopes``, opened (blocking)."""
+    from wakustore.storage.table import DeltaTableRef
+
+    store = EnvelopeStore(
+        DeltaTableRef(engine, config.envelopes_uri), Path(config.data_dir) / "wal" / "envelopes",
+        flush_interval_s=config.flush_interval_s, flush_max_envelopes=config.flush_max_messages,
+    )
+    store.open()
+    return store
+
+
+async def flush_envelopes(store: EnvelopeStore, limiter: trio.CapacityLimiter) -> None:
+    """Commit the store's buffer whenever its flush policy says so, forever."""
+    while True:
+        await trio.sleep(FLUSH_POLL_S)
+        if store.writes.flush_due():
+            try:
+                await trio.to_thread.run_sync(store.flush, limiter=limiter)
+            except Exception as exc:  # engine down: the batch stays in the log
+                log.warning("envelope flush failed, will retry: %s", exc)
+                await trio.sleep(1.0)
+
+
+def load_or_create_node_key(data_dir: Path) -> bytes:
+    """The 32-byte secp256k1 node key in ``<data_dir>/mailserver.key`` (hex,
+    mode 0600), created on first use. ValueError for an unusable file."""
+    path = Path(data_dir) / KEY_FILE
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        key = coincurve.PrivateKey().secret
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process won the race
+            return load_or_create_node_key(data_dir)
+        with os.fdopen(fd, "w") as out:
+            out.write(key.hex() + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        return key
+    try:
+        key = bytes.fromhex(text)
+        coincurve.PrivateKey(key)
+    except ValueError:
+        raise ValueError(f"{path}: not a hex secp256k1 private key") from None
+    if len(key) != 32:
+        raise ValueError(f"{path}: the key must be 32 bytes, got {len(key)}")
+    return key
+
+
+def enode_url(public_key: bytes, host: str, port: int) -> str:
+    """``enode://<128 hex digits>@host:port``; an unspecified host reads 127.0.0.1 as geth's does."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"enode://{public_key.hex()}@{host}:{port}"
+
+
+# --- the server ------------------------------------------------------------------
+
+class Mailserver:
+    """Archives envelopes into ``store`` and answers requests from it."""
+
+    def __init__(self, store: EnvelopeStore, private_key: bytes, settings: MailserverSettings | None = None):
+        self.store = store
+        self.settings = settings or MailserverSettings()
+        self.private_key = private_key
+        self.public_key = ecies.public_key_of(private_key)
+        self.symmetric_key = key_from_password(self.settings.password)
+        self.limiter = trio.CapacityLimiter(STORE_THREADS)
+        self.rate_limiter = RequestRateLimiter(self.settings.rate_limit_s)
+        self.stats = MailserverStats()
+        self._status = encode_status(self.settings.minimum_pow)
+        self._port = 0
+
+    async def serve(self, host: str, port: int, *, flush: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``host``:``port`` (0: any free port) until cancelled."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self._port = listeners[0].socket.getsockname()[1]
+        info = MailserverInfo(enode_url(self.public_key, host, self._port), self.public_key, host, self._port)
+        async with trio.open_nursery() as nursery:
+            if flush:
+                nursery.start_soon(flush_envelopes, self.store, self.limiter)
+            await nursery.start(trio.serve_listeners, self.handle_stream, listeners)
+            log.info("mailserver listening: %s", info.enode)
+            task_status.started(info)
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one TCP connection to its end; never raises (but Cancelled)."""
+        if self.stats.connections >= self.settings.max_connections:
+            await trio.aclose_forcefully(stream)
+            return
+        self.stats.connections += 1
+        try:
+            async with stream:
+                session = await open_session(
+                    stream, self.private_key, local_status=self._status, listen_port=self._port,
+                    max_message_size=self.settings.max_message_size,
+                    timeout_s=self.settings.handshake_timeout_s, read_timeout_s=self.settings.read_timeout_s,
+                )
+                await self._serve_session(session)
+        except (*_CONNECTION_ENDED, RLPxError, trio.TooSlowError) as exc:
+            log.debug("mailserver connection ended: %s: %s", type(exc).__name__, exc)
+        except Exception:
+            log.exception("mailserver connection failed")
+        finally:
+            self.stats.connections -= 1
+
+    async def _serve_session(self, session: WakuSession) -> None:
+        requests_in, requests_out = trio.open_memory_channel(MAX_QUEUED_REQUESTS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.keep_alive, self.settings.ping_interval_s)
+            nursery.start_soon(self._answer_requests, session, requests_out, nursery.cancel_scope)
+            try:
+                await self._read_packets(session, requests_in)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _read_packets(self, session: WakuSession, requests) -> None:
+        async with requests:
+            try:
+                while True:
+                    code, payload = await session.receive()
+                    if code == wms.MESSAGES:
+                        await self._archive(payload)
+                    elif code == wms.P2P_REQUEST and len(payload) <= MAX_REQUEST_PACKET_SIZE:
+                        await requests.send(payload)
+                    elif code == wms.P2P_REQUEST:
+                        self.stats.invalid_packets += 1
+                    # Status updates and other codes need nothing from a node
+                    # that relays nothing (status-go ignores unknown codes).
+            except RLPxError as exc:
+                log.debug("mailserver peer broke the protocol: %s", exc)
+                await session.disconnect(rlpx.DISCONNECT_PROTOCOL_ERROR)
+            except trio.TooSlowError:
+                await session.disconnect(rlpx.DISCONNECT_READ_TIMEOUT)
+            except _CONNECTION_ENDED as exc:
+                log.debug("mailserver connection ended: %s", exc)
+
+    # --- Messages: archive ---------------------------------------------------
+
+    async def _archive(self, payload: bytes) -> None:
+        """Store the acceptable envelopes of a Messages packet; a malformed
+        packet is dropped whole and the peer kept (status-go logs it only)."""
+        try:
+            envelopes = decode_envelope_list(payload, max_size=self.settings.max_message_size)
+        except WakuV1Error as exc:
+            self.stats.invalid_packets += 1
+            log.debug("malformed Messages packet: %s", exc)
+            return
+        now_s = int(self.settings.clock())
+        arrival_ns = time.time_ns()
+        rows = []
+        for envelope, raw in envelopes:
+            problem = envelope_problem(
+                envelope, now_s, minimum_pow=self.settings.minimum_pow,
+                max_size=self.settings.max_message_size,
+            )
+            if problem is not None:
+                self.stats.rejected += 1
+                log.debug("envelope %s not archived: %s", envelope_hash(raw).hex(), problem)
+                continue
+            rows.append(StoredEnvelope(envelope_hash(raw), raw, envelope.topic, envelope.expiry,
+                                       envelope.ttl, envelope.timestamp, arrival_ns))
+        if not rows:
+            return
+        try:
+            accepted, duplicates = await trio.to_thread.run_sync(self.store.put, rows, limiter=self.limiter)
+        except Exception as exc:
+            log.warning("archiving %d envelopes failed: %s", len(rows), exc)
+            return
+        self.stats.accepted += accepted
+        self.stats.duplicates += duplicates
+
+    # --- P2P Request: answer -------------------------------------------------
+
+    async def _answer_requests(self, session: WakuSession, requests, scope: trio.CancelScope) -> None:
+        try:
+            async with requests:
+                async for payload in requests:
+                    await self.answer(session, payload)
+        except (*_CONNECTION_ENDED, trio.TooSlowError) as exc:
+            log.debug("mailserver answer not delivered: %s", exc)
+            scope.cancel()
+
+    async def answer(self, session: WakuSession, payload: bytes) -> None:
+        """Answer one P2P Request packet, in status-go's order of checks:
+        decrypt and decode, validate, rate limit; then the envelopes and
+        Request Complete, or Request Complete in its error form."""
+        try:
+            p2p = wms.decode_p2p_request(payload)
+        except WakuV1Error as exc:  # no request id to answer to (status-go logs it)
+            self.stats.invalid_packets += 1
+            log.debug("undecodable P2P Request: %s", exc)
+            return
+        self.stats.requests += 1
+        try:
+            request = p2p.request
+            if p2p.envelope is not None:
+                request = wms.open_request(
+                    p2p.envelope, self.symmetric_key, minimum_pow=self.settings.minimum_pow,
+                    require_signature=self.settings.require_signature,
+                )
+            request = wms.validate_request(request, int(self.settings.clock()))
+            if not self.rate_limiter.allow(session.remote_id):
+                raise WakuV1Error("rate limit exceeded")
+            page = await trio.to_thread.run_sync(self._query, request, limiter=self.limiter)
+            # status-go sends one envelope per packet to a client without batch support.
+            groups = [[row.raw for row in page.envelopes]] if request.batch else [[r.raw] for r in page.envelopes]
+            bundles = [b for group in groups for b in wms.bundle_envelopes(group, self.settings.max_message_size)]
+        except WakuV1Error as exc:
+            await self._refuse(session, p2p.request_id, str(exc))
+            return
+        except Exception as exc:
+            log.warning("mailserver query failed: %s", exc)
+            await self._refuse(session, p2p.request_id, "failed to query envelopes")
+            return
+        for bundle in bundles:
+            await session.send(wms.P2P_MESSAGE, bundle)
+        last = page.envelopes[-1] if page.envelopes else None
+        cursor = wms.encode_cursor(last.sent, last.envelope_hash) if last and page.limit_reached else b""
+        await session.send(wms.P2P_REQUEST_COMPLETE, wms.encode_request_complete(
+            p2p.request_id, last.envelope_hash if last else _ZERO_HASH, cursor, layout=request.layout,
+        ))
+
+    def _query(self, request: wms.MessagesRequest):
+        cursor = None
+        if request.cursor:
+            decoded = wms.decode_cursor(request.cursor)
+            cursor = (decoded.timestamp, decoded.envelope_hash)
+        return self.store.query(
+            request.lower, request.upper, topics=list(request.topics),
+            bloom=None if request.topics else request.bloom, limit=request.limit, cursor=cursor,
+        )
+
+    async def _refuse(self, session: WakuSession, request_id: bytes, message: str) -> None:
+        self.stats.request_errors += 1
+        await session.send(wms.P2P_REQUEST_COMPLETE, wms.encode_request_complete_error(request_id, message))
+
+
+class RequestRateLimiter:
+    """status-go mailserver/limiter.go: a peer's request is allowed when more
+    than ``period_s`` seconds passed since its last allowed one; refused
+    requests do not restart the wait. ``period_s`` <= 0 allows everything."""
+
+    def __init__(self, period_s: float, clock: Callable[[], float] = time.monotonic):
+        self.period_s = period_s
+        self._clock = clock
+        self._last: dict[bytes, float] = {}
+
+    def allow(self, peer_id: bytes) -> bool:
+        if self.period_s <= 0:
+            return True
+        now = self._clock()
+        last = self._last.get(peer_id)
+        if last is not None and now - last <= self.period_s:
+            return False
+        self._last[peer_id] = now
+        if len(self._last) > MAX_RATE_LIMITED_PEERS:
+            self._last = {p: t for p, t in self._last.items() if now - t <= self.period_s}
+        return True
+
+
+def envelope_problem(envelope: Envelope, now_s: int, *, minimum_pow: float, max_size: int) -> str | None:
+    """Why status-go's ``Waku.add`` would not archive ``envelope`` at Unix
+    time ``now_s`` (seconds), or None when it would.
+
+    Sent more than 10 s ahead: "envelope from future"; expired: "expired"
+    (or "very old envelope" 20 s past expiry); ``envelope.size`` above
+    ``max_size``; PoW below ``minimum_pow``, computed for an envelope sent
+    ahead with its TTL stretched by the time difference plus one second.
+    """
+    sent = envelope.timestamp
+    pow_ttl = envelope.ttl
+    if sent > now_s:
+        if sent - SYNC_ALLOWANCE_S > now_s:
+            return "envelope from future"
+        pow_ttl = (envelope.ttl + sent - now_s + 1) & MAX_UINT32
+    if envelope.expiry < now_s:
+        if ((envelope.expiry + 2 * SYNC_ALLOWANCE_S) & MAX_UINT32) < now_s:
+            return "very old envelope"
+        return "expired"
+    if envelope.size > max_size:
+        return f"huge messages are not allowed: {envelope.size} bytes"
+    if minimum_pow > 0 and _pow(envelope, pow_ttl) < minimum_pow:
+        return "envelope with low PoW"
+    return None
+
+
+def _pow(envelope: Envelope, ttl: int) -> float:
+    """status-go ``Envelope.CalculatePoW``: waku_v1.pow_value with another TTL."""
+    prefix = envelope.rlp_without_nonce()
+    digest = keccak256(prefix + envelope.nonce.to_bytes(8, "big"))
+    zeros = 256 - int.from_bytes(digest, "big").bit_length()
+    if ttl == 0:
+        return math.inf
+    return float(2**zeros) / float(len(prefix)) / float(ttl)
+
+
+# --- waku/1 status ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PeerStatus:
+    """A peer's waku/1 status options; None for what it did not say (or said badly)."""
+
+    pow_requirement: float | None = None
+    bloom: bytes | None = None
+    light_node: bool | None = None
+    confirmations: bool | None = None
+    topic_interest: tuple[bytes, ...] | None = None
+
+
+def encode_status(
+    minimum_pow: float, bloom: bytes | None = None, *, light_node: bool = False, confirmations: bool = False,
+) -> bytes:
+    """Our status packet as status-go's StatusOptions encodes it: a list of
+    ``[key, value]``; PoW requirement (key 0) as the float64's bits, bloom
+    (1, default all ones: a full node), light node (2), confirmations (3)."""
+    pow_bits = struct.unpack(">Q", struct.pack(">d", float(minimum_pow)))[0]
+    return rlp_encode([
+        [0, pow_bits], [1, full_bloom() if bloom is None else bloom],
+        [2, bool(light_node)], [3, bool(confirmations)],
+    ])
+
+
+def decode_status(payload: bytes) -> PeerStatus:
+    """A peer's status packet, leniently: unknown keys and unusable values
+    are skipped, and the options list may also come wrapped in a
+    one-element list (a message with one argument, as nim-eth sends it)."""
+    try:
+        item = decode_rlp(payload, max_size=len(payload) or 1, max_depth=4, max_items=MAX_STATUS_ITEMS)
+    except WakuV1Error:
+        return PeerStatus()
+    if isinstance(item, list) and len(item) == 1 and isinstance(item[0], list) \
+            and item[0] and all(isinstance(pair, list) for pair in item[0]):
+        item = item[0]
+    values: dict = {}
+    for pair in item if isinstance(item, list) else ():
+        if not isinstance(pair, list) or len(pair) < 2:
+            continue
+        try:
+            key = rlp_uint(pair[0], MAX_UINT64, "status option key")
+        except WakuV1Error:
+            continue
+        value = pair[1]
+        if key == 0 and isinstance(value, bytes) and len(value) <= 8:
+            pow_value = struct.unpack(">d", value.rjust(8, b"\0"))[0]
+            if math.isfinite(pow_value) and pow_value >= 0:
+                values["pow_requirement"] = pow_value
+        elif key == 1 and isinstance(value, bytes) and len(value) in (0, 64):
+            values["bloom"] = value
+        elif key in (2, 3) and value in (b"", b"\x01"):
+            values["light_node" if key == 2 else "confirmations"] = value == b"\x01"
+        elif key == 5 and isinstance(value, list):
+            topics = tuple(t for t in value if isinstance(t, bytes) and len(t) == TOPIC_SIZE)
+            values["topic_interest"] = topics
+    return PeerStatus(**values)
+
+
+# --- an RLPx session speaking waku/1 over a trio stream ------------------------------
+
+class SessionClosed(Exception):
+    """The peer disconnected, closed the connection or does not speak waku/1."""
+
+
+_CONNECTION_ENDED = (SessionClosed, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class WakuSession:
+    """One RLPx connection after the Hellos and the status exchange.
+
+    :meth:`receive` returns waku/1 messages as ``(code, payload)`` with the
+    capability's own codes and answers Pings; :meth:`send` may be called
+    from several tasks (frames are encrypted and written under one lock).
+    """
+
+    def __init__(self, stream: trio.abc.Stream, connection: rlpx.Connection, pending, read_timeout_s: float):
+        self._stream = stream
+        self._connection = connection
+        self._pending = collections.deque(pending)
+        self._messages: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._pongs = 0
+        self._read_timeout_s = read_timeout_s
+        self._send_lock = trio.Lock()
+        self.offset = rlpx.BASE_PROTOCOL_LENGTH
+        self.remote_status = PeerStatus()
+
+    @property
+    def remote_id(self) -> bytes:
+        """The peer's 64-byte public key (its node id)."""
+        return self._connection.remote_hello.node_id
+
+    async def send(self, code: int, payload: bytes) -> None:
+        """Send waku/1 message ``code``; raises SessionClosed after a Disconnect."""
+        await self._send(lambda c: c.send_message(rlpx.to_wire_code(code, offset=self.offset), payload))
+
+    async def receive(self) -> tuple[int, bytes]:
+        """The next waku/1 message. Raises SessionClosed at the end of the
+        connection, RLPxError on a protocol breach, trio.TooSlowError when
+        nothing arrives for the read timeout."""
+        while not self._messages:
+            await self._next_event()
+        return self._messages.popleft()
+
+    async def round_trip(self) -> None:
+        """Ping and wait for the Pong: the peer has handled everything sent
+        before (waku/1 messages arriving meanwhile stay queued for receive)."""
+        awaited = self._pongs + 1
+        await self._send(lambda c: c.send_ping())
+        while self._pongs < awaited:
+            await self._next_event()
+
+    async def _next_event(self) -> None:
+        while not self._pending:
+            await self._read()
+        event = self._pending.popleft()
+        if isinstance(event, rlpx.Message):
+            self._messages.append((rlpx.from_wire_code(event.code, offset=self.offset), event.payload))
+        elif isinstance(event, rlpx.Ping):
+            await self._send(lambda c: c.send_pong())
+        elif isinstance(event, rlpx.Pong):
+            self._pongs += 1
+        elif isinstance(event, rlpx.Disconnect):
+            raise SessionClosed(f"peer disconnected: {event.description}")
+
+    async def keep_alive(self, interval_s: float) -> None:
+        """Ping every ``interval_s`` seconds until the session ends."""
+        while True:
+            await trio.sleep(interval_s)
+            try:
+                await self._send(lambda c: c.send_ping())
+            except (*_CONNECTION_ENDED, trio.TooSlowError):
+                return
+
+    async def disconnect(self, reason: int = rlpx.DISCONNECT_REQUESTED) -> None:
+        """Send Disconnect (best effort, 1 s at most) and close the stream."""
+        async with self._send_lock:
+            if not self._connection.closed:
+                try:
+                    data = self._connection.send_disconnect(reason)
+                    with trio.move_on_after(DISCONNECT_WRITE_TIMEOUT_S):
+                        await self._stream.send_all(data)
+                except (RLPxError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+        await trio.aclose_forcefully(self._stream)
+
+    async def _send(self, encode) -> None:
+        async with self._send_lock:
+            if self._connection.closed:
+                raise SessionClosed("the connection is closed")
+            data = encode(self._connection)
+            with trio.fail_after(FRAME_WRITE_TIMEOUT_S):
+                await self._stream.send_all(data)
+
+    async def _read(self) -> None:
+        with trio.fail_after(self._read_timeout_s):
+            data = await self._stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            self._connection.receive_eof()
+            raise SessionClosed("the peer closed the connection")
+        self._pending.extend(self._connection.receive_data(data))
+
+
+async def open_session(
+    stream: trio.abc.Stream,
+    private_key: bytes,
+    *,
+    remote_public_key: bytes | None = None,
+    local_status: bytes,
+    listen_port: int = 0,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    read_timeout_s: float = FRAME_READ_TIMEOUT_S,
+) -> WakuSession:
+    """RLPx handshake (initiator when ``remote_public_key`` is given), Hellos
+    and waku/1 status exchange within ``timeout_s`` seconds each.
+
+    Raises SessionClosed (peer left, no waku/1, no status first), RLPxError
+    or trio.TooSlowError; the caller closes ``stream`` then.
+    """
+    handshake = rlpx.Handshake(private_key, remote_public_key)
+    with trio.fail_after(timeout_s):
+        if handshake.initiator:
+            await stream.send_all(handshake.initiate())
+        while not handshake.complete:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                handshake.receive_eof()
+            reply = handshake.receive_data(data)
+            if reply:
+                await stream.send_all(reply)
+    hello = rlpx.Hello(rlpx.BASE_PROTOCOL_VERSION, CLIENT_ID, (WAKU,), listen_port, ecies.public_key_of(private_key))
+    # A snappy frame may be 1/6 larger than what it carries (snappy's MaxEncodedLen).
+    frame_limit = min(rlpx.MAX_FRAME_SIZE, max_message_size + max_message_size // 6 + 64)
+    connection, events = rlpx.Connection.from_handshake(
+        handshake, hello, max_frame_size=frame_limit, max_message_size=max_message_size,
+    )
+    session = WakuSession(stream, connection, events, read_timeout_s)
+    with trio.fail_after(timeout_s):
+        await session._send(lambda c: c.send_hello())
+        while connection.remote_hello is None:  # nothing but a Disconnect may come first
+            await session._next_event()
+        remote_hello = connection.remote_hello
+        shared = rlpx.match_capabilities({WAKU: rlpx.WAKU_V1_CODE_COUNT}, remote_hello.capabilities)
+        if WAKU.name not in shared:
+            await session.disconnect(rlpx.DISCONNECT_USELESS_PEER)
+            raise SessionClosed("the peer does not run waku/1")
+        session.offset = shared[WAKU.name].offset
+        await session.send(wms.STATUS, local_status)
+        code, payload = await session.receive()
+        if code != wms.STATUS:  # status-go: "sent packet before status packet"
+            await session.disconnect(rlpx.DISCONNECT_SUBPROTOCOL_ERROR)
+            raise SessionClosed(f"the peer sent packet {code} before its status")
+    session.remote_status = decode_status(payload)
+    return session
