@@ -130,9 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their implementation (imported lazily so
     that `wakustore message hash` does not load the engine stack)."""
-    from wakustore.node import db_cli, serve
+    from wakustore.node import bench_mailserver, bench_store, client_cli, db_cli, mailserver_cli, serve
 
-    return [serve.register, db_cli.register]
+    return [
+        serve.register,
+        db_cli.register,
+        client_cli.register,
+        mailserver_cli.register,
+        bench_store.register,
+        bench_mailserver.register,  # adds its verb to `bench`
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,5 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return args.handler(args)
     except (UsageError, ProtocolError) as exc:
+        print(f"wakustore: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        from wakustore.node.config import ConfigError
+        from wakustore.storage.maintenance import RetentionError
+
+        if not isinstance(exc, (ConfigError, RetentionError)):
+            raise
         print(f"wakustore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import trio
@@ -28,38 +28,77 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--cluster-id", type=int)
     serve.add_argument("--shard", type=int, action="append", dest="shards")
     serve.add_argument("--retention", help="e.g. time:2592000;capacity:1000000;size:50GB")
+    serve.add_argument("--listen-host", help="address the libp2p listeners bind (default 0.0.0.0)")
+    serve.add_argument(
+        "--rate-limit", action="append", dest="rate_limits", default=[],
+        help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
+             "e.g. store:60/2s (the default) or lightpush:0/1s (no limit); repeatable",
+    )
     serve.set_defaults(handler=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from wakustore.node.cli import UsageError
+    from wakustore.node.host import HostError
+    from wakustore.node.store_protocols import RateLimits
+
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
-        "cluster_id", "shards", "retention",
+        "cluster_id", "shards", "retention", "listen_host",
     )}
     config = node_config.load(args.config, overrides)
+    try:
+        rate_limits = RateLimits.parse(args.rate_limits)
+    except ValueError as exc:
+        raise UsageError(f"--rate-limit: {exc}") from None
     logging.basicConfig(
         level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
     )
-    trio.run(_serve, config)
+    try:
+        trio.run(_serve, config, rate_limits)
+    except HostError as exc:
+        print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
-async def _serve(config: node_config.NodeConfig) -> None:
+async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
+    """Store, then libp2p host on top of it; on SIGINT/SIGTERM the host
+    stops first (no new requests), then the store commits and stops."""
+    from wakustore.node.host import check_ports_free, load_or_create_key, running_host, write_node_info
+    from wakustore.node.mailserver import running_mailserver
+    from wakustore.node.metrics import serve_http
+    from wakustore.node.store_protocols import StoreProtocols
     from wakustore.node.store_service import running_store
 
+    # Fail on a taken port or a bad key before the engine starts.
+    check_ports_free(config)
+    key_pair = load_or_create_key(config.data_dir)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with running_store(config) as service:
-            info = {
-                "multiaddrs": [],
-                "engine": config.engine,
-                "table": config.messages_uri,
-                "pid": os.getpid(),
-            }
-            (config.data_dir / "node-info.json").write_text(json.dumps(info, indent=2))
-            log.info("node ready: table %s, engine %s, %d messages pending from the log",
-                     config.messages_uri, config.engine, service.store.pending)
-            print("wakustore node ready; table " + config.messages_uri, flush=True)
-            async for signum in signals:
-                log.info("signal %s: committing and stopping", signal.Signals(signum).name)
-                break
+        async with running_store(config) as service, trio.open_nursery() as nursery:
+            metrics_port = await nursery.start(
+                serve_http, config.metrics_port, config.listen_host, service.metrics, service.health
+            )
+            protocols = StoreProtocols(service, config, rate_limits)
+            async with running_mailserver(config, service.engine) as mailserver, \
+                    running_host(config, protocols.handlers(), key_pair) as (_host, info):
+                write_node_info(
+                    config.data_dir, info,
+                    engine=config.engine, table=config.messages_uri, pid=os.getpid(),
+                    cluster_id=config.cluster_id, shards=config.shards,
+                    enode=mailserver.enode, metrics_port=metrics_port,
+                )
+                log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
+                         info.peer_id, config.messages_uri, config.engine, service.store.pending)
+                log.info("rate limits per peer: store %s, lightpush %s",
+                         rate_limits.store, rate_limits.lightpush)
+                for addr in info.multiaddrs:
+                    print(addr, flush=True)
+                print(mailserver.enode, flush=True)
+                print(f"metrics and health on http://{config.listen_host}:{metrics_port}/", flush=True)
+                print("wakustore node ready; table " + config.messages_uri, flush=True)
+                async for signum in signals:
+                    log.info("signal %s: committing and stopping", signal.Signals(signum).name)
+                    break
+            nursery.cancel_scope.cancel()

@@ -7,11 +7,12 @@ import datetime as dt
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.metrics import NodeMetrics
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, Page
 from wakustore.storage import maintenance
@@ -29,6 +30,11 @@ FLUSH_POLL_S = 0.05
 # per core is plenty on the 2-core machines this targets.
 ENGINE_THREADS = 4
 
+# Engine health check and gauges. Sail drops a session idle for 900 s
+# (SAIL_SPARK__SESSION_TIMEOUT_SECS); checking every 30 s keeps it alive
+# and catches a dead or bloated child between requests.
+SUPERVISE_INTERVAL_S = 30.0
+
 
 @dataclass
 class StoreService:
@@ -36,15 +42,50 @@ class StoreService:
     engine: Engine
     store: MessageStore
     limiter: trio.CapacityLimiter
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    # Set by the archive scheduler: history at or after this time (ns) is
+    # not yet in a seeded archive and must not be retained away.
+    keep_from_ns: int | None = None
 
-    async def put(self, messages: list[tuple[str, WakuMessage, int]]) -> PutResult:
-        return await trio.to_thread.run_sync(self.store.put, messages, limiter=self.limiter)
+    async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
+        result = await trio.to_thread.run_sync(self.store.put, messages, limiter=self.limiter)
+        self.metrics.ingested.labels(source).inc(result.accepted)
+        self.metrics.deduplicated.labels(source).inc(result.duplicates)
+        self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
+        return result
 
     async def query(self, query: HistoryQuery) -> Page:
         return await trio.to_thread.run_sync(self.store.query, query, limiter=self.limiter)
 
     async def flush(self) -> int:
-        return await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
+        started = time.perf_counter()
+        committed = await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
+        if committed:
+            self.metrics.commit_latency.labels("messages").observe(time.perf_counter() - started)
+        self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
+        return committed
+
+    def health(self) -> dict:
+        """For /health: the engine answers and the write path is not stuck."""
+        engine = self.engine.health()
+        return {
+            "ok": bool(engine.healthy),
+            "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
+            "pending_messages": self.store.pending,
+            "wal_depth": self.store.wal_depth,
+            "hot_tier_messages": len(self.store.hot),
+        }
+
+    async def _supervise_loop(self) -> None:
+        while True:
+            await trio.sleep(SUPERVISE_INTERVAL_S)
+            try:
+                health = await trio.to_thread.run_sync(self.engine.supervise, limiter=self.limiter)
+                self.metrics.engine_restarts.set(health.generation + 1)
+                if health.rss_bytes is not None:
+                    self.metrics.engine_rss.set(health.rss_bytes)
+            except Exception as exc:
+                log.warning("engine supervision failed: %s", exc)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -67,17 +108,30 @@ class StoreService:
 
     def maintain(self, policy: maintenance.RetentionPolicy) -> None:
         now = time.time_ns()
-        maintenance.apply_retention(self.store.table, policy, now)
+        result = maintenance.apply_retention(self.store.table, policy, now, keep_from_ns=self.keep_from_ns)
+        if result.cutoff_ns is not None:
+            self.store.forget_before(result.cutoff_ns)
         maintenance.compact(self.store.table, today=dt.datetime.now(dt.timezone.utc).date())
         maintenance.checkpoint(self.store.table)
+        stats = maintenance.stats(self.store.table) if self.engine.is_embedded else None
+        if stats is not None:
+            self.metrics.table_bytes.labels("messages").set(stats.bytes)
+            self.metrics.table_rows.labels("messages").set(stats.rows)
 
 
-def open_store(config: NodeConfig) -> tuple[Engine, MessageStore]:
-    """Start the engine and open the message store (blocking)."""
+def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine, MessageStore]:
+    """Start the engine and open the message store (blocking).
+
+    With ``engine`` given, that started engine is used as it is and stays the
+    caller's to close (tests share one engine between nodes).
+    """
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
+    owned = engine is None
+    if engine is None:
+        engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
     try:
-        engine.start()
+        if owned:
+            engine.start()
         store = MessageStore(
             DeltaTableRef(engine, config.messages_uri),
             config.data_dir / "wal" / "messages",
@@ -85,21 +139,25 @@ def open_store(config: NodeConfig) -> tuple[Engine, MessageStore]:
         )
         store.open()
     except BaseException:
-        engine.close()
+        if owned:
+            engine.close()
         raise
     return engine, store
 
 
 @asynccontextmanager
-async def running_store(config: NodeConfig):
+async def running_store(config: NodeConfig, engine: Engine | None = None):
     """Yield a StoreService whose loops run until the block exits; on exit
-    the buffer is committed and the engine stopped."""
-    engine, store = await trio.to_thread.run_sync(open_store, config)
+    the buffer is committed and the engine stopped (unless ``engine`` was
+    given: a shared engine stays running)."""
+    owned = engine is None
+    engine, store = await trio.to_thread.run_sync(open_store, config, engine)
     service = StoreService(config, engine, store, trio.CapacityLimiter(ENGINE_THREADS))
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service._flush_loop)
             nursery.start_soon(service._maintenance_loop)
+            nursery.start_soon(service._supervise_loop)
             try:
                 yield service
             finally:
@@ -110,4 +168,5 @@ async def running_store(config: NodeConfig):
                 await trio.to_thread.run_sync(store.close)
             except Exception as exc:
                 log.error("final commit failed; the write-ahead log keeps the messages: %s", exc)
-            await trio.to_thread.run_sync(engine.close)
+            if owned:
+                await trio.to_thread.run_sync(engine.close)

@@ -201,8 +201,12 @@ class MessageStore:
         key = self._cursor_key(query)
         found = self.hot.page(query, key)
         if found is None:
+            # Rows not yet committed are taken before the table is read: a
+            # flush in between then shows them twice (dropped by hash), never
+            # zero times.
+            pending = self.writes.pending_rows()
             found = from_arrow(self.table.page(query, key, query.limit + 1), query.include_data)
-            found = self._merge_pending(query, key, found)
+            found = _merge_pending(query, key, found, pending)
             found.sort(key=_sort_key(query.ordering), reverse=not query.forward)
         more = len(found) > query.limit
         page = found[: query.limit]
@@ -231,19 +235,6 @@ class MessageStore:
                 raise unknown_cursor()
             self._cursors.put(query.cursor, timestamp)
         return (timestamp, query.cursor)
-
-    def _merge_pending(
-        self, query: HistoryQuery, key: tuple[int, bytes] | None, found: list[StoredMessage]
-    ) -> list[StoredMessage]:
-        pending = self.writes.pending_rows()
-        if not pending:
-            return found
-        seen = {m.message_hash for m in found}
-        for row in pending:
-            if row.message_hash not in seen and _row_matches(query, key, row):
-                found.append(row.stored(query.include_data))
-                seen.add(row.message_hash)
-        return found
 
     def forget_before(self, cutoff_ns: int) -> None:
         """Retention removed rows older than ``cutoff_ns`` from the table."""
@@ -276,6 +267,17 @@ class MessageStore:
         self.writes.remember(list(rows))
         self.hot.replace(start_ns, end_ns, content_topics, list(rows.values()))
         return len(rows)
+
+
+def _merge_pending(
+    query: HistoryQuery, key: tuple[int, bytes] | None, found: list[StoredMessage], pending: list[Row]
+) -> list[StoredMessage]:
+    seen = {m.message_hash for m in found}
+    for row in pending:
+        if row.message_hash not in seen and _row_matches(query, key, row):
+            found.append(row.stored(query.include_data))
+            seen.add(row.message_hash)
+    return found
 
 
 def _sort_key(ordering: Ordering) -> Callable[[StoredMessage], tuple[int, bytes]]:

@@ -1,0 +1,669 @@
+"""``wakustore bench store``: the storage benchmark.
+
+What it measures, on a seeded dataset (:mod:`wakustore.node.bench_dataset`):
+
+1. Ingest into Delta end to end, durable, as the node does it:
+   :meth:`MessageStore.put` (hashes, write-ahead log fsync) in batches of
+   ``flush_max_messages`` with a :meth:`MessageStore.flush` (the MERGE
+   commit) after each; the rate counts every offered message (duplicates
+   included) over the put and flush time of the whole load, the final
+   flush included. Then :func:`maintenance.compact` and a checkpoint, as
+   the node does for finished days.
+2. Store v3 pages (20 messages, 1-3 content topics of one shard, ranges of
+   1 h / 1 d / 7 d, forward and backward): a first page, then the page at
+   its ``next_cursor`` when there is one, until about ``--queries``
+   queries; then lookups by 1 and by 20 message hashes. The Spark Connect
+   round-trip floor (``SELECT 1``) is measured beside them.
+3. The same data and the same queries on nwaku's PostgreSQL and SQLite
+   archives (:mod:`wakustore.node.bench_sql`), and a cross-check that
+   every query returns the same set of message hashes on every backend.
+
+The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
+``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
+``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}``, and per
+compared backend ``{ingest_msgs_per_s, query_p50_ms, query_p99_ms,
+hash_lookup_p50_ms, ratios}`` where a ratio is Delta's figure over the
+backend's (above 1: Delta is slower). Exit status 1 when a cross-check
+finds different answers or a compared backend fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from wakustore.node import bench_dataset
+from wakustore.node import config as node_config
+from wakustore.node.bench_dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
+from wakustore.node.cli import UsageError
+from wakustore.protocols.store_query import HistoryQuery, Page, validate_v3
+
+BACKENDS = ("postgres", "sqlite")
+DEFAULT_MESSAGES = 1_000_000
+DEFAULT_QUERIES = 200
+# Lookups by hash: this many of 1 hash and as many of 20 hashes.
+DEFAULT_LOOKUPS = 20
+LOOKUP_SIZES = (1, 20)
+WARMUP_QUERIES = 5
+ROUND_TRIPS = 20
+PAGE_SIZE = 20
+RANGES = {"1h": NS_PER_HOUR, "1d": NS_PER_DAY, "7d": 7 * NS_PER_DAY, "now-1h": NS_PER_HOUR}
+# "now-1h" is the last hour of the data set: what a client catching up asks
+# for most, and what the node's hot tier answers from memory.
+RSS_SAMPLE_S = 0.25
+MIB = 1024 * 1024
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="benchmarks")
+    verbs = bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
+    store = verbs.add_parser("store", help="ingest and Store v3 query benchmark, optionally against nwaku's SQL archives")
+    store.add_argument("--messages", type=_positive_int, default=DEFAULT_MESSAGES,
+                       help=f"messages offered, duplicates included (default {DEFAULT_MESSAGES})")
+    store.add_argument("--compare", type=_backends, default=(),
+                       help="comma-separated: " + ",".join(BACKENDS))
+    store.add_argument("--json", type=Path, help="write the figures here")
+    store.add_argument("--queries", type=_positive_int, default=DEFAULT_QUERIES,
+                       help=f"Store v3 pages to time (default {DEFAULT_QUERIES})")
+    store.add_argument("--lookups", type=_positive_int, default=DEFAULT_LOOKUPS,
+                       help=f"lookups by 1 and by 20 hashes, each (default {DEFAULT_LOOKUPS})")
+    store.add_argument("--seed", type=int, default=1)
+    store.add_argument("--data-dir", type=Path,
+                       help="where the Delta table goes (must be empty; default: a temporary directory, removed)")
+    store.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
+    store.add_argument("--engine", help="'embedded' or sc://host:port")
+    store.set_defaults(handler=run_store_bench)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend {unknown[0]!r} (choose from {', '.join(BACKENDS)})")
+    return names
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- the query set -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    """A first page; its cursor page follows when it has a next cursor."""
+
+    range_name: str
+    pubsub_topic: str
+    content_topics: tuple[str, ...]
+    time_start: int
+    time_end: int
+    forward: bool
+
+    def query(self, cursor: bytes | None = None) -> HistoryQuery:
+        return validate_v3(
+            pubsub_topic=self.pubsub_topic, content_topics=list(self.content_topics),
+            time_start=self.time_start, time_end=self.time_end, message_hashes=[],
+            cursor=cursor, forward=self.forward, limit=PAGE_SIZE, include_data=True,
+        )
+
+
+def page_specs(spec: DatasetSpec, seed: int) -> Iterator[PageSpec]:
+    """An endless deterministic stream of page queries: ranges in turn,
+    1-3 topics of one shard drawn by popularity, windows anywhere in the data."""
+    rng = random.Random(seed)
+    names = list(RANGES)
+    i = 0
+    while True:
+        name = names[i % len(names)]
+        i += 1
+        first = spec.pick_topic(rng)
+        shard = spec.shard_of(first)
+        topics = [first]
+        wanted = rng.randint(1, 3)
+        for _ in range(50):
+            if len(topics) >= wanted:
+                break
+            other = spec.pick_topic(rng)
+            if spec.shard_of(other) == shard and other not in topics:
+                topics.append(other)
+        length = RANGES[name]
+        end = spec.end_ns if name.startswith("now-") else rng.randint(spec.start_ns + length, spec.end_ns)
+        yield PageSpec(name, spec.pubsub_topic(shard), tuple(spec.content_topic(t) for t in topics),
+                       end - length, end, rng.random() < 0.5)
+
+
+def hash_lookups(spec: DatasetSpec, seed: int, per_size: int) -> list[tuple[str, HistoryQuery]]:
+    from wakustore.protocols.message import message_hash
+
+    rng = random.Random(seed ^ 0x5EED)
+    out = []
+    for size in LOOKUP_SIZES:
+        for _ in range(per_size):
+            hashes = [message_hash(p, m) for p, m in bench_dataset.sample_originals(spec, rng, size)]
+            query = validate_v3(pubsub_topic=None, content_topics=[], time_start=None, time_end=None,
+                                message_hashes=hashes, cursor=None, forward=False, limit=PAGE_SIZE,
+                                include_data=True)
+            out.append((f"hash/{size}", query))
+    return out
+
+
+# --- timing ------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class Timings:
+    """Query latencies (ms) by shape (``1h/first``, ``7d/cursor``, ``hash/20``)."""
+
+    def __init__(self) -> None:
+        self.by_shape: dict[str, list[float]] = {}
+
+    def add(self, shape: str, ms: float) -> None:
+        self.by_shape.setdefault(shape, []).append(ms)
+
+    def pages(self) -> list[float]:
+        return [v for k, vs in self.by_shape.items() if not k.startswith("hash/") for v in vs]
+
+    def lookups(self) -> list[float]:
+        return [v for k, vs in self.by_shape.items() if k.startswith("hash/") for v in vs]
+
+    def summary(self) -> dict:
+        pages, lookups = self.pages(), self.lookups()
+        return {
+            "queries": len(pages),
+            "query_p50_ms": _round(percentile(pages, 50)),
+            "query_p99_ms": _round(percentile(pages, 99)),
+            "hash_lookup_p50_ms": _round(percentile(lookups, 50)),
+            "per_shape": {
+                shape: {"n": len(vs), "p50_ms": _round(percentile(vs, 50)), "p99_ms": _round(percentile(vs, 99))}
+                for shape, vs in sorted(self.by_shape.items(), key=lambda kv: _shape_order(kv[0]))
+            },
+        }
+
+
+def _shape_order(shape: str) -> tuple[int, str]:
+    order = [*(f"{r}/{k}" for r in RANGES for k in ("first", "cursor")), *(f"hash/{n}" for n in LOOKUP_SIZES)]
+    return (order.index(shape) if shape in order else len(order), shape)
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _timed(fn: Callable, *args):
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, (time.perf_counter() - started) * 1000
+
+
+# --- memory ------------------------------------------------------------------
+
+
+class RssSampler:
+    """Peak resident memory of this process and of the engine's processes.
+
+    The engine is found through the pid it exposes (``pid``, ``child_pid``
+    or ``server_pid``, or ``process.pid``) or, failing that, as this
+    process's children; their peak comes from sampling (the engine may be
+    restarted on its memory ceiling) and from ``VmHWM`` while they live.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.engine_peak = 0
+        self.engine_pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(RSS_SAMPLE_S):
+            self.sample()
+
+    def _pids(self) -> list[int]:
+        import psutil
+
+        for attribute in ("pid", "child_pid", "server_pid"):
+            pid = getattr(self.engine, attribute, None)
+            if isinstance(pid, int) and pid > 0:
+                return [pid, *(c.pid for c in _children(psutil, pid))]
+        process = getattr(self.engine, "process", None) or getattr(self.engine, "_process", None)
+        pid = getattr(process, "pid", None)
+        if isinstance(pid, int) and pid > 0:
+            return [pid, *(c.pid for c in _children(psutil, pid))]
+        return [c.pid for c in _children(psutil, os.getpid())]
+
+    def sample(self) -> None:
+        try:
+            pids = self._pids()
+        except Exception:
+            return
+        total = 0
+        for pid in pids:
+            rss, hwm = _proc_memory(pid)
+            total += rss
+            self.engine_peak = max(self.engine_peak, hwm)
+        if pids:
+            self.engine_pids.update(pids)
+        self.engine_peak = max(self.engine_peak, total)
+
+    @staticmethod
+    def node_peak() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _children(psutil, pid: int):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _proc_memory(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) in bytes; zeros for a process that is gone."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return rss, hwm
+
+
+# --- the run -----------------------------------------------------------------
+
+
+def run_store_bench(args: argparse.Namespace) -> int:
+    if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
+        raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
+    config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
+    spec = DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed)
+    report: dict = {
+        "messages": spec.messages,
+        "dataset": {
+            "seed": spec.seed, "topics": spec.topics, "shards": spec.shards, "days": spec.days,
+            "duplicate_ratio": spec.duplicate_ratio, "payload_bytes": [bench_dataset.PAYLOAD_MIN, bench_dataset.PAYLOAD_MAX],
+            "start_ns": spec.start_ns, "end_ns": spec.end_ns,
+        },
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+        "compare": list(args.compare),
+    }
+    temporary = None
+    if args.data_dir is None:
+        temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-"))
+        config.data_dir = temporary
+    try:
+        expected = _run_delta(config, spec, args, report)
+        failed = False
+        for name in args.compare:
+            failed |= not _run_backend(name, spec, args, report, expected, config.flush_max_messages)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["crosscheck_ok"] = all(report.get(n, {}).get("crosscheck", {}).get("mismatches", 1) == 0
+                                  for n in args.compare)
+    _print_table(report)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if not report["crosscheck_ok"]:
+        _say("\n!!! CROSS-CHECK FAILED: backends returned different messages for the same query; see 'crosscheck' !!!")
+    return 1 if failed or not report["crosscheck_ok"] else 0
+
+
+@dataclass
+class Expected:
+    """What Delta answered: per page spec (the spec, hashes of the first
+    page, whether it had a next cursor, hashes of the cursor page or None
+    when it was not run) and per hash lookup."""
+
+    pages: list[tuple[PageSpec, list[bytes], bool, list[bytes] | None]]
+    lookups: list[tuple[str, HistoryQuery, list[bytes]]]
+
+
+def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
+    from wakustore.node.store_service import open_store
+    from wakustore.storage import maintenance
+
+    _say(f"delta: starting the engine ({config.engine}), table under {config.data_dir}")
+    engine, store = open_store(config)
+    batch_size = config.flush_max_messages
+    try:
+        with RssSampler(engine) as rss:
+            # --- ingest
+            put_s = flush_s = 0.0
+            flush_times: list[float] = []
+            offered = accepted = flushes = 0
+            for batch in bench_dataset.stream(spec, batch_size):
+                started = time.perf_counter()
+                result = store.put(batch)
+                put_s += time.perf_counter() - started
+                started = time.perf_counter()
+                store.flush()
+                flush_times.append(time.perf_counter() - started)
+                flush_s += flush_times[-1]
+                flushes += 1
+                offered += len(batch)
+                accepted += result.accepted
+                if flushes % 10 == 0 or offered == spec.messages:
+                    _say(f"delta: ingested {offered}/{spec.messages} "
+                         f"({offered / (put_s + flush_s):,.0f} msg/s)")
+            ingest_s = put_s + flush_s
+            before = maintenance.stats(store.table)
+            # --- maintenance, as the node does for finished days
+            today = dt.datetime.now(dt.timezone.utc).date()
+            started = time.perf_counter()
+            compacted = maintenance.compact(store.table, today=today)
+            compact_s = time.perf_counter() - started
+            started = time.perf_counter()
+            maintenance.checkpoint(store.table)
+            checkpoint_s = time.perf_counter() - started
+            after = maintenance.stats(store.table)
+            _say(f"delta: compacted {before.files} -> {after.files} files in {compact_s:.1f} s")
+            # --- queries
+            round_trips = []
+            for _ in range(ROUND_TRIPS):
+                round_trips.append(_timed(engine.run, lambda spark: spark.sql("SELECT 1").collect())[1])
+            engine_ms: list[float] = []
+            timings, expected = _delta_queries(store, spec, args, engine_ms)
+            rows = maintenance.count_rows(store.table)
+        report.update({
+            "unique_messages": accepted,
+            "duplicates": offered - accepted,
+            "rows_in_table": rows,
+            "ingest_msgs_per_s": round(offered / ingest_s, 1),
+            "ingest_s": round(ingest_s, 3),
+            "ingest_breakdown_s": {
+                "put": round(put_s, 3), "flush": round(flush_s, 3), "flushes": flushes,
+                "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times), 3),
+                "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
+                "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10):], 50), 3),
+            },
+            "compact_s": round(compact_s, 3),
+            "checkpoint_s": round(checkpoint_s, 3),
+            "compact_result": compacted,
+            "table": {
+                "files_before_compact": before.files, "files_after_compact": after.files, "days": after.days,
+            },
+            "bytes": after.bytes,
+            **timings.summary(),
+            "round_trip_p50_ms": _round(percentile(round_trips, 50)),
+            "engine_page_p50_ms": _round(percentile(engine_ms, 50)),
+            "peak_rss_mb": {
+                "node": round(RssSampler.node_peak() / MIB, 1),
+                "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
+            },
+            "engine_pids": sorted(rss.engine_pids),
+            "engine_restarts": max(engine.generation - 1, 0),
+        })
+        if rows != accepted:
+            report.setdefault("problems", []).append(f"table holds {rows} rows, {accepted} were accepted")
+            _say(f"!!! delta: the table holds {rows} rows but {accepted} messages were accepted")
+        return expected
+    finally:
+        try:
+            store.close()
+        finally:
+            engine.close()
+
+
+def _delta_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
+    """Time the page and lookup queries; ``engine_ms`` gets the time each
+    page spent in the table scan (the engine), the rest being Python."""
+    for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
+        store.query(warm.query())
+    page = store.table.page
+
+    def timed_page(*a, **kw):
+        started = time.perf_counter()
+        try:
+            return page(*a, **kw)
+        finally:
+            engine_ms.append((time.perf_counter() - started) * 1000)
+
+    store.table.page = timed_page
+    try:
+        return _timed_queries(store, spec, args, engine_ms)
+    finally:
+        del store.table.page
+
+
+def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
+    timings = Timings()
+    pages = []
+    executed = reported = 0
+    for page_spec in page_specs(spec, args.seed):
+        if executed >= args.queries:
+            break
+        first, ms = _timed(store.query, page_spec.query())
+        timings.add(f"{page_spec.range_name}/first", ms)
+        executed += 1
+        second = None
+        if first.next_cursor is not None and executed < args.queries:
+            page, ms = _timed(store.query, page_spec.query(first.next_cursor.message_hash))
+            timings.add(f"{page_spec.range_name}/cursor", ms)
+            executed += 1
+            second = _hashes(page)
+        pages.append((page_spec, _hashes(first), first.next_cursor is not None, second))
+        if executed - reported >= 50:
+            reported = executed
+            _say(f"delta: {executed}/{args.queries} queries")
+    pages_only = len(engine_ms)
+    lookups = []
+    for shape, query in hash_lookups(spec, args.seed, args.lookups):
+        page, ms = _timed(store.query, query)
+        timings.add(shape, ms)
+        lookups.append((shape, query, _hashes(page)))
+    del engine_ms[pages_only:]  # lookups are reported on their own
+    return timings, Expected(pages, lookups)
+
+
+def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Expected, batch_size: int) -> bool:
+    """Load (same batches as the node), query and cross-check one SQL
+    backend; False when it failed."""
+    from wakustore.node import bench_sql
+
+    directory = Path(tempfile.mkdtemp(prefix=f"wakustore-bench-{name}-"))
+    if name == "postgres":
+        backend = bench_sql.PostgresBackend(spec.start_ns, spec.end_ns, say=_say)
+    else:
+        backend = bench_sql.SqliteBackend(directory)
+    out: dict = {}
+    report[name] = out
+    try:
+        _say(f"{name}: starting")
+        started = time.perf_counter()
+        backend.start()
+        out["setup_s"] = round(time.perf_counter() - started, 3)
+        load_s = 0.0
+        offered = 0
+        for batch in bench_dataset.stream(spec, batch_size):
+            started = time.perf_counter()
+            backend.load_batch(batch)
+            load_s += time.perf_counter() - started
+            offered += len(batch)
+        out["ingest_msgs_per_s"] = round(offered / load_s, 1)
+        out["ingest_s"] = round(load_s, 3)
+        out["rows"] = backend.loaded
+        out.update({k: round(v, 3) for k, v in backend.after_load().items()})
+        _say(f"{name}: loaded {backend.loaded} rows in {load_s:.1f} s")
+        for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
+            backend.query(warm.query())
+        timings = Timings()
+        check = {"checked": 0, "mismatches": 0, "examples": []}
+
+        def compare(what: str, mine: list[bytes] | None, delta: list[bytes] | None,
+                    mine_more: bool = False, delta_more: bool = False) -> None:
+            """Same set of hashes (None: the page could not be asked) and the
+            same answer to "is there a next page"."""
+            check["checked"] += 1
+            same = (None if mine is None else set(mine)) == (None if delta is None else set(delta))
+            if not same or mine_more != delta_more:
+                check["mismatches"] += 1
+                if len(check["examples"]) < 5:
+                    check["examples"].append({
+                        "query": what, "delta": None if delta is None else len(delta),
+                        name: None if mine is None else len(mine),
+                        "next_cursor": {"delta": delta_more, name: mine_more},
+                        "only_delta": sorted(h.hex() for h in set(delta or ()) - set(mine or ()))[:3],
+                        f"only_{name}": sorted(h.hex() for h in set(mine or ()) - set(delta or ()))[:3],
+                    })
+                _say(f"!!! {name}: MISMATCH with delta on {what}")
+
+        for page_spec, delta_first, delta_more, delta_second in expected.pages:
+            first, ms = _timed(backend.query, page_spec.query())
+            timings.add(f"{page_spec.range_name}/first", ms)
+            more = first.next_cursor is not None
+            compare(_describe(page_spec, "first"), _hashes(first), delta_first, more, delta_more)
+            if delta_second is not None:
+                second = None
+                if more:
+                    page, ms = _timed(backend.query, page_spec.query(first.next_cursor.message_hash))
+                    timings.add(f"{page_spec.range_name}/cursor", ms)
+                    second = _hashes(page)
+                compare(_describe(page_spec, "cursor"), second, delta_second)
+        for shape, query, delta_hashes in expected.lookups:
+            page, ms = _timed(backend.query, query)
+            timings.add(shape, ms)
+            compare(f"{shape} lookup", _hashes(page), delta_hashes)
+        out.update(timings.summary())
+        out["bytes"] = backend.size_bytes()
+        if name == "postgres":
+            out["partitions"] = backend.partitions
+        out["crosscheck"] = check
+        out["ratios"] = {
+            key.replace("_ms", ""): _ratio(report.get(key), out.get(key))
+            for key in ("query_p50_ms", "query_p99_ms", "hash_lookup_p50_ms")
+        }
+        _say(f"{name}: {check['checked']} answers cross-checked, {check['mismatches']} mismatches")
+        return True
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        _say(f"!!! {name}: FAILED: {out['error']}")
+        return False
+    finally:
+        try:
+            backend.close()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _ratio(delta: float | None, other: float | None) -> float | None:
+    if delta is None or not other:
+        return None
+    return round(delta / other, 2)
+
+
+def _describe(page_spec: PageSpec, kind: str) -> str:
+    direction = "forward" if page_spec.forward else "backward"
+    return f"{page_spec.range_name}/{kind} {direction} {','.join(page_spec.content_topics)} @{page_spec.time_end}"
+
+
+def _hashes(page: Page) -> list[bytes]:
+    return [m.message_hash for m in page.messages]
+
+
+def _take(iterator, n):
+    for _, item in zip(range(n), iterator):
+        yield item
+
+
+# --- output ------------------------------------------------------------------
+
+
+def _print_table(report: dict) -> None:
+    names = ["delta", *(n for n in report["compare"] if "error" not in report.get(n, {}))]
+    column = {"delta": report, **{n: report[n] for n in names[1:]}}
+
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.1f}" if abs(value) >= 100 else f"{value:,.2f}"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    rows: list[tuple[str, list]] = [
+        ("ingest msg/s", [column[n].get("ingest_msgs_per_s") for n in names]),
+        ("ingest s", [column[n].get("ingest_s") for n in names]),
+        ("query p50 ms", [column[n].get("query_p50_ms") for n in names]),
+        ("query p99 ms", [column[n].get("query_p99_ms") for n in names]),
+    ]
+    shapes = sorted({s for n in names for s in column[n].get("per_shape", {})}, key=_shape_order)
+    for shape in shapes:
+        rows.append((f"  {shape} p50 ms (n)", [
+            None if shape not in column[n].get("per_shape", {}) else
+            f"{cell(column[n]['per_shape'][shape]['p50_ms'])} ({column[n]['per_shape'][shape]['n']})"
+            for n in names
+        ]))
+    rows += [
+        ("hash lookup p50 ms", [column[n].get("hash_lookup_p50_ms") for n in names]),
+        ("bytes on disk", [column[n].get("bytes") for n in names]),
+    ]
+    print(f"\nstore benchmark: {report['messages']:,} messages offered "
+          f"({report.get('unique_messages', 0):,} unique), {report['machine']['cpus']} CPUs, "
+          f"load average {report['machine']['loadavg_start'][0]} at start")
+    width = max(len(r[0]) for r in rows) + 2
+    print("".ljust(width) + "".join(n.rjust(18) for n in names))
+    for label, values in rows:
+        print(label.ljust(width) + "".join(cell(v).rjust(18) for v in values))
+    print(f"\ndelta: compact {report.get('compact_s')} s ({report['table']['files_before_compact']} -> "
+          f"{report['table']['files_after_compact']} files), Spark Connect round trip p50 "
+          f"{report.get('round_trip_p50_ms')} ms, engine part of a page p50 {report.get('engine_page_p50_ms')} ms")
+    rss = report.get("peak_rss_mb", {})
+    print(f"peak RSS: node {rss.get('node')} MB, engine {rss.get('engine')} MB")
+    for name in report["compare"]:
+        out = report.get(name, {})
+        if "error" in out:
+            print(f"{name}: FAILED: {out['error']}")
+            continue
+        ratios = ", ".join(f"{k} {cell(v)}x" for k, v in out.get("ratios", {}).items())
+        check = out.get("crosscheck", {})
+        print(f"delta/{name}: {ratios}; cross-check {check.get('checked')} answers, "
+              f"{check.get('mismatches')} mismatches")

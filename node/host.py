@@ -1,0 +1,207 @@
+"""The node's libp2p host: identity, listeners and the node-info file.
+
+:func:`running_host` builds a py-libp2p host from :class:`NodeConfig` (TCP
+on ``tcp_port``, websockets on ``ws_port``, both on ``listen_host``; Noise;
+yamux preferred, mplex offered; identify and ping), installs the given
+stream handlers and runs it until the block exits. Identify lists every
+installed protocol, which is how js-waku decides what the node serves.
+
+The node key is a secp256k1 secret stored once at ``<data_dir>/node.key``
+as 64 hex digits (mode 0600) and reused, so the peer id survives restarts.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+from libp2p import new_host
+from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
+
+from wakustore.node.config import NodeConfig
+
+log = logging.getLogger(__name__)
+
+NODE_KEY_FILE = "node.key"
+NODE_INFO_FILE = "node-info.json"
+
+# A secp256k1 secret: 32 bytes (SEC 1), written as 64 hex digits.
+NODE_KEY_SIZE = 32
+NODE_KEY_MODE = 0o600
+
+# The muxer we ask for first: nwaku and js-waku both speak yamux; mplex
+# stays offered for older js-waku (wire-facts: its default is mplex).
+MUXER_PREFERENCE = "YAMUX"
+
+StreamHandler = Callable[[Any], Awaitable[None]]
+
+
+class HostError(RuntimeError):
+    """The host cannot start (port in use, unreadable key); one line for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    """What a running host listens on. ``multiaddrs`` end in ``/p2p/<peer id>``."""
+
+    peer_id: str
+    multiaddrs: list[str]
+
+
+def load_or_create_key(data_dir: Path) -> KeyPair:
+    """The node's key pair from ``<data_dir>/node.key``, created on first use.
+
+    Creation is atomic (O_EXCL, mode 0600), so two starts racing on a fresh
+    directory end up with the same key. Raises :class:`HostError` for a key
+    file that is not 64 hex digits of a valid secp256k1 secret.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / NODE_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, NODE_KEY_MODE)
+    except FileExistsError:
+        return _read_key(path)
+    secret = create_new_key_pair().private_key.to_bytes()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret.hex() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.info("created node key %s", path)
+    return create_new_key_pair(secret)
+
+
+def listen_addrs(config: NodeConfig) -> list[multiaddr.Multiaddr]:
+    """The TCP and websocket listen multiaddrs of ``config``.
+
+    With both ports 0 py-libp2p serves TCP and websockets on one
+    system-chosen port (it tells them apart per connection).
+    """
+    if config.tcp_port and config.tcp_port == config.ws_port:
+        raise HostError(f"tcp_port and ws_port are both {config.tcp_port}")
+    family = "ip6" if ":" in config.listen_host else "ip4"
+    base = f"/{family}/{config.listen_host}/tcp"
+    return [
+        multiaddr.Multiaddr(f"{base}/{config.tcp_port}"),
+        multiaddr.Multiaddr(f"{base}/{config.ws_port}/ws"),
+    ]
+
+
+def check_ports_free(config: NodeConfig) -> None:
+    """Raise :class:`HostError` when a listen port is already taken.
+
+    py-libp2p's TCP listener sets SO_REUSEPORT, so a second process on the
+    same port would start without error and the kernel would share the
+    incoming connections between the two. A plain bind (SO_REUSEADDR only,
+    which still fails next to a listening socket) finds the stale owner.
+    Port 0 is always free.
+    """
+    family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
+    for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port"):
+        port = getattr(config, name)
+        if port == 0:
+            continue
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((config.listen_host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise HostError(
+                    f"{name} {port} on {config.listen_host} is already in use"
+                ) from None
+            raise HostError(f"cannot bind {name} {port} on {config.listen_host}: {exc}") from None
+        finally:
+            probe.close()
+
+
+@asynccontextmanager
+async def running_host(
+    config: NodeConfig,
+    handlers: Mapping[str, StreamHandler],
+    key_pair: KeyPair | None = None,
+):
+    """Run a host serving ``handlers`` (protocol id -> handler); yield
+    ``(host, HostInfo)``. Listeners close when the block exits."""
+    check_ports_free(config)
+    if key_pair is None:
+        key_pair = load_or_create_key(config.data_dir)
+    addrs = listen_addrs(config)
+    host = new_host(
+        key_pair=key_pair, muxer_preference=MUXER_PREFERENCE, listen_addrs=addrs,
+        connection_config=service_connection_config(),
+    )
+    for protocol, handler in handlers.items():
+        host.set_stream_handler(TProtocol(protocol), handler)
+    async with host.run(listen_addrs=addrs):
+        await stop_auto_dialing(host)
+        yield host, host_info(host)
+
+
+def service_connection_config() -> ConnectionConfig:
+    """py-libp2p's connection manager set up for a node that serves.
+
+    Its defaults keep 50 of the 300 connection slots for outbound dials
+    (min_connections); a store node dials nobody, so every slot may be
+    inbound.
+    """
+    return ConnectionConfig(min_connections=0, low_watermark=0)
+
+
+async def stop_auto_dialing(host: IHost) -> None:
+    """Stop py-libp2p's auto-connector, which otherwise dials peers from the
+    peerstore (every client identify told us about) until 150 connections
+    are open. Serving nodes wait to be dialed; relay peering, when it
+    comes, picks its own peers."""
+    await host.get_network().auto_connector.stop()
+
+
+def host_info(host: IHost) -> HostInfo:
+    """The peer id and the listen multiaddrs (with ``/p2p/<peer id>``), TCP first."""
+    peer_id = host.get_id().to_base58()
+    suffix = multiaddr.Multiaddr(f"/p2p/{peer_id}")
+    addrs = sorted((str(a.encapsulate(suffix)) for a in host.get_transport_addrs()),
+                   key=lambda text: "/ws/" in text)
+    return HostInfo(peer_id=peer_id, multiaddrs=addrs)
+
+
+def write_node_info(data_dir: Path, info: HostInfo, **extra: Any) -> Path:
+    """Write ``<data_dir>/node-info.json`` atomically: peer id, multiaddrs and ``extra``."""
+    path = data_dir / NODE_INFO_FILE
+    body = {"peer_id": info.peer_id, "multiaddrs": info.multiaddrs, **extra}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _read_key(path: Path) -> KeyPair:
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise HostError(f"cannot read node key {path}: {exc}") from None
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) != NODE_KEY_SIZE:
+        raise HostError(f"node key {path} is not {NODE_KEY_SIZE * 2} hex digits")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("node key %s is readable by others (mode %o); expected 600", path, mode)
+    try:
+        return create_new_key_pair(secret)
+    except Exception as exc:  # coincurve: zero or above the group order
+        raise HostError(f"node key {path} is not a valid secp256k1 secret: {exc}") from None

@@ -1,0 +1,546 @@
+"""Stream handlers: Store v3, legacy Store v2, lightpush v2beta1 and v3, metadata.
+
+Each protocol is one request and one response per stream, both
+length-prefixed (:mod:`wakustore.protocols.framing`). A handler reads one
+frame (bounded by the protocol's framing limit, within
+:data:`READ_TIMEOUT_S`), answers it through the sans-IO codecs and closes
+the stream; the peer reads the answer until end of stream (js-waku does).
+Nothing a peer sends can make a handler raise into py-libp2p: every
+failure is answered with the protocol's status or ends in a reset.
+
+What each failure is answered with:
+
+- undecodable or invalid request: Store v3 400, legacy INVALID_CURSOR,
+  lightpush v3 400 (request id "N/A" when unreadable), v2beta1
+  ``is_success = false``; an unknown cursor: 300 (nwaku's BAD_RESPONSE);
+- a frame over the limit: Store 400, lightpush 413;
+- over the peer's rate: 429 (legacy TOO_MANY_REQUESTS);
+- the store failing under a request: 503 (lightpush v3 SERVICE_NOT_AVAILABLE);
+- a stream that ends before any byte (js-waku opens streams ahead and
+  drops them), stays idle, or stalls inside a frame: closed without answer.
+
+Ingest through lightpush: the message must be on one of the configured
+shards' pubsub topics (421 otherwise) and pass
+:func:`~wakustore.protocols.message.check_storable` with the node's size
+limit (413 too large, 420 invalid). Ephemeral messages are valid but never
+stored; they are still answered with success, as nwaku answers them. The
+node does not relay yet, so a v3 success says ``relay_peer_count = 0``;
+js-waku 0.0.36 counts any 200 as success and only logs the count.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.io.exceptions import IOException
+
+from wakustore.node.config import NodeConfig
+from wakustore.protocols import lightpush, metadata, store_v2, store_v3
+from wakustore.protocols.errors import FramingError, LightpushError, MetadataError, StoreError
+from wakustore.protocols.framing import (
+    LIGHTPUSH_MAX_REQUEST_SIZE,
+    METADATA_MAX_SIZE,
+    STORE_MAX_REQUEST_SIZE,
+    FrameReader,
+    encode_frame,
+)
+from wakustore.protocols.lightpush import LightpushStatus, PushRequest
+from wakustore.protocols.message import InvalidMessage, Limits, Rejection, check_storable
+from wakustore.protocols.store_query import StatusCode
+from wakustore.protocols.topics import shard_pubsub_topic
+
+log = logging.getLogger(__name__)
+
+# How long a request may take to arrive once the stream is open. js-waku and
+# nwaku write the whole request right after opening the stream; nwaku
+# itself reads without a deadline (only the connection's idle timeout
+# applies). 10 s covers a request of the largest allowed size (1.06 MB)
+# over a slow mobile link and keeps an idle stream from living forever.
+READ_TIMEOUT_S = 10.0
+
+# How long writing an answer may take before the stream is reset: a full
+# page (up to 15.4 MB, framing.STORE_MAX_RESPONSE_SIZE) at ~4 Mbit/s.
+WRITE_TIMEOUT_S = 30.0
+
+# Closing waits for the muxer to send its FIN; a peer that stopped reading
+# must not hold the handler.
+CLOSE_TIMEOUT_S = 5.0
+
+# Bytes asked of the muxer per read: small enough to keep each copy cheap,
+# large enough that the biggest request (1.06 MB) takes 17 reads.
+READ_CHUNK = 64 * 1024
+
+# Rate buckets are kept for this many peers; the least recently seen one is
+# forgotten first (and comes back with a full bucket). About 200 bytes a
+# peer; 10,000 is far above the 300 connections py-libp2p accepts at once
+# (and nwaku's default --max-connections of 50).
+MAX_TRACKED_PEERS = 10_000
+
+# nwaku's answer text for a rate-limited request (waku/common/rate_limit).
+TOO_MANY_REQUESTS_TEXT = "Request rejected due to too many requests"
+
+Handler = Callable[[Any], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """``volume`` requests per ``period_s`` seconds per peer, as a token bucket
+    of capacity ``volume`` refilled at ``volume / period_s`` per second
+    (nwaku's TokenBucket semantics for ``--rate-limit``). Volume 0 means
+    unlimited."""
+
+    volume: int
+    period_s: float
+
+    @property
+    def unlimited(self) -> bool:
+        return self.volume <= 0 or self.period_s <= 0
+
+    def __str__(self) -> str:
+        return "no-limit" if self.unlimited else f"{self.volume}/{self.period_s:g}s"
+
+
+# nwaku's `--rate-limit` defaults: none at all in 2024 releases
+# (DefaultGlobalNonRelayRateLimit = 0, waku/common/rate_limit/setting.nim);
+# current ones (logos-delivery external_config.nim) keep store unlimited and
+# set lightpush 5/1s, filter 100/1s, px 5/1s. nwaku applies store and
+# lightpush limits to the whole service with a per-peer share; ours are per
+# peer only. Lightpush follows nwaku. An unlimited store lets one peer keep
+# the engine busy, so ours is 30 queries/s sustained with bursts of 60 per
+# peer: js-waku pages one request at a time (a round trip plus a 20-30 ms
+# engine page), so one honest client stays near 20-30 pages/s and is never
+# refused, while one peer cannot hold the engine's worker threads for long.
+DEFAULT_STORE_RATE = RateLimit(volume=60, period_s=2.0)
+DEFAULT_LIGHTPUSH_RATE = RateLimit(volume=5, period_s=1.0)
+
+_RATE_PATTERN = re.compile(r"(?:(store|lightpush):)?(\d+)/(\d+)(h|m|s|ms)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Per-peer limits: Store v3 and legacy share ``store``; lightpush v3
+    and v2beta1 share ``lightpush``."""
+
+    store: RateLimit = DEFAULT_STORE_RATE
+    lightpush: RateLimit = DEFAULT_LIGHTPUSH_RATE
+
+    @classmethod
+    def parse(cls, settings: list[str] | tuple[str, ...]) -> RateLimits:
+        """Settings in nwaku's ``--rate-limit`` format, ``[protocol:]volume/period<unit>``,
+        protocol ``store`` or ``lightpush`` (none: both), unit h, m, s or ms.
+        Later settings win. Raises ValueError on anything else."""
+        values = {"store": DEFAULT_STORE_RATE, "lightpush": DEFAULT_LIGHTPUSH_RATE}
+        for text in settings:
+            match = _RATE_PATTERN.fullmatch(text.strip())
+            if match is None:
+                raise ValueError(
+                    f"rate limit {text!r}: expected [store|lightpush:]volume/period<h|m|s|ms>"
+                )
+            protocol, volume, period, unit = match.groups()
+            limit = RateLimit(int(volume), int(period) * _UNIT_SECONDS[unit])
+            for name in (protocol,) if protocol else ("store", "lightpush"):
+                values[name] = limit
+        return cls(**values)
+
+
+class PeerBuckets:
+    """One token bucket per peer id for one :class:`RateLimit`.
+
+    Not thread-safe: trio handlers call it from one thread. ``clock`` is in
+    seconds (monotonic).
+    """
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic,
+                 max_peers: int = MAX_TRACKED_PEERS):
+        self.limit = limit
+        self._clock = clock
+        self._max_peers = max_peers
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def allow(self, peer: str) -> bool:
+        """Take one token from ``peer``'s bucket; False when it is empty."""
+        if self.limit.unlimited:
+            return True
+        now = self._clock()
+        capacity = float(self.limit.volume)
+        tokens, last = self._buckets.pop(peer, (capacity, now))
+        tokens = min(capacity, tokens + (now - last) * capacity / self.limit.period_s)
+        allowed = tokens >= 1.0
+        if allowed:
+            tokens -= 1.0
+        self._buckets[peer] = (tokens, now)
+        if len(self._buckets) > self._max_peers:
+            self._buckets.popitem(last=False)
+        return allowed
+
+
+class StoreProtocols:
+    """The node's request/response protocols over one :class:`StoreService`.
+
+    :meth:`handlers` maps protocol ids to stream handlers for
+    :func:`wakustore.node.host.running_host`. The ``answer_*`` methods take
+    the peer id and one request body and return the response body; they are
+    the whole protocol logic and never raise for anything a peer sends.
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        config: NodeConfig,
+        rate_limits: RateLimits = RateLimits(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+    ):
+        self.service = service
+        self.pubsub_topics = frozenset(shard_pubsub_topic(config.cluster_id, s) for s in config.shards)
+        self.limits = Limits(max_message_size=config.max_message_size)
+        self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
+        self.store_buckets = PeerBuckets(rate_limits.store, clock)
+        self.lightpush_buckets = PeerBuckets(rate_limits.lightpush, clock)
+        self.read_timeout_s = read_timeout_s
+        self.write_timeout_s = write_timeout_s
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            store_v3.PROTOCOL_ID: self.handle_store_v3,
+            store_v2.PROTOCOL_ID: self.handle_store_v2,
+            lightpush.PROTOCOL_ID_V3: self.handle_lightpush_v3,
+            lightpush.PROTOCOL_ID_V2: self.handle_lightpush_v2,
+            metadata.PROTOCOL_ID: self.handle_metadata,
+        }
+
+    # --- stream handlers ----------------------------------------------------
+
+    async def handle_store_v3(self, stream) -> None:
+        await self._serve(stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v3", self.answer_store_v3),
+                          _store_v3_framing_error)
+
+    async def handle_store_v2(self, stream) -> None:
+        await self._serve(stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v2", self.answer_store_v2),
+                          _store_v2_framing_error)
+
+    def _timed(self, protocol: str, answer):
+        metrics = getattr(self.service, "metrics", None)
+        if metrics is None:
+            return answer
+
+        async def timed(peer: str, raw: bytes) -> bytes:
+            started = time.perf_counter()
+            reply = await answer(peer, raw)
+            metrics.query_latency.labels(protocol).observe(time.perf_counter() - started)
+            metrics.queries.labels(protocol, str(_store_status(protocol, reply))).inc()
+            return reply
+
+        return timed
+
+    async def handle_lightpush_v3(self, stream) -> None:
+        await self._serve(
+            stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v3, _lightpush_v3_framing_error
+        )
+
+    async def handle_lightpush_v2(self, stream) -> None:
+        await self._serve(
+            stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v2, _lightpush_v2_framing_error
+        )
+
+    async def handle_metadata(self, stream) -> None:
+        await self._serve(stream, METADATA_MAX_SIZE, self.answer_metadata, lambda exc: None)
+
+    # --- protocol logic -----------------------------------------------------
+
+    async def answer_store_v3(self, peer: str, raw: bytes) -> bytes:
+        try:
+            request_id, query = store_v3.decode_request(raw)
+        except StoreError as exc:
+            if not self.store_buckets.allow(peer):
+                return store_v3.encode_error(_too_many(exc.request_id))
+            return store_v3.encode_error(exc)
+        if not self.store_buckets.allow(peer):
+            return store_v3.encode_error(_too_many(request_id))
+        try:
+            page = await self.service.query(query)
+        except StoreError as exc:
+            exc.request_id = request_id
+            return store_v3.encode_error(exc)
+        except Exception as exc:
+            log.warning("store query failed: %s", exc)
+            return store_v3.encode_error(_unavailable(request_id))
+        return store_v3.encode_response(request_id, page, include_data=query.include_data)
+
+    async def answer_store_v2(self, peer: str, raw: bytes) -> bytes:
+        try:
+            request_id, query = store_v2.decode_request(raw)
+        except StoreError as exc:
+            if not self.store_buckets.allow(peer):
+                return store_v2.encode_error(_too_many(exc.request_id))
+            return store_v2.encode_error(exc)
+        if not self.store_buckets.allow(peer):
+            return store_v2.encode_error(_too_many(request_id))
+        try:
+            page = await self.service.query(query)
+        except StoreError as exc:
+            exc.request_id = request_id
+            return store_v2.encode_error(exc)
+        except Exception as exc:
+            log.warning("legacy store query failed: %s", exc)
+            return store_v2.encode_error(_unavailable(request_id))
+        return store_v2.encode_response(request_id, page, forward=query.forward)
+
+    async def answer_lightpush_v3(self, peer: str, raw: bytes) -> bytes:
+        try:
+            request = lightpush.decode_request_v3(raw)
+        except LightpushError as exc:
+            if not self.lightpush_buckets.allow(peer):
+                return lightpush.encode_error_v3(_push_too_many(exc.request_id))
+            return lightpush.encode_error_v3(exc)
+        if not self.lightpush_buckets.allow(peer):
+            return lightpush.encode_error_v3(_push_too_many(request.request_id))
+        try:
+            await self._ingest(request)
+        except LightpushError as exc:
+            return lightpush.encode_error_v3(exc)
+        return lightpush.encode_response_v3(
+            request.request_id, LightpushStatus.SUCCESS, relay_peer_count=0
+        )
+
+    async def answer_lightpush_v2(self, peer: str, raw: bytes) -> bytes:
+        try:
+            request = lightpush.decode_request_v2(raw)
+        except LightpushError as exc:
+            if not self.lightpush_buckets.allow(peer):
+                return lightpush.encode_error_v2(_push_too_many(exc.request_id))
+            return lightpush.encode_error_v2(exc)
+        if not self.lightpush_buckets.allow(peer):
+            return lightpush.encode_error_v2(_push_too_many(request.request_id))
+        try:
+            await self._ingest(request)
+        except LightpushError as exc:
+            return lightpush.encode_error_v2(exc)
+        return lightpush.encode_response_v2(request.request_id, True, lightpush.OK_INFO)
+
+    async def answer_metadata(self, peer: str, raw: bytes) -> bytes | None:
+        """Our cluster and shards; an undecodable request gets no answer."""
+        try:
+            theirs = metadata.decode_request(raw)
+        except MetadataError as exc:
+            log.debug("metadata from %s: %s", peer, exc)
+            return None
+        if theirs.cluster_id is not None and theirs.cluster_id != self.metadata.cluster_id:
+            log.debug("peer %s is on cluster %s, we are on %s",
+                      peer, theirs.cluster_id, self.metadata.cluster_id)
+        return metadata.encode_response(self.metadata)
+
+    async def _ingest(self, request: PushRequest) -> None:
+        """Validate and store one pushed message; raise LightpushError to refuse."""
+        topic = request.pubsub_topic
+        rid = request.request_id
+        if topic is None:
+            raise LightpushError(
+                LightpushStatus.INVALID_MESSAGE,
+                "pubsub topic required: this node uses static sharding, not autosharding", rid,
+            )
+        if topic not in self.pubsub_topics:
+            raise LightpushError(
+                LightpushStatus.UNSUPPORTED_PUBSUB_TOPIC,
+                f"pubsub topic {topic} is not served by this node", rid,
+            )
+        now = time.time_ns()
+        try:
+            check_storable(request.message, request.encoded_size, now, self.limits)
+        except InvalidMessage as exc:
+            metrics = getattr(self.service, "metrics", None)
+            if metrics is not None:
+                metrics.rejected.labels("lightpush", exc.reason.value).inc()
+            if exc.reason is Rejection.EPHEMERAL:
+                return
+            status = (LightpushStatus.PAYLOAD_TOO_LARGE if exc.reason is Rejection.TOO_LARGE
+                      else LightpushStatus.INVALID_MESSAGE)
+            raise LightpushError(status, str(exc), rid) from None
+        try:
+            await self.service.put([(topic, request.message, now)])
+        except Exception as exc:
+            log.warning("storing a pushed message failed: %s", exc)
+            raise LightpushError(
+                LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid
+            ) from None
+
+    # --- stream plumbing ----------------------------------------------------
+
+    async def _serve(
+        self,
+        stream,
+        max_size: int,
+        answer: Callable[[str, bytes], Awaitable[bytes | None]],
+        framing_answer: Callable[[FramingError], bytes | None],
+    ) -> None:
+        """Read one frame, answer it, close; never raise (except cancellation)."""
+        peer = _peer_of(stream)
+        try:
+            try:
+                with trio.fail_after(self.read_timeout_s):
+                    raw = await read_frame(stream, max_size)
+            except trio.TooSlowError:
+                log.debug("stream from %s idle for %.0f s: closing", peer, self.read_timeout_s)
+                await _close(stream)
+                return
+            except FramingError as exc:
+                log.debug("bad frame from %s: %s", peer, exc)
+                reply = framing_answer(exc)
+            else:
+                if raw is None:
+                    await _close(stream)
+                    return
+                reply = await answer(peer, raw)
+            if reply is not None:
+                with trio.fail_after(self.write_timeout_s):
+                    await stream.write(encode_frame(reply))
+            await _close(stream)
+        except (IOException, trio.TooSlowError) as exc:
+            log.debug("stream from %s failed: %r", peer, exc)
+            await _reset(stream)
+        except Exception:
+            log.exception("handler failed on a stream from %s", peer)
+            await _reset(stream)
+
+
+def _store_status(protocol: str, reply: bytes) -> int:
+    """The status our own response carries, read without decoding the
+    messages (for the query metrics): v3 StoreQueryResponse.status_code
+    (field 10); legacy HistoryRPC.response (3) .error (4), 0 meaning OK."""
+    if protocol == "store-v3":
+        return _varint_field(reply, (10,), default=0)
+    error = _varint_field(reply, (3, 4), default=0)
+    return 200 if error == 0 else error
+
+
+def _varint_field(buf: bytes, path: tuple[int, ...], default: int) -> int:
+    """Walk protobuf fields, skipping bodies, to the varint at ``path``."""
+    pos, end = 0, len(buf)
+    depth = 0
+    while pos < end:
+        key, pos = _read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+            if number == path[depth] and depth == len(path) - 1:
+                return value
+        elif wire == 2:
+            length, pos = _read_varint(buf, pos)
+            if number == path[depth] and depth < len(path) - 1:
+                end, depth = pos + length, depth + 1
+                continue
+            pos += length
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            break
+    return default
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while pos < len(buf):
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return value, pos
+
+
+async def read_frame(stream, max_size: int) -> bytes | None:
+    """One length-prefixed frame of at most ``max_size`` bytes from ``stream``.
+
+    None when the stream ends before its first byte; raises
+    :class:`FramingError` for an oversized or malformed prefix or a stream
+    that ends inside a frame. Bytes after the frame are left unread.
+    """
+    reader = FrameReader(max_size)
+    while True:
+        try:
+            data = await stream.read(READ_CHUNK)
+        except EOFError:
+            data = b""
+        if not data:
+            if not reader.pending:
+                return None
+            reader.eof()
+            return None
+        frames = reader.feed(data)
+        if frames:
+            return frames[0]
+
+
+def _peer_of(stream) -> str:
+    try:
+        return str(stream.muxed_conn.peer_id)
+    except AttributeError:
+        return "unknown"
+
+
+async def _close(stream) -> None:
+    try:
+        with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
+            await stream.close()
+        if scope.cancelled_caught:
+            await _reset(stream)
+    except Exception:
+        await _reset(stream)
+
+
+async def _reset(stream) -> None:
+    try:
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
+            await stream.reset()
+    except Exception:
+        pass
+
+
+def _too_many(request_id: str) -> StoreError:
+    return StoreError(StatusCode.TOO_MANY_REQUESTS, f"TOO_MANY_REQUESTS: {TOO_MANY_REQUESTS_TEXT}", request_id)
+
+
+def _unavailable(request_id: str) -> StoreError:
+    return StoreError(StatusCode.SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE: the store is unavailable",
+                      request_id)
+
+
+def _push_too_many(request_id: str) -> LightpushError:
+    return LightpushError(LightpushStatus.TOO_MANY_REQUESTS, TOO_MANY_REQUESTS_TEXT, request_id)
+
+
+def _store_v3_framing_error(exc: FramingError) -> bytes:
+    return store_v3.encode_error(StoreError(StatusCode.BAD_REQUEST, f"BAD_REQUEST: {exc}"))
+
+
+def _store_v2_framing_error(exc: FramingError) -> bytes:
+    return store_v2.encode_error(StoreError(StatusCode.BAD_REQUEST, f"BAD_REQUEST: {exc}"))
+
+
+def _push_framing_error(exc: FramingError) -> LightpushError:
+    status = (LightpushStatus.PAYLOAD_TOO_LARGE if "exceeds the limit" in str(exc)
+              else LightpushStatus.BAD_REQUEST)
+    return LightpushError(status, f"decode_rpc_failure: {exc}", lightpush.UNKNOWN_REQUEST_ID)
+
+
+def _lightpush_v3_framing_error(exc: FramingError) -> bytes:
+    return lightpush.encode_error_v3(_push_framing_error(exc))
+
+
+def _lightpush_v2_framing_error(exc: FramingError) -> bytes:
+    error = _push_framing_error(exc)
+    error.request_id = ""
+    return lightpush.encode_error_v2(error)

@@ -1,0 +1,97 @@
+"""`wakustore bench store` runs end to end and reports every figure."""
+
+import json
+import os
+
+import pytest
+
+from wakustore.node import bench_dataset, bench_sql, bench_store
+from wakustore.node.cli import UsageError, _Parser
+from wakustore.protocols.message import muid
+
+
+def parse(*argv):
+    parser = _Parser(prog="wakustore")
+    bench_store.register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    return parser.parse_args(["bench", "store", *argv])
+
+
+def test_dataset_is_deterministic_with_a_tenth_resent():
+    spec = bench_dataset.DatasetSpec(messages=4000, end_ns=1_700_000_000 * 10**9, seed=7)
+    first = [m for batch in bench_dataset.stream(spec, 1000) for m in batch]
+    again = [m for batch in bench_dataset.stream(spec, 3000) for m in batch]
+    assert first == again
+    keys = [muid(p, m) for p, m, _ in first]
+    duplicates = len(keys) - len(set(keys))
+    assert 0.07 * len(keys) < duplicates < 0.13 * len(keys)
+    assert {p for p, _, _ in first} == {f"/waku/2/rs/16/{s}" for s in range(8)}
+    assert all(100 <= len(m.payload) <= 2048 for _, m, _ in first)
+    assert all(spec.start_ns <= m.timestamp < spec.end_ns for _, m, _ in first)
+    assert any(m.meta for _, m, _ in first) and not all(m.meta for _, m, _ in first)
+
+
+def test_unknown_compare_backend_is_a_usage_error():
+    with pytest.raises(UsageError):
+        parse("--compare", "sqlite,mysql")
+
+
+def test_non_empty_data_dir_is_refused(tmp_path):
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(UsageError):
+        bench_store.run_store_bench(parse("--messages", "10", "--data-dir", str(tmp_path)))
+
+
+@pytest.mark.skipif(bench_sql.find_postgres_bin() is None and os.geteuid() != 0,
+                    reason="PostgreSQL is not installed and cannot be installed without root")
+def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = parse("--messages", "3000", "--compare", "sqlite,postgres", "--queries", "40",
+                 "--lookups", "4", "--json", str(out))
+    assert args.handler(args) == 0
+    report = json.loads(out.read_text())
+
+    assert report["messages"] == 3000
+    assert report["unique_messages"] + report["duplicates"] == 3000
+    assert report["rows_in_table"] == report["unique_messages"]
+    assert report["ingest_msgs_per_s"] > 0
+    assert report["compact_s"] > 0
+    assert report["table"]["files_after_compact"] <= report["table"]["files_before_compact"]
+    assert 0 < report["query_p50_ms"] <= report["query_p99_ms"]
+    assert report["queries"] == 40
+    assert report["hash_lookup_p50_ms"] > 0
+    for shape in ("1h/first", "1d/first", "7d/first", "hash/1", "hash/20"):
+        figures = report["per_shape"][shape]
+        assert figures["n"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+    assert report["peak_rss_mb"]["node"] > 0
+    assert report["peak_rss_mb"]["engine"] > 0
+
+    for name in ("sqlite", "postgres"):
+        backend = report[name]
+        assert "error" not in backend
+        assert backend["rows"] == report["unique_messages"]
+        assert backend["ingest_msgs_per_s"] > 0
+        assert 0 < backend["query_p50_ms"] <= backend["query_p99_ms"]
+        assert backend["hash_lookup_p50_ms"] > 0
+        assert backend["queries"] == report["queries"]
+        assert set(backend["ratios"]) == {"query_p50", "query_p99", "hash_lookup_p50"}
+        assert all(ratio > 0 for ratio in backend["ratios"].values())
+        assert backend["crosscheck"]["checked"] >= report["queries"]
+        assert backend["crosscheck"]["mismatches"] == 0
+    assert report["crosscheck_ok"] is True
+
+    printed = capsys.readouterr().out
+    assert "query p50 ms" in printed and "postgres" in printed and "sqlite" in printed
+
+
+def test_postgres_server_directory_is_removed_after_stop():
+    directory = bench_sql.find_postgres_bin()
+    if directory is None:
+        pytest.skip("PostgreSQL is not installed")
+    server = bench_sql.PostgresServer(directory)
+    try:
+        server.start()
+        root = server.root
+        assert (root / "data" / "postmaster.pid").exists()
+    finally:
+        server.stop()
+    assert not root.exists()

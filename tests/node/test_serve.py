@@ -1,0 +1,173 @@
+"""``wakustore serve`` as a real process, driven by ``wakustore push`` and
+``wakustore query`` processes: start, node-info.json, push and query over
+TCP, errors on one line, SIGTERM commits to the table and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import deltalake
+import pytest
+
+from wakustore.protocols.message import WakuMessage, message_hash
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 30
+CLI_TIMEOUT_S = 60
+CLUSTER_ID = 42
+PUBSUB_TOPIC = f"/waku/2/rs/{CLUSTER_ID}/3"
+CONTENT_TOPIC = "/serve/1/test/proto"
+READY_LINE = "wakustore node ready"
+
+
+def wakustore(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "wakustore", *args], capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, **kwargs)
+
+
+class ServeProcess:
+    def __init__(self, data_dir, *extra):
+        env = {**os.environ, "WAKUSTORE_LOG_LEVEL": "WARNING"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wakustore", "serve", "--data-dir", str(data_dir),
+             "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
+             "--listen-host", "127.0.0.1",
+             "--cluster-id", str(CLUSTER_ID), "--shard", "3", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_ready(self) -> list[str]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        printed = []
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            if line.startswith(READY_LINE):
+                return printed
+            printed.append(line)
+        self.proc.kill()
+        raise AssertionError(f"serve did not start: {printed}\n{self.proc.stderr.read()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("serve")
+    server = ServeProcess(data_dir)
+    printed = server.wait_ready()
+    yield server, data_dir, printed
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def test_serve_prints_multiaddrs_and_writes_node_info(served):
+    _, data_dir, printed = served
+    info = json.loads((data_dir / "node-info.json").read_text())
+    multiaddrs = [line for line in printed if line.startswith("/")]
+    assert multiaddrs == info["multiaddrs"]
+    assert len(multiaddrs) == 2 and any("/ws/" in a for a in multiaddrs)
+    assert info["enode"] in printed and info["enode"].startswith("enode://")
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/health", timeout=10) as response:
+        assert json.loads(response.read())["ok"] is True
+    with urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=10) as response:
+        assert b"wakustore_messages_ingested" in response.read()
+    printed = multiaddrs
+    for addr in printed:
+        assert addr.startswith("/ip4/127.0.0.1/tcp/") and addr.endswith("/p2p/" + info["peer_id"])
+    assert (data_dir / "node.key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (("query", "--peer", "/ip4/127.0.0.1/tcp/1"), 2, "--peer"),
+        (("query", "--peer", "{peer}", "--hashes", "abcd"), 2, "--hashes"),
+        (("push", "--peer", "{peer}", "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", "/a/1/b/proto",
+          "--payload", "xyz"), 2, "--payload"),
+        (("push", "--peer", "{peer}", "--payload", "00"), 2, "--pubsub-topic"),
+        (("query", "--peer", "{peer}", "--content-topic", "/a/1/b/proto"), 1, "400 BAD_REQUEST"),
+        (("push", "--peer", "{peer}", "--pubsub-topic", "/waku/2/rs/42/4", "--content-topic", "/a/1/b/proto",
+          "--payload", "00"), 1, "421"),
+    ],
+)
+def test_cli_errors_are_one_line(served, args, status, message):
+    _, _, printed = served
+    args = [a.replace("{peer}", printed[0]) for a in args]
+    result = wakustore(*args)
+    assert result.returncode == status, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("wakustore: error:") and message in lines[0], lines
+
+
+def test_push_and_query_commands_round_trip_then_sigterm_commits(served, tmp_path):
+    server, data_dir, printed = served
+    peer = printed[0]
+    now = time.time_ns()
+    single = WakuMessage(b"\x01\x02", CONTENT_TOPIC, timestamp=now, meta=b"\xaa")
+    result = wakustore("push", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC,
+                       "--payload", "0102", "--meta", "aa", "--timestamp", str(now))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"hash": message_hash(PUBSUB_TOPIC, single).hex(), "status_code": 200,
+                                         "status_desc": None, "relay_peer_count": 0}
+
+    batch = [WakuMessage(bytes([i]) * (i + 1), CONTENT_TOPIC, timestamp=now + i + 1, version=i % 2)
+             for i in range(5)]
+    jsonl = tmp_path / "batch.jsonl"
+    jsonl.write_text("".join(json.dumps({
+        "pubsub_topic": PUBSUB_TOPIC, "content_topic": m.content_topic, "payload": m.payload.hex(),
+        "meta": "", "timestamp": m.timestamp, "version": m.version}) + "\n" for m in batch))
+    result = wakustore("push", "--peer", printed[1], "--from-jsonl", str(jsonl))  # over websockets
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["status_code"] for line in result.stdout.splitlines()] == [200] * 5
+
+    result = wakustore("query", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC,
+                       "--forward", "--limit", "2", "--all", "--json")
+    assert result.returncode == 0, result.stderr
+    expected = [{"hash": message_hash(PUBSUB_TOPIC, m).hex(), "pubsub_topic": PUBSUB_TOPIC,
+                 "content_topic": m.content_topic, "payload": m.payload.hex(), "meta": m.meta.hex(),
+                 "timestamp": m.timestamp, "version": m.version} for m in [single, *batch]]
+    assert [json.loads(line) for line in result.stdout.splitlines()] == expected
+    assert "page 3: 2 messages, 6 in all" in result.stderr
+
+    lookup = wakustore("query", "--peer", peer, "--hashes", expected[2]["hash"], expected[4]["hash"])
+    assert lookup.returncode == 0, lookup.stderr
+    assert [line.split("\t")[0] for line in lookup.stdout.splitlines()] == [expected[2]["hash"], expected[4]["hash"]]
+
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(STOP_TIMEOUT_S) == 0
+    table = deltalake.DeltaTable(str(data_dir / "tables" / "messages")).to_pyarrow_table()
+    assert table.num_rows == 6
+
+
+def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = wakustore("serve", "--data-dir", str(tmp_path), "--tcp-port", str(port), "--ws-port", "0",
+                           "--listen-host", "127.0.0.1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
