@@ -36,6 +36,21 @@ _CONFLICT = re.compile(
 )
 
 
+def fetch_arrow(frame) -> pa.Table:
+    """The result of ``frame`` as Arrow in one round trip.
+
+    ``DataFrame.toArrow()`` first asks the server for the schema
+    (AnalyzePlan), then runs the plan: two round trips of the ~5-10 ms a
+    Spark Connect call costs here. The client's ``_to_table()`` (what
+    toArrow itself calls, pyspark 4.x) runs the plan alone.
+    """
+    to_table = getattr(frame, "_to_table", None)
+    if to_table is None:
+        return frame.toArrow()
+    table, _schema = to_table()
+    return table
+
+
 def is_commit_conflict(exc: BaseException) -> bool:
     return bool(_CONFLICT.search(f"{type(exc).__name__}: {exc}"))
 
@@ -159,9 +174,9 @@ class DeltaTableRef:
             columns = _DATA_COLUMNS if query.include_data else _KEY_COLUMNS
             orders = [F.col("timestamp"), F.col(order_col)]
             orders = [c.asc() for c in orders] if query.forward else [c.desc() for c in orders]
-            return frame.select(*columns).orderBy(*orders).limit(fetch).toArrow()
+            return frame.select(*columns).orderBy(*orders).limit(fetch)
 
-        return self.engine.run(run)
+        return self.engine.run(lambda spark: fetch_arrow(run(spark)))
 
     def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
         from pyspark.sql import functions as F
@@ -170,9 +185,9 @@ class DeltaTableRef:
             frame = spark.read.format("delta").load(self.uri).where(F.col("message_hash") == F.lit(message_hash))
             if pubsub_topic is not None:
                 frame = frame.where(F.col("pubsub_topic") == F.lit(pubsub_topic))
-            return frame.select("timestamp").limit(1).toArrow()
+            return frame.select("timestamp").limit(1)
 
-        found = self.engine.run(run)
+        found = self.engine.run(lambda spark: fetch_arrow(run(spark)))
         return found.column(0)[0].as_py() if found.num_rows else None
 
     def window_days(
@@ -203,10 +218,10 @@ class DeltaTableRef:
                     spark.read.format("delta").load(self.uri)
                     .where(condition)
                     .orderBy("timestamp", "message_hash")
-                    .toArrow()
+                    
                 )
 
-            table = self.engine.run(run)
+            table = self.engine.run(lambda spark: fetch_arrow(run(spark)))
             if table.num_rows:
                 yield table
             day += dt.timedelta(days=1)
@@ -232,10 +247,10 @@ class DeltaTableRef:
             return (
                 spark.read.format("delta").load(self.uri).where(condition)
                 .select("envelope_hash", "raw", "topic", "expiry", "ttl", "sent", "arrival_time")
-                .orderBy("sent", "envelope_hash").limit(fetch).toArrow()
+                .orderBy("sent", "envelope_hash").limit(fetch)
             )
 
-        return self.engine.run(run)
+        return self.engine.run(lambda spark: fetch_arrow(run(spark)))
 
     def envelope_topics(self, lower_s: int, upper_s: int) -> list[bytes]:
         from pyspark.sql import functions as F
@@ -246,10 +261,10 @@ class DeltaTableRef:
                 .where((F.col("sent") >= F.lit(lower_s)) & (F.col("sent") <= F.lit(upper_s))
                        & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
                        & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s))))
-                .select("topic").distinct().toArrow()
+                .select("topic").distinct()
             )
 
-        return [t for t in self.engine.run(run).column(0).to_pylist()]
+        return [t for t in self.engine.run(lambda spark: fetch_arrow(run(spark))).column(0).to_pylist()]
 
     def recent(self, since_ns: int, limit: int) -> pa.Table:
         """Full rows with timestamp >= since, newest first, at most ``limit``."""
@@ -260,10 +275,10 @@ class DeltaTableRef:
                 spark.read.format("delta").load(self.uri)
                 .where((F.col("timestamp") >= F.lit(since_ns)) & (F.col("day") >= F.lit(schema.day_of_ns(since_ns))))
                 .orderBy(F.col("timestamp").desc(), F.col("message_hash").desc())
-                .limit(limit).toArrow()
+                .limit(limit)
             )
 
-        return self.engine.run(run)
+        return self.engine.run(lambda spark: fetch_arrow(run(spark)))
 
     def oldest_timestamp(self) -> int | None:
         """The smallest ``timestamp`` in the table (file statistics when embedded)."""
