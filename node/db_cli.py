@@ -95,6 +95,11 @@ def _vacuum(args) -> int:
 
 
 def _retention(args) -> int:
+    if args.policy is not None:
+        try:
+            maintenance.RetentionPolicy.parse(args.policy)  # before the engine starts
+        except maintenance.RetentionError as exc:
+            raise UsageError(f"--policy: {exc}") from None
     config, engine, store = _open(args)
     try:
         policy = maintenance.RetentionPolicy.parse(args.policy or config.retention)

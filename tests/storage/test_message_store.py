@@ -254,3 +254,28 @@ def test_stream_and_replace_a_window(store):
     assert store.table.count() == 25  # other topic and later messages untouched
     with pytest.raises(ValueError):
         store.replace_window(*window, ["/c/1/a/proto"], [Row.build(PUBSUB, msg(15, topic="/c/1/a/proto"), T0)])
+
+
+def test_empty_range_and_last_page_have_no_cursor(store):
+    store.put(triples([msg(i) for i in range(25)]))
+    store.flush()
+    empty = store.query(query(time_start=T0 + 100 * SECOND, time_end=T0 + 200 * SECOND))
+    assert empty.messages == [] and empty.next_cursor is None
+    first = store.query(query(limit=20))
+    assert len(first.messages) == 20 and first.next_cursor is not None
+    last = store.query(query(limit=20, cursor=first.next_cursor.message_hash))
+    assert len(last.messages) == 5 and last.next_cursor is None
+    # the last message as cursor: nothing after it, forward; everything before it, backward
+    final = last.messages[-1].message_hash
+    assert store.query(query(cursor=final)).messages == []
+    assert len(store.query(query(cursor=final, forward=False, limit=100)).messages) == 24
+    exact = store.query(query(limit=25))
+    assert len(exact.messages) == 25 and exact.next_cursor is None
+
+
+def test_a_cursor_from_another_topic_still_orders_by_its_timestamp(store):
+    store.put(triples([msg(i) for i in range(5)] + [msg(10, topic="/other/1/x/proto")]))
+    store.flush()
+    other = message_hash(PUBSUB, msg(10, topic="/other/1/x/proto"))
+    backward = store.query(query(cursor=other, forward=False))
+    assert payloads(backward.messages) == [b"payload-%d" % i for i in range(5)]
