@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wakustore.protocols.dos_protection import ProtectedTopic
+from wakustore.protocols.errors import ProtocolError
 from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
 
 ENV_PREFIX = "WAKUSTORE_"
@@ -27,6 +29,11 @@ class NodeConfig:
     # Where the tables live; default <data_dir>/tables. A fleet points every
     # node at the same location (shared file system or object store).
     table_root: str = ""
+    # True when other nodes write the same table (a fleet): commits MERGE on
+    # MUID and there is no in-memory hot tier. False: this node owns the
+    # table, appends what its key filter has never seen, serves recent
+    # history from memory.
+    shared_table: bool = False
     tcp_port: int = 60000
     ws_port: int = 8000
     metrics_port: int = 8008
@@ -40,6 +47,14 @@ class NodeConfig:
     max_message_size: int = 150 * 1024
     engine_memory_ceiling_mb: int = 2048
     maintenance_interval_s: float = 3600.0
+    # 11/WAKU2-RELAY on the configured shards (gossipsub, /vac/waku/relay/2.0.0).
+    relay: bool = True
+    # Multiaddrs (ending in /p2p/<peer id>) dialed at start and kept connected.
+    relay_peers: list[str] = field(default_factory=list)
+    # 57/STATUS-Simple-Scaling: topics that only take messages signed by their
+    # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
+    # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
+    protected_topics: list[ProtectedTopic] = field(default_factory=list)
 
     @property
     def tables(self) -> str:
@@ -70,7 +85,44 @@ class NodeConfig:
             raise ConfigError("shards must lie in 0..1023")
         if self.flush_interval_s <= 0 or self.flush_max_messages <= 0:
             raise ConfigError("flush interval and size must be positive")
+        self.protected_topics = parse_protected_topics(self.protected_topics)
         return self
+
+
+def parse_protected_topics(value: Any) -> list[ProtectedTopic]:
+    """Protected topics from a TOML table ``{topic = key}``, a list of
+    ``"topic:key"`` strings (or ProtectedTopic values), or one string of
+    such entries separated by commas or spaces (the environment's form).
+    Keys are 33- or 65-byte secp256k1 public keys in hex, ``0x`` optional."""
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if isinstance(value, dict):
+        entries = list(value.items())
+    else:
+        entries = []
+        for item in value:
+            if isinstance(item, ProtectedTopic):
+                entries.append((item.pubsub_topic, item.public_key))
+                continue
+            topic, sep, key = str(item).rpartition(":")
+            if not sep or not topic:
+                raise ConfigError(f"protected_topics: expected <pubsub topic>:<public key hex>, got {item!r}")
+            entries.append((topic, key))
+    topics: dict[str, ProtectedTopic] = {}
+    for topic, key in entries:
+        if isinstance(key, str):
+            digits = key[2:] if key[:2] in ("0x", "0X") else key
+            try:
+                key = bytes.fromhex(digits)
+            except ValueError:
+                raise ConfigError(f"protected_topics: key of {topic} is not hex") from None
+        if topic in topics:
+            raise ConfigError(f"protected_topics: {topic} is listed twice (one key per topic)")
+        try:
+            topics[topic] = ProtectedTopic(topic, bytes(key))
+        except ProtocolError as exc:
+            raise ConfigError(f"protected_topics: {exc}") from None
+    return list(topics.values())
 
 
 def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] | None = None) -> NodeConfig:
@@ -97,6 +149,10 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 
 
 def _coerce(name: str, default: Any, value: Any) -> Any:
+    if name == "protected_topics":
+        return parse_protected_topics(value)
+    if name == "relay_peers":
+        return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):
             return Path(value)

@@ -135,7 +135,11 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
         store = MessageStore(
             DeltaTableRef(engine, config.messages_uri),
             config.data_dir / "wal" / "messages",
-            StoreConfig(flush_interval_s=config.flush_interval_s, flush_max_messages=config.flush_max_messages),
+            StoreConfig(
+                flush_interval_s=config.flush_interval_s,
+                flush_max_messages=config.flush_max_messages,
+                shared_table=config.shared_table,
+            ),
         )
         store.open()
     except BaseException:

@@ -32,6 +32,7 @@ from wakustore.protocols.store_query import (
 )
 from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.key_filter import DEFAULT_CAPACITY, KeyFilter
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.table import DeltaTableRef
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
@@ -76,6 +77,11 @@ class StoreConfig:
     cursor_cache: int = DEFAULT_CURSOR_CACHE
     hot_tier_bytes: int = DEFAULT_HOT_TIER_BYTES
     hot_window_s: int = DEFAULT_HOT_WINDOW_S
+    # A table other nodes write too (a fleet): every commit is a MERGE and
+    # there is no hot tier, since this node does not see every write.
+    shared_table: bool = False
+    # Expected rows for the owned-table key filter (sizing only).
+    expected_messages: int = DEFAULT_CAPACITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +123,20 @@ class MessageStore:
         self.writes = WritePath(
             table, wal_dir, MESSAGE_CODEC, config.recent_muids,
             config.flush_interval_s, config.flush_max_messages,
+            key_filter=None if config.shared_table else KeyFilter(config.expected_messages),
         )
         self._cursors = _LruMap(config.cursor_cache)
-        self.hot = HotTier(config.hot_tier_bytes, config.hot_window_s * 1_000_000_000)
+        hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
+        self.hot = HotTier(hot_bytes, config.hot_window_s * 1_000_000_000)
 
     # --- lifecycle --------------------------------------------------------
 
     def open(self) -> int:
         """Create the table if needed and replay the log; returns replayed count."""
         self.table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "wakustore messages")
+        keys = self.writes.load_filter()
+        if keys:
+            log.info("key filter: %d MUIDs from the table", keys)
         replayed = self.writes.replay()
         if replayed:
             log.info("replayed %d messages from the write-ahead log", replayed)

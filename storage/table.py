@@ -30,9 +30,11 @@ _DATA_COLUMNS = [
 _KEY_COLUMNS = ["message_hash", "digest", "pubsub_topic", "timestamp"]
 
 # Failures that mean "another writer committed first; re-read and retry".
+# "Missing commit file": Sail listed the log while another writer was
+# adding to it (seen with two writers on one table); a re-read succeeds.
 _CONFLICT = re.compile(
     r"(?i)concurrent|conflict|failed to commit transaction|version \d+ already exists|"
-    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged"
+    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged|missing commit file"
 )
 
 
@@ -131,8 +133,25 @@ class DeltaTableRef:
 
         self.engine.run(run)
 
-    def append(self, batch: pa.Table) -> None:
-        self.engine.run(lambda spark: spark.createDataFrame(batch).write.format("delta").mode("append").save(self.uri))
+    def append(self, batch: pa.Table, retry: bool = True) -> None:
+        self.engine.run(
+            lambda spark: spark.createDataFrame(batch).write.format("delta").mode("append").save(self.uri),
+            retry=retry,
+        )
+
+    def key_batches(self, column: str) -> Iterator[list[bytes]]:
+        """Every value of one key column, in batches (embedded: read by
+        delta-rs straight from the files; cluster: through the engine)."""
+        if self.engine.is_embedded:
+            from deltalake import DeltaTable
+
+            dataset = DeltaTable(self.uri).to_pyarrow_dataset()
+            for batch in dataset.to_batches(columns=[column], batch_size=1_000_000):
+                yield batch.column(0).to_pylist()
+            return
+        table = self.engine.run(lambda spark: fetch_arrow(spark.read.format("delta").load(self.uri).select(column)))
+        for batch in table.to_batches(max_chunksize=1_000_000):
+            yield batch.column(0).to_pylist()
 
     def replace_where(self, batch: pa.Table, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> None:
         topics = ", ".join(sql_string(t) for t in content_topics)

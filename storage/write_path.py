@@ -6,12 +6,20 @@ commits it to Delta with a MERGE on the table's key scoped to the day
 partitions the batch touches, retried on conflict. A bounded set of
 recent keys drops duplicates before they reach the log.
 
-Why MERGE scoped to days rather than blind appends: two nodes sharing one
-table may both hold the same record. A MERGE reads the partitions it
-checks, so Delta's optimistic concurrency turns a concurrent insert of the
-same key into a commit conflict; the retry re-reads and skips what the
-other node already landed. Scoping to the touched days keeps the cost
-proportional to a day, not to the table.
+Two modes, chosen by whether the node owns its table:
+
+- shared (a fleet): every batch is a MERGE scoped to the touched days. Two
+  nodes sharing one table may both hold the same record; a MERGE reads the
+  partitions it checks, so Delta's optimistic concurrency turns a
+  concurrent insert of the same key into a commit conflict, and the retry
+  re-reads and skips what the other node already landed. Scoping to the
+  touched days keeps the cost proportional to a day, not to the table.
+- owned (the default): the node keeps a Bloom filter of every key in the
+  table (:mod:`wakustore.storage.key_filter`). Keys it has certainly never
+  seen are appended; only the rare "maybe seen" ones go through the MERGE.
+  Measured on this machine kind with 5,000-row batches: append 0.04 s,
+  MERGE 0.09 s; and Sail's memory grows with every MERGE and is never
+  returned (engine-notes), while appends stay flat.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
+from wakustore.storage.key_filter import KeyFilter
 from wakustore.storage.table import DeltaTableRef, is_commit_conflict
 from wakustore.storage.wal import WriteAheadLog
 
@@ -80,6 +89,7 @@ class WritePath(Generic[R]):
         recent_keys: int,
         flush_interval_s: float,
         flush_max_rows: int,
+        key_filter: KeyFilter | None = None,
     ):
         self.table = table
         self.codec = codec
@@ -92,6 +102,9 @@ class WritePath(Generic[R]):
         self._buffer_last_seq = 0
         self._inflight: dict[bytes, R] = {}
         self._recent = BoundedSet(recent_keys)
+        self.key_filter = key_filter
+        self.appended_rows = 0
+        self.merged_rows = 0
         self._last_flush = time.monotonic()
         self.commits = 0
         self.committed_rows = 0
@@ -185,12 +198,42 @@ class WritePath(Generic[R]):
         self._wal.close()
 
     def _merge(self, batch: list[R]) -> None:
-        arrow = self.codec.to_arrow(batch)
-        column = self.codec.partition_column
-        days = sorted(set(arrow.column(column).to_pylist()))
-        retry_on_conflict(
-            lambda: self.table.merge_new(arrow, key=self.codec.key_column, partition=column, partition_values=days)
-        )
+        if self.key_filter is not None:
+            keys = [self.codec.key(r) for r in batch]
+            maybe = self.key_filter.might_contain(keys)
+            fresh = [r for r, m in zip(batch, maybe) if not m]
+            batch = [r for r, m in zip(batch, maybe) if m]
+            if fresh:
+                fresh_keys = [self.codec.key(r) for r in fresh]
+                try:
+                    # Not repeated by the engine after a restart: an append
+                    # that landed before the failure was seen must not land
+                    # twice. The keys enter the filter either way, so a
+                    # retried flush MERGEs them instead.
+                    self.table.append(self.codec.to_arrow(fresh), retry=False)
+                finally:
+                    self.key_filter.add(fresh_keys)
+                self.appended_rows += len(fresh)
+        if batch:
+            arrow = self.codec.to_arrow(batch)
+            column = self.codec.partition_column
+            days = sorted(set(arrow.column(column).to_pylist()))
+            retry_on_conflict(
+                lambda: self.table.merge_new(arrow, key=self.codec.key_column, partition=column, partition_values=days)
+            )
+            if self.key_filter is not None:
+                self.key_filter.add([self.codec.key(r) for r in batch])
+            self.merged_rows += len(batch)
+
+    def load_filter(self) -> int:
+        """Fill the key filter from the table (owned mode); returns the count."""
+        if self.key_filter is None:
+            return 0
+        count = 0
+        for keys in self.table.key_batches(self.codec.key_column):
+            self.key_filter.add(keys)
+            count += len(keys)
+        return count
 
 
 def retry_on_conflict(commit: Callable[[], object]) -> None:

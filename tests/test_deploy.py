@@ -27,6 +27,7 @@ def test_compose_file_describes_two_nodes_on_one_spark_connect_server():
     for name in ("node-a", "node-b"):
         assert "sc://spark:15002" in services[name]["command"]
         assert any(v.startswith("tables:") for v in services[name]["volumes"])
+        assert services[name]["environment"]["WAKUSTORE_SHARED_TABLE"] == "true"
     for service in services.values():
         dockerfile = service["build"].get("dockerfile")
         if dockerfile:
@@ -42,6 +43,7 @@ def test_kubernetes_manifests_parse_and_mount_the_shared_table():
     import tomllib
 
     assert tomllib.loads(config)["engine"].startswith("sc://")
+    assert tomllib.loads(config)["shared_table"] is True
     for doc in docs:
         assert doc["metadata"].get("namespace", "wakustore") == "wakustore"
 

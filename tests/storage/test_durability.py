@@ -24,9 +24,9 @@ WRITER = textwrap.dedent(
     from wakustore.storage.message_store import MessageStore, StoreConfig
     from wakustore.storage.table import DeltaTableRef
 
-    uri, wal, first, last, flush_every = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+    uri, wal, first, last, flush_every, shared = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
     engine = Engine("embedded")
-    store = MessageStore(DeltaTableRef(engine, uri), wal, StoreConfig(hot_tier_bytes=0))
+    store = MessageStore(DeltaTableRef(engine, uri), wal, StoreConfig(shared_table=bool(shared)))
     store.open()
     batch = 50
     for start in range(first, last, batch):
@@ -44,12 +44,12 @@ WRITER = textwrap.dedent(
 ).format(pubsub=PUBSUB, t0=T0)
 
 
-def _writer(tmp_path, uri, wal, first, last, flush_every):
+def _writer(tmp_path, uri, wal, first, last, flush_every, shared):
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     return subprocess.Popen(
-        [sys.executable, str(script), uri, str(wal), str(first), str(last), str(flush_every)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [sys.executable, str(script), uri, str(wal), str(first), str(last), str(flush_every), str(int(shared))],
+        stdout=subprocess.PIPE, stderr=open(tmp_path / f"writer-{first}.log", "w"), text=True,
     )
 
 
@@ -64,8 +64,8 @@ def _payloads(engine, uri):
 def test_two_processes_merging_into_one_table_lose_nothing_and_duplicate_nothing(engine, tmp_path):
     uri = str(tmp_path / "shared")
     # Overlapping ranges, flushing every batch: commits race on the same days.
-    a = _writer(tmp_path, uri, tmp_path / "wal-a", 0, 600, 1)
-    b = _writer(tmp_path, uri, tmp_path / "wal-b", 300, 900, 1)
+    a = _writer(tmp_path, uri, tmp_path / "wal-a", 0, 600, 1, shared=True)
+    b = _writer(tmp_path, uri, tmp_path / "wal-b", 300, 900, 1, shared=True)
     assert a.wait(timeout=300) == 0
     assert b.wait(timeout=300) == 0
     payloads = _payloads(engine, uri)
@@ -74,9 +74,10 @@ def test_two_processes_merging_into_one_table_lose_nothing_and_duplicate_nothing
 
 
 @pytest.mark.slow
-def test_kill_9_mid_ingest_loses_nothing_acknowledged(engine, tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["owned-table", "shared-table"])
+def test_kill_9_mid_ingest_loses_nothing_acknowledged(engine, tmp_path, shared):
     uri, wal = str(tmp_path / "m"), tmp_path / "wal"
-    writer = _writer(tmp_path, uri, wal, 0, 100_000, 7)
+    writer = _writer(tmp_path, uri, wal, 0, 100_000, 7, shared)
     acknowledged = 0
     deadline = time.monotonic() + 120
     for line in writer.stdout:
@@ -86,7 +87,7 @@ def test_kill_9_mid_ingest_loses_nothing_acknowledged(engine, tmp_path):
     writer.kill()  # SIGKILL, somewhere inside a put or a flush
     writer.wait()
     assert acknowledged >= 3000
-    store = MessageStore(DeltaTableRef(engine, uri), wal, StoreConfig(hot_tier_bytes=0))
+    store = MessageStore(DeltaTableRef(engine, uri), wal, StoreConfig(shared_table=shared))
     store.open()
     store.flush()
     payloads = set(_payloads(engine, uri))
