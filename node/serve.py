@@ -29,6 +29,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--shard", type=int, action="append", dest="shards")
     serve.add_argument("--retention", help="e.g. time:2592000;capacity:1000000;size:50GB")
     serve.add_argument("--listen-host", help="address the libp2p listeners bind (default 0.0.0.0)")
+    serve.add_argument("--relay-peer", action="append", dest="relay_peers",
+                       help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; repeatable")
+    serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
+                       help="do not run relay (lightpush and the store protocols only)")
     serve.add_argument(
         "--rate-limit", action="append", dest="rate_limits", default=[],
         help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
@@ -44,7 +48,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
-        "cluster_id", "shards", "retention", "listen_host",
+        "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers",
     )}
     config = node_config.load(args.config, overrides)
     try:
@@ -69,6 +73,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     from wakustore.node.host import check_ports_free, load_or_create_key, running_host, write_node_info
     from wakustore.node.mailserver import running_mailserver
     from wakustore.node.metrics import serve_http
+    from wakustore.node.relay import running_relay
     from wakustore.node.store_protocols import StoreProtocols
     from wakustore.node.store_service import running_store
 
@@ -82,7 +87,9 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
             )
             protocols = StoreProtocols(service, config, rate_limits)
             async with running_mailserver(config, service.engine) as mailserver, \
-                    running_host(config, protocols.handlers(), key_pair) as (_host, info):
+                    running_host(config, protocols.handlers(), key_pair) as (host, info), \
+                    running_relay(host, config, protocols.ingest) as relay:
+                protocols.relay = relay
                 write_node_info(
                     config.data_dir, info,
                     engine=config.engine, table=config.messages_uri, pid=os.getpid(),

@@ -20,11 +20,15 @@ What each failure is answered with:
   drops them), stays idle, or stalls inside a frame: closed without answer.
 
 Ingest through lightpush: the message must be on one of the configured
-shards' pubsub topics (421 otherwise) and pass
-:func:`~wakustore.protocols.message.check_storable` with the node's size
-limit (413 too large, 420 invalid). Ephemeral messages are valid but never
-stored; they are still answered with success, as nwaku answers them. The
-node does not relay yet, so a v3 success says ``relay_peer_count = 0``;
+shards' pubsub topics (421 otherwise) and pass the checks shared with relay
+(:class:`~wakustore.node.ingest.Ingest`: size limit 413, anything else
+420, a protected topic's signature included). Ephemeral messages are valid
+but never stored; they are still answered with success, as nwaku answers
+them. With relay running (:attr:`StoreProtocols.relay`), an accepted
+message is also published to relay, as a lightpush service node does, and
+a v3 success carries the number of relay peers it went to (0 without
+relay; nwaku would answer 505 NO_PEERS_TO_RELAY there, but this node has
+stored the message, which is what the client asked a store node for).
 js-waku 0.0.36 counts any 200 as success and only logs the count.
 """
 
@@ -42,6 +46,7 @@ import trio
 from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.ingest import Ingest, Refused
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FramingError, LightpushError, MetadataError, StoreError
 from wakustore.protocols.framing import (
@@ -52,9 +57,8 @@ from wakustore.protocols.framing import (
     encode_frame,
 )
 from wakustore.protocols.lightpush import LightpushStatus, PushRequest
-from wakustore.protocols.message import InvalidMessage, Limits, Rejection, check_storable
+from wakustore.protocols.message import Rejection
 from wakustore.protocols.store_query import StatusCode
-from wakustore.protocols.topics import shard_pubsub_topic
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +206,12 @@ class StoreProtocols:
         write_timeout_s: float = WRITE_TIMEOUT_S,
     ):
         self.service = service
-        self.pubsub_topics = frozenset(shard_pubsub_topic(config.cluster_id, s) for s in config.shards)
-        self.limits = Limits(max_message_size=config.max_message_size)
+        self.ingest = Ingest(service, config)
+        self.pubsub_topics = self.ingest.pubsub_topics
+        self.limits = self.ingest.limits
+        # The node's relay (wakustore.node.relay.Relay) once it runs: pushed
+        # messages are published to it.
+        self.relay = None
         self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
         self.store_buckets = PeerBuckets(rate_limits.store, clock)
         self.lightpush_buckets = PeerBuckets(rate_limits.lightpush, clock)
@@ -306,11 +314,11 @@ class StoreProtocols:
         if not self.lightpush_buckets.allow(peer):
             return lightpush.encode_error_v3(_push_too_many(request.request_id))
         try:
-            await self._ingest(request)
+            relayed = await self._ingest(request)
         except LightpushError as exc:
             return lightpush.encode_error_v3(exc)
         return lightpush.encode_response_v3(
-            request.request_id, LightpushStatus.SUCCESS, relay_peer_count=0
+            request.request_id, LightpushStatus.SUCCESS, relay_peer_count=relayed
         )
 
     async def answer_lightpush_v2(self, peer: str, raw: bytes) -> bytes:
@@ -340,8 +348,9 @@ class StoreProtocols:
                       peer, theirs.cluster_id, self.metadata.cluster_id)
         return metadata.encode_response(self.metadata)
 
-    async def _ingest(self, request: PushRequest) -> None:
-        """Validate and store one pushed message; raise LightpushError to refuse."""
+    async def _ingest(self, request: PushRequest) -> int:
+        """Validate, store and relay one pushed message; return the number of
+        relay peers it went to; raise LightpushError to refuse."""
         topic = request.pubsub_topic
         rid = request.request_id
         if topic is None:
@@ -349,30 +358,30 @@ class StoreProtocols:
                 LightpushStatus.INVALID_MESSAGE,
                 "pubsub topic required: this node uses static sharding, not autosharding", rid,
             )
-        if topic not in self.pubsub_topics:
-            raise LightpushError(
-                LightpushStatus.UNSUPPORTED_PUBSUB_TOPIC,
-                f"pubsub topic {topic} is not served by this node", rid,
-            )
         now = time.time_ns()
+        store = True
         try:
-            check_storable(request.message, request.encoded_size, now, self.limits)
-        except InvalidMessage as exc:
-            metrics = getattr(self.service, "metrics", None)
-            if metrics is not None:
-                metrics.rejected.labels("lightpush", exc.reason.value).inc()
-            if exc.reason is Rejection.EPHEMERAL:
-                return
-            status = (LightpushStatus.PAYLOAD_TOO_LARGE if exc.reason is Rejection.TOO_LARGE
-                      else LightpushStatus.INVALID_MESSAGE)
-            raise LightpushError(status, str(exc), rid) from None
+            self.ingest.check(topic, request.message, request.encoded_size, now)
+        except Refused as refusal:
+            self.ingest.count("lightpush", refusal)
+            if refusal.reason != Rejection.EPHEMERAL.value:
+                raise LightpushError(_push_status(refusal), str(refusal), rid) from None
+            store = False
+        if store:
+            try:
+                await self.ingest.store([(topic, request.message, now)], source="lightpush")
+            except Exception as exc:
+                log.warning("storing a pushed message failed: %s", exc)
+                raise LightpushError(
+                    LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid
+                ) from None
+        if self.relay is None:
+            return 0
         try:
-            await self.service.put([(topic, request.message, now)])
-        except Exception as exc:
-            log.warning("storing a pushed message failed: %s", exc)
-            raise LightpushError(
-                LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid
-            ) from None
+            return await self.relay.publish(topic, request.message)
+        except Exception as exc:  # the message is stored; relay is best effort
+            log.warning("relaying a pushed message failed: %s", exc)
+            return 0
 
     # --- stream plumbing ----------------------------------------------------
 
@@ -520,6 +529,14 @@ def _unavailable(request_id: str) -> StoreError:
 
 def _push_too_many(request_id: str) -> LightpushError:
     return LightpushError(LightpushStatus.TOO_MANY_REQUESTS, TOO_MANY_REQUESTS_TEXT, request_id)
+
+
+def _push_status(refusal: Refused) -> LightpushStatus:
+    if refusal.unsupported_topic:
+        return LightpushStatus.UNSUPPORTED_PUBSUB_TOPIC
+    if refusal.too_large:
+        return LightpushStatus.PAYLOAD_TOO_LARGE
+    return LightpushStatus.INVALID_MESSAGE
 
 
 def _store_v3_framing_error(exc: FramingError) -> bytes:

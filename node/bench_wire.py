@@ -1,0 +1,358 @@
+"""``wakustore bench wire``: Store v3 queries per second over libp2p.
+
+What it measures:
+
+1. Loading: ``--messages`` slots of the storage benchmark's dataset
+   (:mod:`wakustore.node.bench_dataset`: 1,000 content topics on 8 shards
+   of cluster 16, 30 days ending now, a tenth re-sends) go straight
+   through :meth:`MessageStore.put` and :meth:`MessageStore.flush` in
+   batches of the configured flush size, then a compaction and a
+   checkpoint, as the node's maintenance leaves finished days. No
+   lightpush: loading is not what is measured.
+2. Serving: the node as ``wakustore serve`` runs it (store service,
+   libp2p host with the Store v3 handler, TCP on loopback), in this
+   process, with no per-peer rate limit.
+3. Querying, for each level of ``--clients`` (e.g. ``1,4``): N clients,
+   each its own libp2p host (own key, own TCP connection, Noise session
+   and yamux), all in one client process of their own so that their
+   decoding does not share the server's interpreter. Closed loop: a
+   client sends its next query as soon as the previous answer is read.
+   The query mix is the storage benchmark's (``bench_store.page_specs``):
+   Store v3 pages of 20 messages, 1-3 content topics of one shard, time
+   ranges of one hour, one day and seven days anywhere in the data and the
+   last hour (``now-1h``, what a client catching up asks most), forward
+   and backward; each first page is followed by the page at its cursor
+   when there is one (js-waku's paging). A level runs about ``--queries``
+   timed queries (split between its clients) after a warm-up.
+4. The same first pages straight on the store service (no wire), to show
+   what the protocol stack adds.
+
+The JSON report (``--json``) holds ``messages``, ``unique_messages``,
+``ingest_msgs_per_s``, ``load_s``, ``client_mode``, ``direct_p50_ms``,
+``direct_p99_ms`` and ``levels``: per client count ``clients``,
+``queries``, ``errors`` (answers other than 200), ``qps`` (timed queries
+over the level's wall time), ``p50_ms``, ``p99_ms`` and ``per_shape``
+(``{n, p50_ms, p99_ms}`` for ``1h/first``, ``7d/cursor``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from wakustore.node import bench_dataset
+from wakustore.node import config as node_config
+from wakustore.node.cli import UsageError
+
+DEFAULT_MESSAGES = 1_000_000
+DEFAULT_CLIENTS = (1, 4)
+DEFAULT_QUERIES = 400
+# Untimed first pages per client before a level's clock starts: the first
+# queries pay for connection set-up and the engine's cold caches.
+WARMUP_PAGES = 3
+# Direct (no wire) first pages timed on the store service.
+DIRECT_PAGES = 100
+# One level's client process: interpreter start, dials, every query.
+CLIENT_TIMEOUT_S = 1800
+MIB = 1024 * 1024
+CLIENT_MODE = ("one libp2p host per client (own key, TCP connection, Noise, yamux), "
+               "all clients in one process apart from the node's, closed loop")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``wire`` verb to the ``bench`` command, creating the command
+    when no one registered it yet."""
+    bench = commands.choices.get("bench")
+    if bench is None:
+        bench = commands.add_parser("bench", help="benchmarks")
+        bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
+    verbs = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    verb = verbs.add_parser("wire", help="Store v3 queries per second and latency over libp2p")
+    verb.add_argument("--clients", type=_client_levels, default=DEFAULT_CLIENTS,
+                      help="concurrent clients, comma-separated levels run in turn (default 1,4)")
+    verb.add_argument("--messages", type=_positive_int, default=DEFAULT_MESSAGES,
+                      help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
+    verb.add_argument("--queries", type=_positive_int, default=DEFAULT_QUERIES,
+                      help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
+    verb.add_argument("--seed", type=int, default=1)
+    verb.add_argument("--json", type=Path, help="write the figures here")
+    verb.add_argument("--data-dir", type=Path,
+                      help="where the table goes (must be empty; default: a temporary directory, removed)")
+    verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
+    verb.add_argument("--engine", help="'embedded' or sc://host:port")
+    verb.set_defaults(handler=run_wire_bench)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def _client_levels(text: str) -> tuple[int, ...]:
+    levels = tuple(dict.fromkeys(_positive_int(part.strip()) for part in text.split(",") if part.strip()))
+    if not levels:
+        raise argparse.ArgumentTypeError("expected client counts such as 1,4")
+    return levels
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
+    """Run the benchmark; on ``engine`` (started, left running) when given,
+    else on a new engine as configured."""
+    from wakustore.storage.engine import Engine
+
+    if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
+        raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
+    config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
+    spec = bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed)
+    # The node: loopback, system-chosen ports, the dataset's shards, no
+    # listeners besides libp2p, commits only when the load asks for them.
+    config.tcp_port = config.ws_port = config.metrics_port = config.mailserver_port = 0
+    config.listen_host = "127.0.0.1"
+    config.cluster_id = bench_dataset.CLUSTER_ID
+    config.shards = list(range(spec.shards))
+    config.relay = False
+    config.flush_interval_s = 3600.0
+    temporary = None
+    if args.data_dir is None:
+        temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-wire-"))
+        config.data_dir = temporary
+    report: dict = {
+        "messages": spec.messages,
+        "dataset": {"seed": spec.seed, "topics": spec.topics, "shards": spec.shards, "days": spec.days,
+                    "duplicate_ratio": spec.duplicate_ratio, "start_ns": spec.start_ns, "end_ns": spec.end_ns},
+        "client_mode": CLIENT_MODE,
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+    }
+    try:
+        owned = engine is None
+        if owned:
+            _say(f"wire bench: starting the engine ({config.engine}) under {config.data_dir}")
+            engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * MIB)
+            engine.start()
+        try:
+            _load(config, engine, spec, report)
+            trio.run(_serve_and_query, config, engine, spec, args, report)
+        finally:
+            if owned:
+                engine.close()
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    _print_report(report)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if all(level["errors"] == 0 for level in report["levels"]) else 1
+
+
+# --- loading -------------------------------------------------------------------
+
+
+def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None:
+    """Put and flush the dataset, compact and checkpoint; close the store."""
+    from wakustore.node.store_service import open_store
+    from wakustore.storage import maintenance
+
+    _, store = open_store(config, engine)
+    try:
+        offered = accepted = batches = 0
+        started = time.perf_counter()
+        for batch in bench_dataset.stream(spec, config.flush_max_messages):
+            accepted += store.put(batch).accepted
+            store.flush()
+            offered += len(batch)
+            batches += 1
+            if batches % 20 == 0 or offered == spec.messages:
+                elapsed = time.perf_counter() - started
+                _say(f"wire bench: loaded {offered:,}/{spec.messages:,} ({offered / elapsed:,.0f} msg/s)")
+        load_s = time.perf_counter() - started
+        started = time.perf_counter()
+        maintenance.compact(store.table, today=dt.datetime.now(dt.timezone.utc).date())
+        maintenance.checkpoint(store.table)
+        compact_s = time.perf_counter() - started
+    finally:
+        store.close()
+    report.update({
+        "unique_messages": accepted,
+        "ingest_msgs_per_s": round(offered / load_s, 1),
+        "load_s": round(load_s, 3),
+        "compact_s": round(compact_s, 3),
+    })
+    _say(f"wire bench: {accepted:,} unique messages in the table ({load_s:.1f} s, compacted in {compact_s:.1f} s)")
+
+
+# --- serving and querying --------------------------------------------------------
+
+
+async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
+    from libp2p.crypto.secp256k1 import create_new_key_pair
+
+    from wakustore.node.bench_store import page_specs
+    from wakustore.node.host import running_host
+    from wakustore.node.store_protocols import RateLimits, StoreProtocols
+    from wakustore.node.store_service import running_store
+
+    async with running_store(config, engine=engine) as service:
+        protocols = StoreProtocols(service, config, RateLimits.parse(["0/1s"]))
+        async with running_host(config, protocols.handlers(), create_new_key_pair()) as (_host, info):
+            peer = next(a for a in info.multiaddrs if "/ws/" not in a)
+            report.update(await _direct(service, spec, args.seed))
+            report["levels"] = []
+            for index, clients in enumerate(args.clients):
+                plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
+                _say(f"wire bench: {clients} client(s), {args.queries} queries")
+                wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
+                report["levels"].append(_level_summary(clients, wall_s, samples))
+
+
+async def _direct(service, spec, seed: int) -> dict:
+    """First pages straight on the store service (no libp2p)."""
+    from wakustore.node.bench_store import page_specs, percentile
+
+    times = []
+    for page_spec in _take(page_specs(spec, seed), DIRECT_PAGES):
+        started = time.perf_counter()
+        await service.query(page_spec.query())
+        times.append((time.perf_counter() - started) * 1000)
+    return {"direct_p50_ms": _round(percentile(times, 50)), "direct_p99_ms": _round(percentile(times, 99))}
+
+
+def _plans(specs, clients: int, queries: int) -> list[tuple[list, int]]:
+    """Per client: (page specs, number of timed queries to run). Each client
+    gets enough specs for its quota even if no first page had a cursor."""
+    quota = math.ceil(queries / clients)
+    return [([next(specs) for _ in range(WARMUP_PAGES + quota)], quota) for _ in range(clients)]
+
+
+def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, float, int]]]) -> dict:
+    from wakustore.node.bench_store import percentile
+
+    flat = [s for per_client in samples for s in per_client]
+    latencies = [ms for _, ms, _ in flat]
+    by_shape: dict[str, list[float]] = {}
+    for shape, ms, _ in flat:
+        by_shape.setdefault(shape, []).append(ms)
+    return {
+        "clients": clients,
+        "queries": len(flat),
+        "errors": sum(1 for _, _, status in flat if status != 200),
+        "wall_s": round(wall_s, 3),
+        "qps": round(len(flat) / wall_s, 1) if wall_s > 0 else None,
+        "p50_ms": _round(percentile(latencies, 50)),
+        "p99_ms": _round(percentile(latencies, 99)),
+        "per_shape": {shape: {"n": len(v), "p50_ms": _round(percentile(v, 50)), "p99_ms": _round(percentile(v, 99))}
+                      for shape, v in sorted(by_shape.items())},
+    }
+
+
+def _run_client_process(peer: str, plans: list) -> tuple[float, list]:
+    """Run one level's clients in a fresh interpreter (arguments and result
+    pickled over its pipes)."""
+    job = pickle.dumps((peer, plans))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from wakustore.node.bench_wire import client_main; client_main()"],
+            input=job, capture_output=True, timeout=CLIENT_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the client process did not finish within {CLIENT_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"the clients failed: {done.stderr.decode(errors='replace').strip()[-2000:]}")
+    return pickle.loads(done.stdout)
+
+
+def client_main() -> None:
+    """The client process: reads (peer, plans) pickled on stdin, writes
+    (wall seconds, [[(shape, latency ms, status)] per client]) pickled on stdout."""
+    peer, plans = pickle.loads(sys.stdin.buffer.read())
+    result = trio.run(_clients, peer, plans)
+    sys.stdout.buffer.write(pickle.dumps(result))
+
+
+async def _clients(peer: str, plans: list) -> tuple[float, list]:
+    from contextlib import AsyncExitStack
+
+    from wakustore.node.client_cli import StoreClient
+
+    samples: list[list] = [[] for _ in plans]
+    async with AsyncExitStack() as stack:
+        connected = [await stack.enter_async_context(StoreClient.connect(peer)) for _ in plans]
+        async with trio.open_nursery() as nursery:
+            for client, (specs, _) in zip(connected, plans):
+                nursery.start_soon(_warm_up, client, specs[:WARMUP_PAGES])
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for client, (specs, quota), out in zip(connected, plans, samples):
+                nursery.start_soon(_run_plan, client, specs[WARMUP_PAGES:], quota, out)
+        wall_s = time.perf_counter() - started
+    return wall_s, samples
+
+
+async def _warm_up(client, specs) -> None:
+    for spec in specs:
+        await client.query(spec.query())
+
+
+async def _run_plan(client, specs, quota: int, out: list) -> None:
+    """First pages and their cursor pages until ``quota`` queries are done."""
+    for spec in specs:
+        if len(out) >= quota:
+            return
+        response = await _timed_query(client, spec.query(), f"{spec.range_name}/first", out)
+        if response.status_code == 200 and response.cursor is not None and len(out) < quota:
+            await _timed_query(client, spec.query(response.cursor), f"{spec.range_name}/cursor", out)
+
+
+async def _timed_query(client, query, shape: str, out: list):
+    started = time.perf_counter()
+    response = await client.query(query)
+    out.append((shape, (time.perf_counter() - started) * 1000, response.status_code))
+    return response
+
+
+# --- output ---------------------------------------------------------------------
+
+
+def _print_report(report: dict) -> None:
+    print(f"\nwire benchmark: {report['unique_messages']:,} messages in the table "
+          f"({report['messages']:,} loaded at {report['ingest_msgs_per_s']:,.0f} msg/s), "
+          f"{report['machine']['cpus']} CPUs; {report['client_mode']}")
+    print(f"  store service, no wire: p50 {report['direct_p50_ms']} ms, p99 {report['direct_p99_ms']} ms")
+    for level in report["levels"]:
+        print(f"  {level['clients']:>3} client(s): {level['qps']:>8,.1f} queries/s   "
+              f"p50 {level['p50_ms']:>7} ms   p99 {level['p99_ms']:>7} ms   "
+              f"({level['queries']} queries, {level['errors']} errors)")
+        for shape, figures in level["per_shape"].items():
+            print(f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   "
+                  f"p99 {figures['p99_ms']:>7} ms   ({figures['n']})")
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _take(iterator, n: int):
+    for _, item in zip(range(n), iterator):
+        yield item

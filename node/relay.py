@@ -1,0 +1,409 @@
+"""11/WAKU2-RELAY: gossipsub on ``/vac/waku/relay/2.0.0``, on the node's host.
+
+:func:`running_relay` attaches a gossipsub router to the libp2p host that
+serves the store protocols, subscribes to the configured shards' pubsub
+topics (``/waku/2/rs/<cluster>/<shard>``), dials the configured relay
+peers and keeps them connected. Every message arriving on a topic goes
+through a gossipsub validator (:meth:`Relay.validate`) before it is
+forwarded: it must decode as a WakuMessage and pass the checks lightpush
+applies (:class:`~wakustore.node.ingest.Ingest`, 57/STATUS-Simple-Scaling
+signatures on protected topics included). A rejected message is neither
+forwarded nor stored and is counted in ``wakustore_messages_rejected``
+with source ``relay``; an accepted one is queued for the store
+(:meth:`StoreService.put` with ``source="relay"``), unless it is ephemeral
+or outside the timestamp drift window, which nwaku also relays without
+archiving.
+
+Waku relay as nwaku runs it (waku/waku_relay/protocol.nim,
+message_id.nim), and what py-libp2p 0.8.1 needs to match it:
+
+- StrictNoSign (``sign = false, verifySignature = false, anonymize =
+  true``): messages carry no ``from``, ``seqno``, ``signature`` or ``key``.
+  py-libp2p's ``Pubsub.publish`` always sets ``from`` and ``seqno``, so
+  :class:`WakuPubsub` builds the message itself, and runs with
+  ``strict_signing=False`` so unsigned messages are accepted.
+- Message id = sha256(data), the raw 32 bytes. py-libp2p keys its
+  message cache (IHAVE/IWANT) and its equivocation check by
+  ``from + seqno``, which is empty for every StrictNoSign message:
+  :class:`WakuGossipSub` replaces the cache with one keyed by the message
+  id and drops the equivocation check (content-addressed ids cannot
+  equivocate).
+- py-libp2p's router refuses protocol ids it does not know (``add_peer``
+  raises, logged at DEBUG, and nothing is ever delivered):
+  ``/vac/waku/relay/2.0.0`` is handled as ``/meshsub/1.1.0``, which is
+  what nim-libp2p speaks under that id (no IDONTWANT, a 1.2 feature it
+  only enables under ``/meshsub/1.2.0``).
+- Parameters: D 6, D_low 4, D_high 8, heartbeat 1 s, history 6, gossip
+  window 3, fanout TTL 60 s, seen TTL 2 min, prune backoff 60 s,
+  unsubscribe backoff 5 s, flood publish for our own messages. The
+  py-libp2p extensions nwaku does not have (per-peer rate cap of 10
+  messages/s per topic, adaptive gossip, IP-diversity grafting) are off.
+- Size: nwaku caps a whole gossipsub RPC frame at the node's
+  ``--max-msg-size`` (150 KiB). Ours reads frames up to the node's
+  ``max_message_size`` plus :data:`RPC_OVERHEAD` and resets the stream of
+  a peer that sends more.
+
+Not matched: peer scoring (nwaku's P4 penalty for invalid messages and
+its graylisting) keeps py-libp2p's permissive defaults, and peer exchange
+is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.abc import IHost
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.mcache import MessageCache
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from wakustore.node.config import NodeConfig
+from wakustore.node.host import HostError
+from wakustore.node.ingest import Ingest, Refused
+from wakustore.protocols.errors import MessageError
+from wakustore.protocols.message_codec import decode_message, encode_message
+
+log = logging.getLogger(__name__)
+
+# nwaku's WakuRelayCodec (waku/waku_core/codecs.nim).
+PROTOCOL_ID = "/vac/waku/relay/2.0.0"
+
+# nwaku's GossipsubParameters (waku/waku_relay/protocol.nim).
+MESH_DEGREE = 6
+MESH_DEGREE_LOW = 4
+MESH_DEGREE_HIGH = 8
+HEARTBEAT_INTERVAL_S = 1
+HISTORY_LENGTH = 6
+HISTORY_GOSSIP = 3
+FANOUT_TTL_S = 60
+SEEN_TTL_S = 120
+PRUNE_BACKOFF_S = 60
+UNSUBSCRIBE_BACKOFF_S = 5
+
+# Room for what shares an RPC frame with one message of the maximum size
+# (the topic, control messages, a signed peer record): nwaku's
+# DefaultSafetyBufferProtocolOverhead, the margin it gives lightpush and
+# store frames over the message size limit.
+RPC_OVERHEAD = 64 * 1024
+
+# Accepted messages wait here for the store; the store takes them in
+# batches (a WAL append and fsync each). 4096 messages is a few seconds of
+# a busy shard (Status' busiest see tens of messages a second); when the
+# store falls that far behind, messages are still relayed but not stored,
+# and counted as rejected with reason "overloaded".
+STORE_QUEUE = 4096
+STORE_BATCH = 500
+
+# Relay peers from the configuration: dialed at start, checked every
+# KEEP_CONNECTED_S and redialed with exponential backoff.
+DIAL_TIMEOUT_S = 20.0
+KEEP_CONNECTED_S = 5.0
+REDIAL_FIRST_S = 1.0
+REDIAL_MAX_S = 60.0
+
+# Rejection reasons the relay adds to the ingest ones.
+UNDECODABLE = "undecodable"
+NOT_ONE_TOPIC = "not_one_topic"
+OVERLOADED = "overloaded"
+
+
+def message_id(msg: rpc_pb2.Message) -> bytes:
+    """nwaku's defaultMessageIdProvider: sha256 of the message data, 32 bytes."""
+    return hashlib.sha256(msg.data).digest()
+
+
+class WakuMessageCache(MessageCache):
+    """py-libp2p's gossip message cache keyed by the Waku message id
+    instead of ``from + seqno``."""
+
+    def put(self, msg: rpc_pb2.Message) -> None:
+        mid = message_id(msg)
+        if mid in self.msgs:
+            return
+        self.msgs[mid] = msg
+        self.history[0].append(_CacheEntry(mid, msg.topicIDs))
+
+
+class _CacheEntry:
+    __slots__ = ("mid", "topics")
+
+    def __init__(self, mid: bytes, topics: Iterable[str]):
+        self.mid = mid
+        self.topics = list(topics)
+
+
+class WakuGossipSub(GossipSub):
+    """GossipSub as nwaku runs it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            protocols=[TProtocol(PROTOCOL_ID)],
+            degree=MESH_DEGREE, degree_low=MESH_DEGREE_LOW, degree_high=MESH_DEGREE_HIGH,
+            time_to_live=FANOUT_TTL_S, gossip_window=HISTORY_GOSSIP, gossip_history=HISTORY_LENGTH,
+            heartbeat_interval=HEARTBEAT_INTERVAL_S,
+            prune_back_off=PRUNE_BACKOFF_S, unsubscribe_back_off=UNSUBSCRIBE_BACKOFF_S,
+            adaptive_gossip_enabled=False, spam_protection_enabled=False,
+            eclipse_protection_enabled=False,
+        )
+        self.mcache = WakuMessageCache(HISTORY_GOSSIP, HISTORY_LENGTH)
+        # Message id -> peers our own publish went to, read by WakuPubsub.publish.
+        self.published_to: dict[bytes, int] = {}
+
+    def add_peer(self, peer_id: ID, protocol_id: TProtocol | None) -> None:
+        if protocol_id == PROTOCOL_ID:
+            protocol_id = PROTOCOL_ID_V11
+        super().add_peer(peer_id, protocol_id)
+
+    def _check_equivocation(self, msg: rpc_pb2.Message) -> bool:
+        return True
+
+    async def publish(self, msg_forwarder: ID, pubsub_msg: rpc_pb2.Message) -> None:
+        """Forward a validated message; our own go to every peer subscribed
+        to the topic (nwaku's floodPublish), not only the mesh."""
+        pubsub = self.pubsub
+        if pubsub is None or msg_forwarder != pubsub.my_id:
+            await super().publish(msg_forwarder, pubsub_msg)
+            return
+        self.mcache.put(pubsub_msg)
+        peers: set[ID] = set()
+        for topic in pubsub_msg.topicIDs:
+            peers.update(p for p in pubsub.peer_topics.get(topic, ()) if p in pubsub.peers)
+            self.time_since_last_publish[topic] = int(time.time())
+        rpc = rpc_pb2.RPC(publish=[pubsub_msg])
+        for peer in peers:
+            self.send_rpc(peer, rpc)
+        self.published_to[message_id(pubsub_msg)] = len(peers)
+
+
+class _NoRelayPeerFilter(logging.Filter):
+    """Pubsub opens a relay stream to every peer that connects, store and
+    lightpush clients included; py-libp2p logs each refusal as a multi-line
+    ERROR. A peer without relay is normal for a store node: keep it at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if PROTOCOL_ID in text and "protocol not supported" in text:
+            log.debug("peer does not speak relay: %s", text.splitlines()[0])
+            return False
+        return True
+
+
+_NO_RELAY_PEER_FILTER = _NoRelayPeerFilter()
+
+
+class WakuPubsub(Pubsub):
+    """Pubsub with StrictNoSign publishing, the Waku message id and a read
+    loop that survives anything a peer sends."""
+
+    def __init__(self, host: IHost, router: WakuGossipSub, topics: Iterable[str], max_rpc_size: int):
+        logging.getLogger("libp2p.host.basic_host").addFilter(_NO_RELAY_PEER_FILTER)
+        super().__init__(
+            host, router, strict_signing=False, msg_id_constructor=message_id,
+            seen_ttl=SEEN_TTL_S, max_inbound_rpc_size=max_rpc_size, allowed_topics=frozenset(topics),
+        )
+
+    async def publish(self, topic_id: str | list[str], data: bytes) -> int:  # type: ignore[override]
+        """Publish ``data`` on ``topic_id`` without from, seqno or signature;
+        return the number of peers it was sent to (0 for a message already
+        seen, or rejected by the topic's validator)."""
+        topics = [topic_id] if isinstance(topic_id, str) else list(topic_id)
+        msg = rpc_pb2.Message(data=data, topicIDs=topics)
+        mid = message_id(msg)
+        try:
+            await self.push_msg(self.my_id, msg)
+        finally:
+            sent = self.router.published_to.pop(mid, 0)
+        return sent
+
+    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
+        """Delivery happens in the validator (:meth:`Relay.validate`); the
+        per-topic subscription channels are never read."""
+
+    async def stream_handler(self, stream) -> None:
+        """py-libp2p's handler lets an unparsable RPC (a protobuf
+        DecodeError) escape into the connection; reset the stream instead."""
+        try:
+            await super().stream_handler(stream)
+        except Exception as exc:
+            peer_id = stream.muxed_conn.peer_id
+            log.debug("relay stream from %s failed: %r", peer_id, exc)
+            try:
+                await stream.reset()
+            except Exception:
+                pass
+            self._handle_dead_peer(peer_id)
+
+
+class Relay:
+    """The node's relay: router, pubsub and the validator that feeds the store.
+
+    Created and run by :func:`running_relay`. :meth:`publish` is what
+    lightpush calls; :attr:`peers` and :meth:`peer_count` report the relay
+    peers (peers with an open relay stream).
+    """
+
+    def __init__(self, host: IHost, config: NodeConfig, ingest: Ingest):
+        self.host = host
+        self.ingest = ingest
+        self.topics = sorted(ingest.pubsub_topics)
+        self.peer_infos = [_peer_info(addr) for addr in config.relay_peers]
+        self.router = WakuGossipSub()
+        self.pubsub = WakuPubsub(host, self.router, self.topics,
+                                 max_rpc_size=config.max_message_size + RPC_OVERHEAD)
+        self.running = False
+        self._store_send, self._store_receive = trio.open_memory_channel[tuple[str, Any, int]](STORE_QUEUE)
+
+    @property
+    def peers(self) -> list[ID]:
+        return list(self.pubsub.peers)
+
+    def peer_count(self, topic: str | None = None) -> int:
+        """Relay peers, or those subscribed to ``topic``."""
+        if topic is None:
+            return len(self.pubsub.peers)
+        return sum(1 for p in self.pubsub.peer_topics.get(topic, ()) if p in self.pubsub.peers)
+
+    async def publish(self, pubsub_topic: str, message) -> int:
+        """Relay one WakuMessage that the caller has checked and stored;
+        return the number of peers it went to (0 when relay is not running)."""
+        if not self.running:
+            return 0
+        return await self.pubsub.publish(pubsub_topic, encode_message(message))
+
+    def validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        """The gossipsub validator of every served topic: True forwards the
+        message. Never raises (an exception would stop py-libp2p's pubsub)."""
+        try:
+            return self._validate(forwarder, msg)
+        except Exception:
+            log.exception("relay validator failed; rejecting the message")
+            return False
+
+    def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        if len(msg.topicIDs) != 1:
+            self._count(NOT_ONE_TOPIC)
+            return False
+        topic = msg.topicIDs[0]
+        try:
+            message = decode_message(msg.data)
+        except MessageError:
+            self._count(UNDECODABLE)
+            return False
+        if forwarder == self.pubsub.my_id:
+            return True  # pushed to us by lightpush: checked and stored there
+        now = time.time_ns()
+        try:
+            self.ingest.check(topic, message, len(msg.data), now)
+        except Refused as refusal:
+            self.ingest.count("relay", refusal)
+            return refusal.relayable
+        try:
+            self._store_send.send_nowait((topic, message, now))
+        except trio.WouldBlock:
+            self._count(OVERLOADED)
+        return True
+
+    def _count(self, reason: str) -> None:
+        self.ingest.count("relay", Refused(reason, reason))
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run gossipsub, subscribe, store and keep the relay peers connected
+        until cancelled. A failure after start is logged and stops the relay
+        only (the node keeps serving the store protocols)."""
+        started = False
+        try:
+            async with background_trio_service(self.pubsub), background_trio_service(self.router):
+                await self.pubsub.wait_until_ready()
+                for topic in self.topics:
+                    self.pubsub.set_topic_validator(topic, self.validate, is_async_validator=False)
+                    await self.pubsub.subscribe(topic)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._store_loop)
+                    for info in self.peer_infos:
+                        nursery.start_soon(self._keep_connected, info)
+                    self.running = True
+                    started = True
+                    task_status.started()
+                    await trio.sleep_forever()
+        except Exception as exc:
+            if not started:
+                raise
+            log.error("relay stopped after an internal error; store protocols keep running: %r", exc)
+        finally:
+            self.running = False
+
+    async def _store_loop(self) -> None:
+        async with self._store_receive:
+            async for first in self._store_receive:
+                batch = [first]
+                while len(batch) < STORE_BATCH:
+                    try:
+                        batch.append(self._store_receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                try:
+                    await self.ingest.store(batch, source="relay")
+                except Exception as exc:
+                    log.warning("storing %d relayed messages failed: %s", len(batch), exc)
+
+    async def _keep_connected(self, info: PeerInfo) -> None:
+        delay = REDIAL_FIRST_S
+        while True:
+            if not self._connected(info.peer_id):
+                try:
+                    with trio.fail_after(DIAL_TIMEOUT_S):
+                        await self.host.connect(info)
+                        await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
+                except Exception as exc:
+                    log.warning("relay peer %s: cannot connect (%s); retrying in %.0f s",
+                                info.peer_id, exc or type(exc).__name__, delay)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, REDIAL_MAX_S)
+                    continue
+                log.info("relay peer %s connected", info.peer_id)
+                delay = REDIAL_FIRST_S
+            await trio.sleep(KEEP_CONNECTED_S)
+
+    def _connected(self, peer_id: ID) -> bool:
+        for conn in self.host.get_network().get_connections(peer_id):
+            muxed = getattr(conn, "muxed_conn", None)
+            if muxed is None or not getattr(muxed, "is_closed", False):
+                return True
+        return False
+
+
+@asynccontextmanager
+async def running_relay(host: IHost, config: NodeConfig, ingest: Ingest):
+    """Run the relay on ``host`` until the block exits; yield the
+    :class:`Relay`, or None when ``config.relay`` is off. Raises
+    :class:`HostError` for a relay peer that is not a multiaddr ending in
+    ``/p2p/<peer id>``."""
+    if not config.relay:
+        yield None
+        return
+    relay = Relay(host, config, ingest)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(relay.run)
+        try:
+            yield relay
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def _peer_info(addr: str) -> PeerInfo:
+    try:
+        return info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    except Exception as exc:
+        raise HostError(f"relay peer {addr!r} is not a multiaddr ending in /p2p/<peer id>: {exc}") from None

@@ -1,0 +1,58 @@
+"""`wakustore bench wire` runs end to end on a tiny dataset and reports every figure."""
+
+import json
+
+import pytest
+
+from wakustore.node import bench_store, bench_wire
+from wakustore.node.cli import UsageError, _Parser, build_parser
+
+
+def parse(*argv):
+    parser = _Parser(prog="wakustore")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    bench_store.register(commands)
+    bench_wire.register(commands)
+    return parser.parse_args(["bench", "wire", *argv])
+
+
+def test_wire_is_a_verb_of_the_cli_bench_command():
+    args = build_parser().parse_args(["bench", "wire", "--clients", "1,4,4", "--messages", "10"])
+    assert args.handler is bench_wire.run_wire_bench
+    assert args.clients == (1, 4)
+    assert args.messages == 10
+
+
+@pytest.mark.parametrize("clients", ["0", "two", ","])
+def test_bad_client_levels_are_usage_errors(clients):
+    with pytest.raises(UsageError):
+        parse("--clients", clients)
+
+
+def test_non_empty_data_dir_is_refused(tmp_path):
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(UsageError):
+        bench_wire.run_wire_bench(parse("--messages", "10", "--data-dir", str(tmp_path)))
+
+
+def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_path, capsys):
+    out = tmp_path / "wire.json"
+    args = parse("--messages", "1500", "--clients", "1,2", "--queries", "12", "--json", str(out))
+    assert bench_wire.run_wire_bench(args, engine=engine) == 0
+    report = json.loads(out.read_text())
+
+    assert report["messages"] == 1500
+    assert 0 < report["unique_messages"] <= 1500
+    assert report["ingest_msgs_per_s"] > 0
+    assert "one libp2p host per client" in report["client_mode"]
+    assert 0 < report["direct_p50_ms"] <= report["direct_p99_ms"]
+    assert [level["clients"] for level in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        assert level["queries"] == 12
+        assert level["errors"] == 0
+        assert level["qps"] > 0
+        assert 0 < level["p50_ms"] <= level["p99_ms"]
+        assert sum(shape["n"] for shape in level["per_shape"].values()) == 12
+        assert all(name.split("/")[1] in ("first", "cursor") for name in level["per_shape"])
+    printed = capsys.readouterr().out
+    assert "queries/s" in printed
