@@ -68,9 +68,15 @@ class HotTier:
     def add(self, rows: Sequence[Row], now_ns: int) -> None:
         if self.start_ns is None:
             return
+        horizon = now_ns - self.window_ns
         with self._lock:
             for row in rows:
-                if row.timestamp >= self.start_ns and row.message_hash not in self._rows:
+                if row.timestamp < horizon:
+                    # It would be evicted at once: skip it, and the tier is
+                    # complete only above it from now on.
+                    if row.timestamp >= self.start_ns:
+                        self._forget_through(row.timestamp)
+                elif row.timestamp >= self.start_ns and row.message_hash not in self._rows:
                     self._insert(row)
             self._evict(now_ns)
 
@@ -192,6 +198,12 @@ class HotTier:
         if not keys:
             del self._topics[topic]
         self.bytes -= _size(row)
+
+    def _forget_through(self, timestamp: int) -> None:
+        """Give up completeness at and below ``timestamp``."""
+        while self._order and self._order[0][0] <= timestamp:
+            self._remove(self._order[0][1])
+        self.start_ns = max(self.start_ns, timestamp + 1)
 
     def _evict(self, now_ns: int) -> None:
         """Drop the oldest timestamps (all rows of each) past the budget or window."""
