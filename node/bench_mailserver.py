@@ -40,6 +40,7 @@ from pathlib import Path
 
 import trio
 
+from wakustore.node.bench_cli import add_common_arguments, positive_int
 from wakustore.node import config as node_config
 from wakustore.node.cli import UsageError
 
@@ -54,44 +55,17 @@ SHAPES = ("bloom", "topics")
 MIB = 1024 * 1024
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``mailserver`` verb to the ``bench`` command, creating the
-    command when no one registered it yet (call after bench_store.register)."""
-    bench = commands.choices.get("bench")
-    if bench is None:
-        bench = commands.add_parser("bench", help="benchmarks")
-        bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-    verbs = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
-    register_bench(verbs)
-
-
-def register_bench(bench_verbs: argparse._SubParsersAction) -> None:
-    """Add ``mailserver`` to the verbs of an existing ``bench`` parser."""
-    verb = bench_verbs.add_parser("mailserver", help="Waku v1 mailserver: envelopes/s served over RLPx")
-    verb.add_argument("--envelopes", type=_positive_int, default=DEFAULT_ENVELOPES,
+def register_verb(verbs: argparse._SubParsersAction) -> None:
+    verb = verbs.add_parser("mailserver", help="Waku v1 mailserver: envelopes/s served over RLPx")
+    verb.add_argument("--envelopes", type=positive_int, default=DEFAULT_ENVELOPES,
                       help=f"envelopes seeded (default {DEFAULT_ENVELOPES}; at least twice --page)")
-    verb.add_argument("--requests", type=_positive_int, default=DEFAULT_REQUESTS,
+    verb.add_argument("--requests", type=positive_int, default=DEFAULT_REQUESTS,
                       help=f"timed requests (default {DEFAULT_REQUESTS})")
-    verb.add_argument("--page", type=_positive_int, default=1000, help="envelopes per request (default 1000, the maximum)")
-    verb.add_argument("--topics", type=_positive_int, default=DEFAULT_TOPICS)
-    verb.add_argument("--payload-bytes", type=_positive_int, default=DEFAULT_PAYLOAD_BYTES)
-    verb.add_argument("--seed", type=int, default=1)
-    verb.add_argument("--json", type=Path, help="write the figures here")
-    verb.add_argument("--data-dir", type=Path,
-                      help="where the table goes (must be empty; default: a temporary directory, removed)")
-    verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
-    verb.add_argument("--engine", help="'embedded' or sc://host:port")
+    verb.add_argument("--page", type=positive_int, default=1000, help="envelopes per request (default 1000, the maximum)")
+    verb.add_argument("--topics", type=positive_int, default=DEFAULT_TOPICS)
+    verb.add_argument("--payload-bytes", type=positive_int, default=DEFAULT_PAYLOAD_BYTES)
+    add_common_arguments(verb, "where the table goes (must be empty; default: a temporary directory, removed)")
     verb.set_defaults(handler=run_mailserver_bench)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
 
 
 def _say(text: str) -> None:

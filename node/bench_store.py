@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakustore.node import bench_dataset
+from wakustore.node.bench_cli import add_common_arguments, positive_int
 from wakustore.node import config as node_config
 from wakustore.node.bench_dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
 from wakustore.node.cli import UsageError
@@ -66,35 +67,18 @@ RSS_SAMPLE_S = 0.25
 MIB = 1024 * 1024
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    bench = commands.add_parser("bench", help="benchmarks")
-    verbs = bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
+def register_verb(verbs: argparse._SubParsersAction) -> None:
     store = verbs.add_parser("store", help="ingest and Store v3 query benchmark, optionally against nwaku's SQL archives")
-    store.add_argument("--messages", type=_positive_int, default=DEFAULT_MESSAGES,
+    store.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
                        help=f"messages offered, duplicates included (default {DEFAULT_MESSAGES})")
     store.add_argument("--compare", type=_backends, default=(),
                        help="comma-separated: " + ",".join(BACKENDS))
-    store.add_argument("--json", type=Path, help="write the figures here")
-    store.add_argument("--queries", type=_positive_int, default=DEFAULT_QUERIES,
+    store.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                        help=f"Store v3 pages to time (default {DEFAULT_QUERIES})")
-    store.add_argument("--lookups", type=_positive_int, default=DEFAULT_LOOKUPS,
+    store.add_argument("--lookups", type=positive_int, default=DEFAULT_LOOKUPS,
                        help=f"lookups by 1 and by 20 hashes, each (default {DEFAULT_LOOKUPS})")
-    store.add_argument("--seed", type=int, default=1)
-    store.add_argument("--data-dir", type=Path,
-                       help="where the Delta table goes (must be empty; default: a temporary directory, removed)")
-    store.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
-    store.add_argument("--engine", help="'embedded' or sc://host:port")
+    add_common_arguments(store, "where the Delta table goes (must be empty; default: a temporary directory, removed)")
     store.set_defaults(handler=run_store_bench)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
 
 
 def _backends(text: str) -> tuple[str, ...]:

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import trio
 
+from wakustore.node.bench_cli import add_common_arguments, positive_int
 from wakustore.node import bench_dataset
 from wakustore.node import config as node_config
 from wakustore.node.cli import UsageError
@@ -71,42 +72,20 @@ CLIENT_MODE = ("one libp2p host per client (own key, TCP connection, Noise, yamu
                "all clients in one process apart from the node's, closed loop")
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``wire`` verb to the ``bench`` command, creating the command
-    when no one registered it yet."""
-    bench = commands.choices.get("bench")
-    if bench is None:
-        bench = commands.add_parser("bench", help="benchmarks")
-        bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-    verbs = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+def register_verb(verbs: argparse._SubParsersAction) -> None:
     verb = verbs.add_parser("wire", help="Store v3 queries per second and latency over libp2p")
     verb.add_argument("--clients", type=_client_levels, default=DEFAULT_CLIENTS,
                       help="concurrent clients, comma-separated levels run in turn (default 1,4)")
-    verb.add_argument("--messages", type=_positive_int, default=DEFAULT_MESSAGES,
+    verb.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
                       help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
-    verb.add_argument("--queries", type=_positive_int, default=DEFAULT_QUERIES,
+    verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                       help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
-    verb.add_argument("--seed", type=int, default=1)
-    verb.add_argument("--json", type=Path, help="write the figures here")
-    verb.add_argument("--data-dir", type=Path,
-                      help="where the table goes (must be empty; default: a temporary directory, removed)")
-    verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
-    verb.add_argument("--engine", help="'embedded' or sc://host:port")
+    add_common_arguments(verb, "where the table goes (must be empty; default: a temporary directory, removed)")
     verb.set_defaults(handler=run_wire_bench)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return value
-
-
 def _client_levels(text: str) -> tuple[int, ...]:
-    levels = tuple(dict.fromkeys(_positive_int(part.strip()) for part in text.split(",") if part.strip()))
+    levels = tuple(dict.fromkeys(positive_int(part.strip()) for part in text.split(",") if part.strip()))
     if not levels:
         raise argparse.ArgumentTypeError("expected client counts such as 1,4")
     return levels

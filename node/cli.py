@@ -130,16 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their implementation (imported lazily so
     that `wakustore message hash` does not load the engine stack)."""
-    from wakustore.node import bench_mailserver, bench_store, bench_wire, client_cli, db_cli, mailserver_cli, serve
+    from wakustore.node import archive_cli, bench_cli, client_cli, db_cli, mailserver_cli, serve
 
     return [
         serve.register,
         db_cli.register,
         client_cli.register,
         mailserver_cli.register,
-        bench_store.register,
-        bench_mailserver.register,  # adds its verb to `bench`
-        bench_wire.register,  # adds its verb to `bench`
+        archive_cli.register,
+        bench_cli.register,
     ]
 
 

@@ -56,6 +56,18 @@ class NodeConfig:
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
     protected_topics: list[ProtectedTopic] = field(default_factory=list)
 
+    # Control node of a community: export 7-day archives and seed them.
+    # archive_key_file holds the community's 32-byte private key in hex.
+    archive_key_file: str = ""
+    archive_chat_ids: list[str] = field(default_factory=list)
+    archive_dir: str = ""  # default <data_dir>/archives
+    archive_layout: str = "status-go"
+    archive_listen: str = "0.0.0.0:0"  # BitTorrent listen address
+
+    @property
+    def archives(self) -> Path:
+        return Path(self.archive_dir) if self.archive_dir else self.data_dir / "archives"
+
     @property
     def tables(self) -> str:
         return self.table_root or str((self.data_dir / "tables").resolve())
@@ -83,6 +95,10 @@ class NodeConfig:
             raise ConfigError(f"cluster_id {self.cluster_id} outside 0..65535")
         if any(not 0 <= s < 1024 for s in self.shards):
             raise ConfigError("shards must lie in 0..1023")
+        if self.archive_layout not in ("status-go", "spec"):
+            raise ConfigError(f"archive_layout must be 'status-go' or 'spec', got {self.archive_layout!r}")
+        if self.archive_key_file and not Path(self.archive_key_file).is_file():
+            raise ConfigError(f"archive_key_file {self.archive_key_file} does not exist")
         if self.flush_interval_s <= 0 or self.flush_max_messages <= 0:
             raise ConfigError("flush interval and size must be positive")
         self.protected_topics = parse_protected_topics(self.protected_topics)
@@ -151,7 +167,7 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
-    if name == "relay_peers":
+    if name in ("relay_peers", "archive_chat_ids"):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):

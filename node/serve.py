@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -67,6 +68,47 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def archive_settings(config: node_config.NodeConfig):
+    """The control-node archive settings of ``config`` (archive_key_file set)."""
+    from wakustore.node.archive import ArchiveSettings
+    from wakustore.node.cli import UsageError, parse_hex
+
+    try:
+        key = parse_hex(Path(config.archive_key_file).read_text().strip(), "archive_key_file")
+    except OSError as exc:
+        raise UsageError(f"archive_key_file: {exc}") from None
+    if len(key) != 32:
+        raise UsageError("archive_key_file must hold a 32-byte private key in hex")
+    return ArchiveSettings(
+        community_key=key,
+        chat_ids=tuple(config.archive_chat_ids) or ("",),
+        archive_dir=config.archives,
+        layout=config.archive_layout,
+        listen=config.archive_listen,
+    )
+
+
+async def _run_archives(config, service, relay, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The archive scheduler; it also tells retention what may leave the store."""
+    from wakustore.node.archive import run_archive_scheduler, seeded_until_ns
+
+    settings = archive_settings(config)
+
+    def keep_from() -> int | None:
+        return seeded_until_ns(settings.archive_dir, [settings.community_id])
+
+    service.keep_from = keep_from
+
+    async def publish(pubsub_topic, message) -> None:
+        await service.put([(pubsub_topic, message, time.time_ns())], source="archive")
+        if relay is not None:
+            await relay.publish(pubsub_topic, message)
+
+    await run_archive_scheduler(
+        config, service.store, settings, limiter=service.limiter, publish=publish, task_status=task_status
+    )
+
+
 async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     """Store, then libp2p host on top of it; on SIGINT/SIGTERM the host
     stops first (no new requests), then the store commits and stops."""
@@ -104,6 +146,9 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                     print(addr, flush=True)
                 print(mailserver.enode, flush=True)
                 print(f"metrics and health on http://{config.listen_host}:{metrics_port}/", flush=True)
+                if config.archive_key_file:
+                    seeder = await nursery.start(_run_archives, config, service, relay)
+                    print(f"seeding community archives on port {seeder.port}", flush=True)
                 print("wakustore node ready; table " + config.messages_uri, flush=True)
                 async for signum in signals:
                     log.info("signal %s: committing and stopping", signal.Signals(signum).name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -43,9 +44,9 @@ class StoreService:
     store: MessageStore
     limiter: trio.CapacityLimiter
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
-    # Set by the archive scheduler: history at or after this time (ns) is
-    # not yet in a seeded archive and must not be retained away.
-    keep_from_ns: int | None = None
+    # Set by the archive scheduler: returns the time (ns) from which history
+    # is not yet in a seeded archive and must not be retained away.
+    keep_from: Callable[[], int | None] = lambda: None
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         result = await trio.to_thread.run_sync(self.store.put, messages, limiter=self.limiter)
@@ -108,7 +109,7 @@ class StoreService:
 
     def maintain(self, policy: maintenance.RetentionPolicy) -> None:
         now = time.time_ns()
-        result = maintenance.apply_retention(self.store.table, policy, now, keep_from_ns=self.keep_from_ns)
+        result = maintenance.apply_retention(self.store.table, policy, now, keep_from_ns=self.keep_from())
         if result.cutoff_ns is not None:
             self.store.forget_before(result.cutoff_ns)
         maintenance.compact(self.store.table, today=dt.datetime.now(dt.timezone.utc).date())

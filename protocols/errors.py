@@ -61,6 +61,11 @@ class LightpushError(ProtocolError):
         self.request_id = request_id
 
 
+class ArchiveError(ProtocolError):
+    """Community history archive input that is malformed or fails a check:
+    archive data, an index, a torrent set or a magnet-link message."""
+
+
 class RLPxError(ProtocolError):
     """devp2p RLPx input that is malformed, unauthenticated or too large:
     a handshake packet, an ECIES ciphertext, a frame or a base-protocol

@@ -34,6 +34,7 @@ from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_CAPACITY, KeyFilter
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
+from wakustore.storage.staging import StagedRows
 from wakustore.storage.table import DeltaTableRef
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
@@ -266,18 +267,33 @@ class MessageStore:
         self, start_ns: int, end_ns: int, content_topics: Sequence[str], messages: Iterable[Row]
     ) -> int:
         """Make ``messages`` the whole content of the window for these topics,
-        in one Delta transaction; returns the number of rows written."""
+        in one Delta transaction; returns the number of rows written.
+
+        ``messages`` may be a generator: it is consumed in chunks and
+        spilled to a staging Parquet file beside the table once it passes
+        :data:`STAGING_THRESHOLD_BYTES`, so memory stays bounded by a chunk
+        and the size of the window by the disk. If the generator raises,
+        nothing is committed.
+        """
         self.flush()
-        rows = {}
-        for row in messages:
-            if not start_ns <= row.timestamp < end_ns or row.message.content_topic not in content_topics:
-                raise ValueError("a message lies outside the window it replaces")
-            rows.setdefault(row.muid, row)
-        arrow = to_arrow(rows.values())
-        retry_on_conflict(lambda: self.table.replace_where(arrow, start_ns, end_ns, content_topics))
-        self.writes.remember(list(rows))
-        self.hot.replace(start_ns, end_ns, content_topics, list(rows.values()))
-        return len(rows)
+        seen: set[bytes] = set()
+        recent: list[Row] = []
+        hot_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
+        with StagedRows(self.table.uri) as staged:
+            for row in messages:
+                if not start_ns <= row.timestamp < end_ns or row.message.content_topic not in content_topics:
+                    raise ValueError("a message lies outside the window it replaces")
+                if row.muid in seen:
+                    continue
+                seen.add(row.muid)
+                staged.add(row)
+                if hot_from is not None and row.timestamp >= hot_from:
+                    recent.append(row)
+            source = staged.source()
+            retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+        self.writes.remember(list(seen))
+        self.hot.replace(start_ns, end_ns, content_topics, recent)
+        return len(seen)
 
 
 def _merge_pending(

@@ -153,7 +153,11 @@ class DeltaTableRef:
         for batch in table.to_batches(max_chunksize=1_000_000):
             yield batch.column(0).to_pylist()
 
-    def replace_where(self, batch: pa.Table, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> None:
+    def replace_where(
+        self, batch: pa.Table | str, start_ns: int, end_ns: int, content_topics: Sequence[str]
+    ) -> None:
+        """One transaction: the window's rows for these topics become ``batch``
+        (an Arrow table, or the path of staged Parquet files the engine reads)."""
         topics = ", ".join(sql_string(t) for t in content_topics)
         first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
         predicate = (
@@ -163,7 +167,12 @@ class DeltaTableRef:
         )
 
         def run(spark):
-            frame = spark.createDataFrame(batch) if batch.num_rows else spark.createDataFrame([], _spark_schema(spark, batch.schema))
+            if isinstance(batch, str):
+                frame = spark.read.schema(_spark_schema(spark, schema.MESSAGES)).parquet(batch)
+            elif batch.num_rows:
+                frame = spark.createDataFrame(batch)
+            else:
+                frame = spark.createDataFrame([], _spark_schema(spark, batch.schema))
             frame.write.format("delta").mode("overwrite").option("replaceWhere", predicate).save(self.uri)
 
         self.engine.run(run)

@@ -6,14 +6,12 @@ import os
 import pytest
 
 from wakustore.node import bench_dataset, bench_sql, bench_store
-from wakustore.node.cli import UsageError, _Parser
+from wakustore.node.cli import UsageError, build_parser
 from wakustore.protocols.message import muid
 
 
 def parse(*argv):
-    parser = _Parser(prog="wakustore")
-    bench_store.register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    return parser.parse_args(["bench", "store", *argv])
+    return build_parser().parse_args(["bench", "store", *argv])
 
 
 def test_dataset_is_deterministic_with_a_tenth_resent():

@@ -4,16 +4,12 @@ import json
 
 import pytest
 
-from wakustore.node import bench_store, bench_wire
-from wakustore.node.cli import UsageError, _Parser, build_parser
+from wakustore.node import bench_wire
+from wakustore.node.cli import UsageError, build_parser
 
 
 def parse(*argv):
-    parser = _Parser(prog="wakustore")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    bench_store.register(commands)
-    bench_wire.register(commands)
-    return parser.parse_args(["bench", "wire", *argv])
+    return build_parser().parse_args(["bench", "wire", *argv])
 
 
 def test_wire_is_a_verb_of_the_cli_bench_command():

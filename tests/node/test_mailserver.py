@@ -493,10 +493,8 @@ def test_unreachable_mailserver_is_an_error():
 def test_bench_mailserver_reports_envelopes_per_second(engine, tmp_path, capsys):
     from wakustore.node import bench_mailserver
 
-    parser = cli._Parser(prog="wakustore")
-    bench_mailserver.register(parser.add_subparsers(dest="command", required=True, parser_class=cli._Parser))
     out = tmp_path / "bench.json"
-    args = parser.parse_args(["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)])
+    args = cli.build_parser().parse_args(["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)])
     assert bench_mailserver.run_mailserver_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
     assert report["envelopes"] == 2000 and report["page"] == 1000

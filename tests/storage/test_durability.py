@@ -1,6 +1,5 @@
 """Crash safety and fleets: real processes, real kills, one shared table."""
 
-import json
 import subprocess
 import sys
 import textwrap

@@ -280,3 +280,38 @@ def test_a_cursor_from_another_topic_still_orders_by_its_timestamp(store):
     other = message_hash(PUBSUB, msg(10, topic="/other/1/x/proto"))
     backward = store.query(query(cursor=other, forward=False))
     assert payloads(backward.messages) == [b"payload-%d" % i for i in range(5)]
+
+
+def test_a_large_window_is_staged_on_disk_and_replaced_in_one_transaction(store, monkeypatch):
+    from deltalake import DeltaTable
+
+    from wakustore.storage import staging
+
+    monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 4096)  # spill every few rows
+    store.put(triples([msg(i, topic="/big/1/a/proto") for i in range(50)]))
+    store.flush()
+    before = DeltaTable(store.table.uri).version()
+    window = (T0, T0 + 1000 * SECOND)
+
+    def replacement():
+        for i in range(300):
+            yield Row.build(PUBSUB, msg(i, topic="/big/1/a/proto", meta=b"new"), T0)
+
+    assert store.replace_window(*window, ["/big/1/a/proto"], replacement()) == 300
+    assert DeltaTable(store.table.uri).version() == before + 1
+    rows = [r for chunk in store.stream_window(*window, ["/big/1/a/proto"]) for r in chunk]
+    assert len(rows) == 300 and all(r.message.meta == b"new" for r in rows)
+    assert not any((p.name.endswith("_staging") and any(p.iterdir())) for p in __import__("pathlib").Path(store.table.uri).parent.iterdir())
+
+
+def test_a_failing_source_commits_nothing(store):
+    store.put(triples([msg(i, topic="/big/1/a/proto") for i in range(5)]))
+    store.flush()
+
+    def broken():
+        yield Row.build(PUBSUB, msg(1, topic="/big/1/a/proto"), T0)
+        raise RuntimeError("archive check failed")
+
+    with pytest.raises(RuntimeError):
+        store.replace_window(T0, T0 + 100 * SECOND, ["/big/1/a/proto"], broken())
+    assert store.table.count() == 5

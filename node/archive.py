@@ -1,0 +1,572 @@
+"""Community history archives on a node: export and seeding on the control
+node, fetch and hydration on a member, the ``wakustore archive`` commands
+and the scheduler ``serve`` runs.
+
+Control node, under the archive directory (status-go's layout of files):
+
+    <community id>/data      archives, append only
+    <community id>/index     the index, rewritten
+    <community id>.torrent   v1 torrent of data + index, name = community id
+    <community id>.json      export state: layout, end of the last exported
+                             window (s), last magnet clock (ms) and link,
+                             end of the last seeded export (s)
+
+The ``wakustore archive`` commands are in :mod:`wakustore.node.archive_cli`.
+
+Member, under its data directory: ``archives/<community id>/{data,index}``
+(only the pieces fetched) and ``archives/<community id>.json``: imported
+archive ids (the index keys), last accepted magnet clock and link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import trio
+
+from wakustore.node import torrent
+from wakustore.protocols import archive, topics
+from wakustore.protocols.archive import ArchiveWriter, IndexEntry, Layout, MagnetLink, Window
+from wakustore.protocols.crypto import private_key_from_bytes
+from wakustore.protocols.errors import ArchiveError, ProtocolError
+from wakustore.protocols.message import WakuMessage
+from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
+from wakustore.storage.rows import Row
+from wakustore.storage.table import sql_string
+
+log = logging.getLogger(__name__)
+
+# The community shard when none is configured: the node's default shard
+# (NodeConfig: cluster 16, shard 32), which is status-go's default
+# community pubsub topic.
+DEFAULT_PUBSUB_TOPIC = topics.shard_pubsub_topic(topics.STATUS_CLUSTER_ID, 32)
+
+# Scheduler: drain the seeding session's alerts this often; look again
+# this long after finding nothing to archive; retry a failed export after.
+SEED_POLL_S = 5.0
+EMPTY_RECHECK_S = 3600.0
+EXPORT_RETRY_S = 300.0
+
+Report = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+# --- control node ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchiveSettings:
+    """What a control node archives. ``community_key``: the 32-byte private
+    key; ``chat_ids``: the channels' ids inside the community (the empty
+    id is the community's own topic, which status-go's scheduler adds)."""
+
+    community_key: bytes
+    chat_ids: tuple[str, ...]
+    archive_dir: Path
+    pubsub_topic: str | None = None  # the community's shard; None: the node's first shard
+    layout: Layout = archive.DEFAULT_LAYOUT
+    interval_s: int = archive.ARCHIVE_INTERVAL_S
+    trackers: tuple[str, ...] = torrent.DEFAULT_TRACKERS
+    listen: str = "0.0.0.0:0"
+    isolated: bool = False
+
+    @property
+    def public_key(self) -> bytes:
+        return private_key_from_bytes(self.community_key).public_key.format(compressed=True)
+
+    @property
+    def community_id(self) -> str:
+        return topics.community_id(self.public_key)
+
+    @property
+    def content_topics(self) -> list[str]:
+        return list(dict.fromkeys(topics.channel_content_topic(self.public_key, c) for c in self.chat_ids))
+
+    @property
+    def channel_keys(self) -> dict[str, bytes]:
+        """Content topic -> the channel's symmetric key."""
+        return channel_keys(self.public_key, self.chat_ids)
+
+    @property
+    def torrent_path(self) -> Path:
+        return self.archive_dir / f"{self.community_id}.torrent"
+
+    @property
+    def state_path(self) -> Path:
+        return self.archive_dir / f"{self.community_id}.json"
+
+
+def channel_keys(community_public_key: bytes, chat_ids: Iterable[str]) -> dict[str, bytes]:
+    """Content topic -> symmetric key of each channel (status-go derives
+    both from the chat id), for Status-readable status-go archives."""
+    cid = topics.community_id(community_public_key)
+    return {topics.channel_content_topic(community_public_key, c): archive.channel_key(cid, c) for c in chat_ids}
+
+
+@dataclass
+class ControlState:
+    layout: str
+    chat_ids: list[str] = field(default_factory=list)
+    last_end_s: int | None = None
+    clock_ms: int = 0
+    magnet: str = ""
+    seeded_end_s: int | None = None
+
+    @classmethod
+    def load(cls, path: Path, layout: Layout) -> ControlState:
+        if not path.exists():
+            return cls(layout=layout.value)
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        _write_atomic(path, json.dumps(asdict(self), indent=1).encode())
+
+
+@dataclass
+class ExportResult:
+    windows: list[Window]
+    archives: list[IndexEntry]
+    messages: int = 0
+    dropped: int = 0
+    magnet: str | None = None
+    message: WakuMessage | None = None  # the magnet-link message, when the torrent changed
+
+
+def export_community(store, settings: ArchiveSettings, now_s: int, report: Report = _quiet) -> ExportResult:
+    """Archive every window from the end of the last one (or the oldest
+    message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
+    torrent, and put the signed magnet-link message into ``store`` on the
+    community's magnet topic. Blocking (Spark, file I/O)."""
+    layout, content_topics = Layout(settings.layout), settings.content_topics
+    community_dir = settings.archive_dir / settings.community_id
+    community_dir.mkdir(parents=True, exist_ok=True)
+    state = ControlState.load(settings.state_path, layout)
+    if state.layout != layout.value:
+        raise ArchiveError(f"{settings.archive_dir} holds {state.layout} archives, not {layout.value}")
+    writer = _open_writer(community_dir, layout)
+    keys = settings.channel_keys if layout is Layout.STATUS_GO else {}
+    state.chat_ids = list(dict.fromkeys(state.chat_ids + list(settings.chat_ids)))
+    # Never before the last archive's end: the state may lag the index by
+    # an export that stopped between writing the index and the state.
+    ends = [state.last_end_s] + [e.end_ns // archive.NS_PER_S for e in writer.entries]
+    start = max((end for end in ends if end is not None), default=None)
+    if start is None:
+        start = _oldest_second(store, content_topics)
+    windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
+    result = ExportResult(windows, [])
+    with open(community_dir / "data", "ab") as data:
+        for window in windows:
+            chunker = archive.Chunker()
+            before = len(writer.new_entries)
+            for rows in store.stream_window(window.start_ns, window.end_ns, content_topics):
+                for row in rows:
+                    full = chunker.add(archive.encode_archived_message(
+                        layout, row.pubsub_topic, row.message, row.arrival_time, keys.get(row.message.content_topic)))
+                    if full:
+                        data.write(writer.add(window, content_topics, full))
+                        result.messages += len(full)
+            last = chunker.finish()
+            if last:
+                data.write(writer.add(window, content_topics, last))
+                result.messages += len(last)
+            result.dropped += chunker.dropped
+            report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
+        data.flush()
+        os.fsync(data.fileno())
+    result.archives = list(writer.new_entries)
+    if windows:
+        state.last_end_s = windows[-1].end_s
+    if result.archives:
+        _write_atomic(community_dir / "index", writer.index_bytes())
+        torrent_bytes = torrent.create_torrent(settings.archive_dir, settings.community_id,
+                                               archive.PIECE_LENGTH, settings.trackers)
+        _write_atomic(settings.torrent_path, torrent_bytes)
+        state.magnet = torrent.magnet_uri(torrent_bytes)
+        state.clock_ms = max(now_s * 1000, state.clock_ms + 1)
+        result.message = magnet_waku_message(settings.community_key, state.magnet, state.clock_ms, now_s * archive.NS_PER_S)
+        store.put([(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message, now_s * archive.NS_PER_S)])
+    state.save(settings.state_path)
+    result.magnet = state.magnet or None
+    return result
+
+
+def magnet_waku_message(private_key: bytes, magnet_uri: str, clock_ms: int, timestamp_ns: int) -> WakuMessage:
+    """The WakuMessage to publish on the community's magnet topic.
+
+    Its payload is the signed ApplicationMetadataMessage itself. status-go
+    additionally wraps it in its encryption layer (a ProtocolMessage, then
+    Waku v1 symmetric encryption with a key derived from the chat id) before
+    relaying; a store node publishes the plain form.
+    """
+    public_key = private_key_from_bytes(private_key).public_key.format(compressed=True)
+    return WakuMessage(
+        payload=archive.encode_magnet_message(private_key, magnet_uri, clock_ms),
+        content_topic=topics.magnet_content_topic(public_key),
+        timestamp=timestamp_ns,
+    )
+
+
+def seed_latest(seeder: torrent.Seeder, settings: ArchiveSettings) -> bool:
+    """Seed the community's current torrent (dropping the one seeded
+    before) and record that its exports are now seeded; False when there
+    is no torrent yet."""
+    if not settings.torrent_path.exists():
+        return False
+    seeder.seed(settings.torrent_path.read_bytes(), settings.archive_dir)
+    _mark_seeded(settings)
+    return True
+
+
+def _mark_seeded(settings: ArchiveSettings) -> None:
+    state = ControlState.load(settings.state_path, Layout(settings.layout))
+    state.seeded_end_s = state.last_end_s
+    state.save(settings.state_path)
+
+
+def seeded_until_ns(archive_dir: Path, community_ids: Iterable[str]) -> int | None:
+    """For retention (``apply_retention(keep_from_ns=...)``): every message
+    before this time is in a seeded archive of each community, so only
+    older messages may leave the store. 0 while a community has nothing
+    seeded yet (keep everything); None when no community is archived."""
+    ends = []
+    for cid in community_ids:
+        path = archive_dir / f"{cid}.json"
+        seeded = json.loads(path.read_text()).get("seeded_end_s") if path.exists() else None
+        ends.append(0 if seeded is None else seeded * archive.NS_PER_S)
+    return min(ends) if ends else None
+
+
+async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
+                                limiter: trio.CapacityLimiter | None = None,
+                                publish: Callable[[str, WakuMessage], object] | None = None,
+                                now: Callable[[], float] = time.time,
+                                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Every ``settings.interval_s``: export the windows since the last
+    export and seed only the latest torrent; ``publish(pubsub_topic,
+    message)`` (awaited) sends the new magnet-link message to the network.
+    Seeds the existing torrent at start. ``task_status.started`` gets the
+    :class:`torrent.Seeder`. Runs until cancelled. ``config``: the node's
+    NodeConfig, whose first shard is the community's pubsub topic unless
+    ``settings`` name one; ``limiter``: the store's thread limiter."""
+    if settings.pubsub_topic is None and config is not None and config.shards:
+        settings = dataclasses.replace(
+            settings, pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0]))
+    session = await trio.to_thread.run_sync(torrent.open_session, settings.listen, settings.isolated)
+    seeder = torrent.Seeder(session)
+    try:
+        await trio.to_thread.run_sync(seed_latest, seeder, settings, limiter=limiter)
+        task_status.started(seeder)
+        log.info("archive scheduler for %s (%s layout), seeding on port %d",
+                 settings.community_id, Layout(settings.layout).value, seeder.port)
+        while True:
+            state = ControlState.load(settings.state_path, Layout(settings.layout))
+            due = now() if state.last_end_s is None else state.last_end_s + settings.interval_s
+            while now() < due:
+                await trio.sleep(min(SEED_POLL_S, max(due - now(), 0.0)))
+                seeder.poll()
+            try:
+                result = await trio.to_thread.run_sync(export_community, store, settings, int(now()), limiter=limiter)
+                if result.archives:
+                    await trio.to_thread.run_sync(seed_latest, seeder, settings, limiter=limiter)
+                    log.info("archived %d messages in %d archive(s); magnet %s",
+                             result.messages, len(result.archives), result.magnet)
+                    if publish is not None and result.message is not None:
+                        await publish(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message)
+                elif result.windows and seeder.handle is not None:
+                    # Only empty windows: the seeded torrent still holds all history.
+                    await trio.to_thread.run_sync(_mark_seeded, settings)
+                elif state.last_end_s is None and not result.windows:
+                    await trio.sleep(EMPTY_RECHECK_S)
+            except Exception as exc:  # engine down, disk full: the next attempt may do better
+                log.warning("archive export failed, retrying in %g s: %s", EXPORT_RETRY_S, exc)
+                await trio.sleep(EXPORT_RETRY_S)
+    finally:
+        seeder.stop()
+
+
+def _open_writer(community_dir: Path, layout: Layout) -> ArchiveWriter:
+    """Writer over the existing files. Data beyond what the index covers
+    is an export that stopped before its index was written: cut it off."""
+    index_path, data_path = community_dir / "index", community_dir / "data"
+    index = index_path.read_bytes() if index_path.exists() else None
+    size = data_path.stat().st_size if data_path.exists() else 0
+    covered = sum(e.size for e in archive.parse_index(layout, index)) if index else 0
+    if size > covered:
+        log.warning("%s: dropping %d bytes of an unfinished export", data_path, size - covered)
+        os.truncate(data_path, covered)
+        size = covered
+    return ArchiveWriter(layout, index, size)
+
+
+def _oldest_second(store, content_topics: Sequence[str]) -> int | None:
+    store.flush()
+    listed = ", ".join(sql_string(t).replace("{", "{{").replace("}", "}}") for t in content_topics)
+    try:
+        oldest = store.table.scalar(f"SELECT min(timestamp) FROM {{table}} WHERE content_topic IN ({listed})")
+    except Exception as exc:  # no table yet
+        log.debug("no oldest message: %s", exc)
+        return None
+    return None if oldest is None else int(oldest) // archive.NS_PER_S
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --- member ----------------------------------------------------------------------------
+
+
+@dataclass
+class MemberRecord:
+    imported: list[str] = field(default_factory=list)
+    last_clock: int = 0
+    last_magnet: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> MemberRecord:
+        return cls(**json.loads(path.read_text())) if path.exists() else cls()
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(asdict(self), indent=1).encode())
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which archives to fetch: ``all`` missing ones, the ``latest`` window,
+    or windows overlapping ``[from_s, to_s)`` (``range``)."""
+
+    mode: str = "all"
+    from_s: int | None = None
+    to_s: int | None = None
+
+
+@dataclass
+class FetchResult:
+    imported: list[str] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    messages: int = 0
+    rejected: dict[str, str] = field(default_factory=dict)
+    downloaded_pieces: set[int] = field(default_factory=set)  # pieces that came from peers
+    download_s: float = 0.0  # metadata, index and pieces
+    hydrate_s: float = 0.0  # reading, checking and replacing windows
+    ignored: str | None = None  # why the link was not acted on
+
+
+def newest_magnet(payloads: Iterable[bytes], community_public_key: bytes, report: Report = _quiet) -> MagnetLink | None:
+    """The newest magnet link among ``payloads`` signed by the control
+    node; forged or malformed ones are reported and skipped."""
+    newest = None
+    for payload in payloads:
+        try:
+            link = archive.verify_magnet_message(payload, community_public_key)
+        except ArchiveError as exc:
+            report(f"ignoring a magnet-link message: {exc}")
+            continue
+        if newest is None or link.clock > newest.clock:
+            newest = link
+    return newest
+
+
+def magnets_in_store(store, community_public_key: bytes, pubsub_topic: str) -> list[bytes]:
+    """Payloads of the messages on the community's magnet topic in ``store``."""
+    query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
+                         forward=True, limit=MAX_PAGE_SIZE)
+    payloads = []
+    while True:
+        page = store.query(query)
+        payloads += [m.message.payload for m in page.messages if m.message is not None]
+        if page.next_cursor is None:
+            return payloads
+        query = dataclasses.replace(query, cursor=page.next_cursor.message_hash)
+
+
+async def magnets_from_peer(peer: str, community_public_key: bytes, pubsub_topic: str, timeout_s: float = 20.0) -> list[bytes]:
+    """The same, asked of a store node by Store v3 (``peer``: a multiaddr
+    with ``/p2p/<peer id>``)."""
+    from wakustore.node.client_cli import StoreClient
+
+    query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
+                         forward=True, limit=MAX_PAGE_SIZE)
+    payloads = []
+    async with StoreClient.connect(peer, timeout_s) as client:
+        async for response in client.pages(query):
+            if response.status_code != 200:
+                raise ArchiveError(f"store query refused: {response.status_code} {response.status_desc}")
+            payloads += [e.message.payload for e in response.messages if e.message is not None]
+    return payloads
+
+
+def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: str, *,
+                   clock: int | None = None, selection: Selection = Selection(),
+                   layout: Layout = archive.DEFAULT_LAYOUT, peers: Sequence[tuple[str, int]] = (),
+                   session=None, default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
+                   allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
+                   metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
+                   stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
+                   report: Report = _quiet) -> FetchResult:
+    """Fetch the index of ``magnet``, then the pieces of the selected
+    archives not imported yet; check each archive and replace its window
+    (its content topics) in ``store`` in one Delta transaction per window.
+
+    ``clock``: the magnet message's clock; a link no newer than the last
+    accepted one is ignored. ``chat_ids``: the channels' ids, whose keys
+    rebuild messages a status-go archive holds decrypted. Archives that fail a check are reported in
+    ``rejected`` and never reach the table. Raises TorrentError when the
+    torrent cannot be fetched. Blocking.
+    """
+    layout = Layout(layout)
+    cid = topics.community_id(community_public_key)
+    save_path = data_dir / "archives"
+    record_path = save_path / f"{cid}.json"
+    record = MemberRecord.load(record_path)
+    if clock is not None and clock <= record.last_clock:
+        return FetchResult(ignored=f"magnet clock {clock} is not newer than {record.last_clock}")
+    save_path.mkdir(parents=True, exist_ok=True)
+    own_session = session is None
+    session = session or torrent.open_session()
+    job = torrent.Fetch(session, magnet, save_path, peers, report)
+    result = FetchResult()
+    started = time.monotonic()
+    try:
+        info = job.wait_metadata(metadata_timeout_s)
+        layout_files = info.layout()
+        names = [layout_files.file_path(i).replace("\\", "/") for i in range(layout_files.num_files())]
+        if info.name() != cid or names != [f"{cid}/{f}" for f in torrent.FILE_NAMES]:
+            raise ArchiveError(f"torrent {info.name()!r} with files {names} is not community {cid}'s archive")
+        job.wait_index(stall_timeout_s)
+        index = (save_path / cid / "index").read_bytes()
+        data_size = layout_files.file_size(torrent.DATA_FILE)
+        entries = archive.parse_index(layout, index, data_size, info.piece_length())
+        groups = _select(archive_windows(entries), set(record.imported), selection)
+        report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in groups)} in {len(groups)} window(s)")
+        job.download({p for g in groups for e in g for p in e.pieces(info.piece_length())}, stall_timeout_s)
+        job.flush()
+        result.downloaded_pieces = set(job.downloaded)
+    finally:
+        job.close()
+        if own_session:
+            del session
+    result.download_s = time.monotonic() - started
+    hydrate(store, save_path / cid / "data", layout, groups, default_pubsub_topic, allowed_topics,
+            channel_keys(community_public_key, chat_ids), record, record_path, result, report)
+    if clock is not None:
+        record.last_clock, record.last_magnet = clock, magnet
+    record.save(record_path)
+    return result
+
+
+def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
+            allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
+            record_path: Path, result: FetchResult, report: Report = _quiet) -> None:
+    """Check the archives of each window (as :func:`archive_windows` groups
+    them) read from ``data_path`` and replace the window in ``store``;
+    records each imported window in ``record`` as it goes. A window that
+    fails a check is left alone and listed in ``result.rejected``."""
+    started = time.monotonic()
+    with open(data_path, "rb") as data:
+        for group in groups:
+            _import_window(store, data, layout, group, default_pubsub_topic, allowed_topics, keys, record, result, report)
+            record.save(record_path)
+    result.hydrate_s += time.monotonic() - started
+
+
+def archive_windows(entries: list[IndexEntry]) -> list[list[IndexEntry]]:
+    """Archives grouped by window (a window over 30 MB spans several)."""
+    groups: dict[tuple, list[IndexEntry]] = {}
+    for entry in entries:
+        groups.setdefault((entry.start_ns, entry.end_ns, entry.content_topics), []).append(entry)
+    return sorted(groups.values(), key=lambda g: (g[0].start_ns, g[0].offset))
+
+
+def _select(groups: list[list[IndexEntry]], imported: set[str], selection: Selection) -> list[list[IndexEntry]]:
+    missing = [g for g in groups if any(e.archive_id not in imported for e in g)]
+    if selection.mode == "latest":
+        return [groups[-1]] if groups and groups[-1] in missing else []
+    if selection.mode == "range":
+        low = (selection.from_s or 0) * archive.NS_PER_S
+        high = selection.to_s * archive.NS_PER_S if selection.to_s is not None else None
+        return [g for g in missing if g[0].end_ns > low and (high is None or g[0].start_ns < high)]
+    return missing
+
+
+def _import_window(store, data, layout: Layout, group: list[IndexEntry], default_pubsub_topic: str,
+                   allowed_topics, keys: dict[str, bytes], record: MemberRecord, result: FetchResult,
+                   report: Report) -> None:
+    """Check every archive of one window while its rows stream into one
+    window replacement; a failed check aborts it before anything commits."""
+    first = group[0]
+
+    def rows():
+        for entry in group:
+            data.seek(entry.offset)
+            content = archive.read_archive(layout, entry, data.read(entry.size), default_pubsub_topic,
+                                           allowed_topics, keys)
+            for m in content.messages:
+                yield Row.build(m.pubsub_topic, m.message, m.arrival_ns)
+
+    try:
+        written = store.replace_window(first.start_ns, first.end_ns, list(first.content_topics), rows())
+    except ArchiveError as exc:
+        for entry in group:
+            result.rejected[entry.archive_id] = str(exc)
+        report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S} rejected: {exc}")
+        return
+    record.imported += [e.archive_id for e in group if e.archive_id not in record.imported]
+    result.imported += [e.archive_id for e in group]
+    result.windows.append((first.start_ns // archive.NS_PER_S, first.end_ns // archive.NS_PER_S))
+    result.messages += written
+    report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S}: {written} messages")
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def verify_archive_set(community_dir: Path, layout: Layout | None = None) -> tuple[list[str], str]:
+    """Problems with a community's data, index and torrent (offsets, sizes,
+    padding, index keys, archive contents, piece hashes), and a summary."""
+    cid = community_dir.name
+    state_path = community_dir.parent / f"{cid}.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    layout = layout or Layout(state.get("layout", archive.DEFAULT_LAYOUT.value))
+    try:
+        keys = channel_keys(bytes.fromhex(cid[2:]), state.get("chat_ids", []))
+    except (ValueError, ProtocolError):
+        keys = {}
+    data_path, index_path = community_dir / "data", community_dir / "index"
+    torrent_path = community_dir.parent / f"{cid}.torrent"
+    missing = [str(p) for p in (data_path, index_path, torrent_path) if not p.is_file()]
+    if missing:
+        return [f"missing: {', '.join(missing)}"], ""
+    problems = []
+    try:
+        entries = archive.parse_index(layout, index_path.read_bytes(), data_path.stat().st_size)
+    except ArchiveError as exc:
+        entries, problems = [], [f"index: {exc}"]
+    messages = 0
+    with open(data_path, "rb") as data:
+        for entry in entries:
+            data.seek(entry.offset)
+            try:
+                messages += len(archive.read_archive(layout, entry, data.read(entry.size), "", None, keys).messages)
+            except ArchiveError as exc:
+                problems.append(str(exc))
+    problems += torrent.check_torrent(community_dir.parent, torrent_path.read_bytes(), cid, archive.PIECE_LENGTH)
+    summary = (f"{cid}: {len(entries)} archive(s), {messages} messages, "
+               f"{data_path.stat().st_size // archive.PIECE_LENGTH} data pieces, {layout.value} layout")
+    return problems, summary

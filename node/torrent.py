@@ -1,0 +1,387 @@
+"""libtorrent glue for community history archives: v1 torrent files of a
+community's ``data`` and ``index``, a seeder that keeps exactly one torrent,
+and a fetch that takes the index first and then only chosen pieces.
+
+Everything here blocks (libtorrent runs its own threads; these functions
+poll its alerts): async callers go through ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import libtorrent as lt
+
+log = logging.getLogger(__name__)
+
+# libtorrent 2.1.1 refuses a piece size that is not a power of two ("invalid
+# piece size") unless create_torrent also gets this flag, which the Python
+# binding does not name (create_torrent.hpp: allow_odd_piece_size = 1 << 31).
+ALLOW_ODD_PIECE_SIZE = 1 << 31
+
+# The torrent's files, in this order (status-go: info.BuildFromFilePath on
+# the community directory, which lists them alphabetically).
+FILE_NAMES = ("data", "index")
+DATA_FILE, INDEX_FILE = 0, 1
+
+# status-go protocol/communities/manager.go `defaultAnnounceList`.
+DEFAULT_TRACKERS = (
+    "udp://tracker.opentrackr.org:1337/announce",
+    "udp://tracker.openbittorrent.com:6969/announce",
+)
+
+# status-go DownloadHistoryArchivesByMagnetlink waits 20 s for the torrent's
+# metadata and its caller tries once more on timeout.
+METADATA_TIMEOUT_S = 40.0
+# Give up on a download after this long without a byte of progress.
+DEFAULT_STALL_TIMEOUT_S = 120.0
+# Re-dial the given peers this often while none is connected.
+REDIAL_S = 2.0
+POLL_S = 0.05
+HASH_CHUNK = 1024 * 1024
+
+PRIORITY_SKIP, PRIORITY_NORMAL, PRIORITY_TOP = 0, 1, 7
+
+_ALERTS = (
+    lt.alert_category.error | lt.alert_category.status | lt.alert_category.storage
+    | lt.alert_category.piece_progress
+)
+# Alerts held between two polls before libtorrent drops some: a piece
+# alert per 100 KiB, so a gigabyte fetched within one poll stays below it.
+ALERT_QUEUE_SIZE = 50_000
+
+
+class TorrentError(Exception):
+    """A torrent that cannot be created, seeded or fetched."""
+
+
+# --- sessions -------------------------------------------------------------------
+
+
+def open_session(listen: str = "0.0.0.0:0", isolated: bool = False) -> lt.session:
+    """One libtorrent session listening on ``host:port`` (port 0: any).
+
+    ``isolated`` turns DHT, local service discovery, UPnP and NAT-PMP off,
+    so peers are only those given by address (loopback tests, private
+    deployments).
+    """
+    settings = {
+        "listen_interfaces": listen,
+        "alert_mask": _ALERTS,
+        "alert_queue_size": ALERT_QUEUE_SIZE,
+        "user_agent": "wakustore",
+        # Peers on one host (loopback tests, containers) share an address.
+        "allow_multiple_connections_per_ip": True,
+        # Dial peers over TCP: libtorrent tries uTP first and keeps at it
+        # against clients without uTP (aria2), which then never connect.
+        # Incoming uTP is still accepted.
+        "enable_outgoing_utp": False,
+    }
+    if isolated:
+        settings.update(enable_dht=False, enable_lsd=False, enable_upnp=False, enable_natpmp=False)
+    return lt.session(settings)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6); ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+# --- torrent files --------------------------------------------------------------
+
+
+def create_torrent(root: Path, name: str, piece_length: int, trackers: Sequence[str] = DEFAULT_TRACKERS) -> bytes:
+    """A v1 torrent of ``root/name/data`` and ``root/name/index`` (in that
+    order, torrent name = ``name``); returns its bencoded bytes."""
+    paths = [root / name / f for f in FILE_NAMES]
+    entries = [lt.create_file_entry(f"{name}/{f}", p.stat().st_size) for f, p in zip(FILE_NAMES, paths)]
+    try:
+        creator = lt.create_torrent(entries, piece_length, lt.create_torrent.v1_only | ALLOW_ODD_PIECE_SIZE)
+    except RuntimeError as exc:
+        raise TorrentError(f"cannot create torrent: {exc}") from None
+    for piece, digest in enumerate(piece_hashes(paths, piece_length)):
+        creator.set_hash(piece, digest)
+    for tier, url in enumerate(trackers):
+        creator.add_tracker(url, tier)
+    creator.set_creator("wakustore")
+    return lt.bencode(creator.generate())
+
+
+def piece_hashes(paths: Iterable[Path], piece_length: int) -> list[bytes]:
+    """SHA-1 of each piece of the files laid end to end (BitTorrent v1)."""
+    hashes, piece, filled = [], hashlib.sha1(), 0
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    take = min(len(view), piece_length - filled)
+                    piece.update(view[:take])
+                    filled += take
+                    view = view[take:]
+                    if filled == piece_length:
+                        hashes.append(piece.digest())
+                        piece, filled = hashlib.sha1(), 0
+    if filled:
+        hashes.append(piece.digest())
+    return hashes
+
+
+def torrent_info(torrent: bytes) -> lt.torrent_info:
+    try:
+        return lt.torrent_info(lt.bdecode(torrent))
+    except (RuntimeError, TypeError) as exc:
+        raise TorrentError(f"not a torrent file: {exc}") from None
+
+
+def magnet_uri(torrent: bytes) -> str:
+    """The magnet link of a torrent: info hash, name and trackers."""
+    return lt.make_magnet_uri(torrent_info(torrent))
+
+
+def info_hash(torrent: bytes) -> str:
+    return str(torrent_info(torrent).info_hashes().v1)
+
+
+def check_torrent(root: Path, torrent: bytes, name: str, piece_length: int) -> list[str]:
+    """What is wrong with ``torrent`` as the torrent of ``root/name``: its
+    name, file list and sizes, piece length and every piece hash."""
+    try:
+        info = torrent_info(torrent)
+    except TorrentError as exc:
+        return [str(exc)]
+    problems = []
+    layout = info.layout()
+    if info.name() != name:
+        problems.append(f"torrent name {info.name()!r}, expected {name!r}")
+    if info.piece_length() != piece_length:
+        problems.append(f"piece length {info.piece_length()}, expected {piece_length}")
+    expected = [f"{name}/{f}" for f in FILE_NAMES]
+    listed = [layout.file_path(i).replace("\\", "/") for i in range(layout.num_files())]
+    if listed != expected:
+        return problems + [f"files {listed}, expected {expected}"]
+    paths = [root / name / f for f in FILE_NAMES]
+    for i, path in enumerate(paths):
+        if not path.is_file():
+            return problems + [f"{path} is missing"]
+        if path.stat().st_size != layout.file_size(i):
+            problems.append(f"{path} is {path.stat().st_size} bytes, the torrent says {layout.file_size(i)}")
+    if problems:
+        return problems
+    actual = piece_hashes(paths, piece_length)
+    bad = [i for i in range(info.num_pieces()) if i >= len(actual) or info.hash_for_piece(i) != actual[i]]
+    if bad:
+        problems.append(f"{len(bad)} piece(s) fail their hash: {bad[:20]}")
+    return problems
+
+
+# --- seeding ---------------------------------------------------------------------
+
+
+class Seeder:
+    """Seeds one torrent at a time (spec: only the latest torrent is seeded)."""
+
+    def __init__(self, session: lt.session):
+        self.session = session
+        self.handle: lt.torrent_handle | None = None
+        self.torrent: bytes | None = None
+
+    def seed(self, torrent: bytes, save_path: Path, timeout_s: float = 600.0) -> lt.torrent_handle:
+        """Drop the previous torrent, add this one over the files in
+        ``save_path`` and wait until libtorrent has checked them all."""
+        self.stop()
+        params = lt.add_torrent_params()
+        params.ti = torrent_info(torrent)
+        params.save_path = str(save_path)
+        self.handle = self.session.add_torrent(params)
+        self.torrent = torrent
+        deadline = time.monotonic() + timeout_s
+        while not self.handle.status().is_seeding:
+            self.poll()
+            status = self.handle.status()
+            if status.errc.value():
+                raise TorrentError(f"cannot seed: {status.errc.message()}")
+            if time.monotonic() > deadline:
+                raise TorrentError(f"files in {save_path} do not match the torrent (state {status.state})")
+            time.sleep(POLL_S)
+        return self.handle
+
+    def poll(self) -> None:
+        """Drain libtorrent's alerts, logging errors."""
+        for alert in self.session.pop_alerts():
+            if alert.category() & lt.alert_category.error:
+                log.warning("seeder: %s", alert.message())
+
+    @property
+    def port(self) -> int:
+        return self.session.listen_port()
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.session.remove_torrent(self.handle)
+            self.handle = self.torrent = None
+
+
+# --- fetching ----------------------------------------------------------------------
+
+
+class Fetch:
+    """One torrent fetched from a magnet link into ``save_path``.
+
+    Nothing is downloaded until asked: :meth:`wait_index` fetches the index
+    file alone, :meth:`download` exactly the given pieces. Pieces already
+    on disk (an earlier fetch of the same append-only data) pass
+    libtorrent's hash check and are not downloaded again; ``downloaded``
+    holds the pieces that received data from peers.
+    """
+
+    def __init__(self, session: lt.session, magnet: str, save_path: Path,
+                 peers: Sequence[tuple[str, int]] = (), report: Callable[[str], None] | None = None):
+        self.session = session
+        self.peers = list(peers)
+        self.report = report or (lambda text: None)
+        self.downloaded: set[int] = set()
+        self.hash_failures: set[int] = set()
+        try:
+            params = lt.parse_magnet_uri(magnet)
+        except RuntimeError as exc:
+            raise TorrentError(f"bad magnet link: {exc}") from None
+        params.save_path = str(save_path)
+        params.file_priorities = [PRIORITY_SKIP, PRIORITY_TOP]
+        self.handle = session.add_torrent(params)
+        self._last_dial = 0.0
+        self._last_progress = time.monotonic()
+        self._checked = False
+        self._file_priorities_set = False
+        self._flushed = False
+        self._done_bytes = -1
+
+    def wait_metadata(self, timeout_s: float = METADATA_TIMEOUT_S) -> lt.torrent_info:
+        deadline = time.monotonic() + timeout_s
+        while not self.handle.status().has_metadata:
+            self._tick()
+            if time.monotonic() > deadline:
+                raise TorrentError(f"no torrent metadata from any peer within {timeout_s:g} s")
+            time.sleep(POLL_S)
+        return self.handle.torrent_file()
+
+    def wait_index(self, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> int:
+        """Fetch the index file (all other pieces skipped); returns its size."""
+        layout = self.wait_metadata().layout()
+        size = layout.file_size(INDEX_FILE)
+        self._wait(lambda: self.handle.file_progress()[INDEX_FILE] >= size, stall_timeout_s, "index")
+        return size
+
+    def download(self, pieces: Iterable[int], stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+        """Fetch exactly ``pieces`` (and keep the index); returns when every
+        one has passed its hash check."""
+        info = self.handle.torrent_file()
+        wanted = set(pieces)
+        index_pieces = _file_pieces(info, INDEX_FILE)
+        priorities = [PRIORITY_TOP if i in wanted or i in index_pieces else PRIORITY_SKIP
+                      for i in range(info.num_pieces())]
+        # A piece of a skipped file goes to libtorrent's part file, not to
+        # `data`: unskip the file, then narrow down piece by piece. File
+        # priorities take effect later, through the disk thread, and reset
+        # the pieces' priorities then: stay paused until they have.
+        self.handle.pause()
+        self._tick()  # an earlier file_prio_alert (from the magnet's own priorities) is not this one
+        self._file_priorities_set = False
+        self.handle.prioritize_files([PRIORITY_NORMAL, PRIORITY_TOP])
+        self._wait_for(lambda: self._file_priorities_set, "file priorities")
+        self.handle.prioritize_pieces(priorities)
+        self.handle.resume()
+        # Pausing, or having had all it wanted (the index), dropped the
+        # peers: dial them again now rather than in REDIAL_S.
+        self._dial()
+
+        reported = [-1]
+
+        def done() -> bool:
+            have = self.handle.status().pieces
+            count = sum(1 for i in wanted if have[i])
+            if count != reported[0]:
+                reported[0] = count
+                self.report(f"pieces {count}/{len(wanted)}")
+            return count == len(wanted)
+
+        self._wait(done, stall_timeout_s, "archive pieces")
+
+    def flush(self, timeout_s: float = 120.0) -> None:
+        """Wait until every downloaded block is in the files: libtorrent 2
+        passes a piece from its store buffer, before the disk thread has
+        written it."""
+        self._flushed = False
+        self.handle.flush_cache()
+        self._wait_for(lambda: self._flushed, "the write of downloaded pieces", timeout_s)
+
+    def close(self) -> None:
+        self.session.remove_torrent(self.handle)
+
+    def _wait(self, finished: Callable[[], bool], stall_timeout_s: float, what: str) -> None:
+        self._last_progress = time.monotonic()
+        while True:
+            self._tick()
+            status = self.handle.status()
+            if status.errc.value():
+                raise TorrentError(f"{what}: {status.errc.message()}")
+            if status.total_done != self._done_bytes:
+                self._done_bytes, self._last_progress = status.total_done, time.monotonic()
+            if status.state not in (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data):
+                if finished():
+                    self._tick()  # piece alerts posted since the last drain
+                    return
+            if time.monotonic() - self._last_progress > stall_timeout_s:
+                failed = f"; {len(self.hash_failures)} piece(s) failed their hash check" if self.hash_failures else ""
+                raise TorrentError(f"{what}: no data for {stall_timeout_s:g} s ({status.num_peers} peers){failed}")
+            time.sleep(POLL_S)
+
+    def _wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TorrentError(f"libtorrent did not apply {what} within {timeout_s:g} s")
+            time.sleep(POLL_S / 5)
+            self._tick()
+
+    def _tick(self) -> None:
+        for alert in self.session.pop_alerts():
+            # A piece that passes its hash after the files were checked came
+            # from peers; pieces found on disk pass during the check.
+            if isinstance(alert, lt.torrent_checked_alert):
+                self._checked = True
+            elif isinstance(alert, lt.piece_finished_alert) and self._checked:
+                self.downloaded.add(alert.piece_index)
+            elif isinstance(alert, lt.cache_flushed_alert):
+                self._flushed = True
+            elif isinstance(alert, lt.file_prio_alert):
+                self._file_priorities_set = True
+            elif isinstance(alert, lt.hash_failed_alert):
+                self.hash_failures.add(alert.piece_index)
+                self.report(f"piece {alert.piece_index} failed its hash check")
+            elif alert.category() & lt.alert_category.error:
+                log.warning("fetch: %s", alert.message())
+        if time.monotonic() - self._last_dial > REDIAL_S and self.handle.status().num_peers == 0:
+            self._dial()
+
+    def _dial(self) -> None:
+        self._last_dial = time.monotonic()
+        for peer in self.peers:
+            self.handle.connect_peer(peer)
+
+
+def _file_pieces(info: lt.torrent_info, file_index: int) -> set[int]:
+    layout = info.layout()
+    size = layout.file_size(file_index)
+    if size == 0:
+        return set()
+    first = layout.file_offset(file_index) // info.piece_length()
+    last = (layout.file_offset(file_index) + size - 1) // info.piece_length()
+    return set(range(first, last + 1))

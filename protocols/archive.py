@@ -1,0 +1,464 @@
+"""Community history archives: windows, archive and index encodings, the
+magnet-link message. No I/O: the node reads and writes the files.
+
+Two layouts (see protos/archive_status_go.proto and protos/archive_spec.proto):
+
+``status-go`` (default, what deployed Status clients read): window bounds in
+Unix seconds, 4-byte topics, status-go's own archive message record, zero
+padding written after each archive in ``data`` up to a piece boundary and
+recorded in the index (``size``, ``padding``).
+
+``spec`` (the written specification): bounds in nanoseconds, content topics
+as strings, 14/WAKU2 messages, padding inside the archive (field 4) so that
+the encoding itself is a multiple of the piece length; the index records
+``num_pieces``.
+
+How a single message is written into an archive (both layouts, the extra
+fields that let a member rebuild the exact table row, Status-readable
+records) is in :mod:`wakustore.protocols.archive_records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from wakustore.protocols import message_codec, topics
+from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: the archive API)
+    NS_PER_S,
+    ArchivedMessage,
+    Layout,
+    Record,
+    channel_key,
+    decode_archived_message,
+    encode_archived_message,
+    field_bytes,
+    field_varint,
+    proto_fields,
+    varint,
+)
+from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key, sign_recoverable
+from wakustore.protocols.errors import ArchiveError, ProtocolError
+from wakustore.protos import (
+    application_metadata_pb2,
+    archive_magnetlink_pb2,
+    archive_spec_pb2,
+    archive_status_go_pb2,
+)
+
+# status-go protocol/communities/manager.go: `pieceLength = 100 * 1024`.
+# The spec leaves it "??? (TODO)"; both layouts use status-go's.
+PIECE_LENGTH = 100 * 1024
+
+# status-go protocol/communities/manager.go `maxArchiveSizeInBytes`: a
+# window's messages are cut into archives of at most this many bytes of
+# payload + signature; a single message above it is dropped.
+MAX_ARCHIVE_PAYLOAD = 30_000_000
+
+# status-go protocol/messenger_communities.go `messageArchiveInterval`.
+ARCHIVE_INTERVAL_S = 7 * 24 * 3600
+
+# Sanity bounds on what a peer can make us allocate. An index entry is
+# ~100-150 bytes and a control node adds one a week (more when a week
+# exceeds 30 MB), so 16 MiB is centuries of history. One archive holds at
+# most 30 MB of payload plus per-message framing (~60 bytes each); 256 MiB
+# leaves room for millions of tiny messages.
+MAX_INDEX_SIZE = 16 * 1024 * 1024
+MAX_ARCHIVE_SIZE = 256 * 1024 * 1024
+
+# The spec gives no value for its version fields; this one is written and
+# any is read. status-go leaves them 0.
+SPEC_VERSION = 1
+
+DEFAULT_LAYOUT = Layout.STATUS_GO
+
+_MAGNET_TYPE = application_metadata_pb2.ApplicationMetadataMessage.Type.COMMUNITY_MESSAGE_ARCHIVE_MAGNETLINK
+_WIRE_LEN = 2
+
+
+# --- windows ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Window:
+    """A time range, start inclusive, end exclusive, in Unix seconds."""
+
+    start_s: int
+    end_s: int
+
+    @property
+    def start_ns(self) -> int:
+        return self.start_s * NS_PER_S
+
+    @property
+    def end_ns(self) -> int:
+        return self.end_s * NS_PER_S
+
+
+def plan_windows(start_s: int, now_s: int, interval_s: int = ARCHIVE_INTERVAL_S) -> list[Window]:
+    """Windows of ``interval_s`` from ``start_s`` up to ``now_s``, the last
+    one cut at ``now_s`` (status-go createHistoryArchiveTorrent). ``start_s``
+    is the end of the last archive, or the oldest message's second when
+    there is none; after downtime this yields one window per missed week."""
+    if interval_s <= 0:
+        raise ValueError("interval must be positive")
+    windows = []
+    start = start_s
+    while start < now_s:
+        end = min(start + interval_s, now_s)
+        windows.append(Window(start, end))
+        start = end
+    return windows
+
+
+class Chunker:
+    """Cuts one window's encoded messages into archives of at most
+    ``limit`` bytes of payload, as status-go does: a message that would
+    overflow the current chunk starts the next; one larger than the limit
+    is dropped (counted in ``dropped``)."""
+
+    def __init__(self, limit: int = MAX_ARCHIVE_PAYLOAD):
+        self.limit = limit
+        self.dropped = 0
+        self._chunk: list[bytes] = []
+        self._size = 0
+
+    def add(self, record: Record) -> list[bytes] | None:
+        """Add one message; returns a full chunk when this one did not fit."""
+        if record.payload_size > self.limit:
+            self.dropped += 1
+            return None
+        full = None
+        if self._chunk and self._size + record.payload_size > self.limit:
+            full, self._chunk, self._size = self._chunk, [], 0
+        self._chunk.append(record.data)
+        self._size += record.payload_size
+        return full
+
+    def finish(self) -> list[bytes] | None:
+        """The last chunk, or None when nothing is left."""
+        chunk, self._chunk, self._size = self._chunk, [], 0
+        return chunk or None
+
+
+# --- archives and the index ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One archive in ``data``. ``size`` is what it occupies there (padding
+    included); ``padding`` the zero bytes after the encoding (status-go; 0
+    in the spec layout, whose padding is inside). Times in ns."""
+
+    archive_id: str
+    start_ns: int
+    end_ns: int
+    content_topics: tuple[str, ...]
+    offset: int
+    size: int
+    padding: int
+
+    @property
+    def encoded_size(self) -> int:
+        return self.size - self.padding
+
+    def pieces(self, piece_length: int = PIECE_LENGTH) -> range:
+        """Piece indices it covers: [offset/L, (offset+size)/L)."""
+        return range(self.offset // piece_length, (self.offset + self.size) // piece_length)
+
+
+@dataclass(frozen=True, slots=True)
+class Archive:
+    """A checked archive: its window (ns), topics and messages."""
+
+    start_ns: int
+    end_ns: int
+    content_topics: tuple[str, ...]
+    messages: list[ArchivedMessage]
+
+
+class ArchiveWriter:
+    """Appends archives to a torrent's ``data`` and keeps its ``index``.
+
+    ``index`` and ``data_size`` describe what exists (None and 0 for a new
+    community); :meth:`add` returns the bytes to append to ``data``, so the
+    new data is the old data plus new archives, byte for byte.
+    """
+
+    def __init__(self, layout: Layout, index: bytes | None = None, data_size: int = 0,
+                 piece_length: int = PIECE_LENGTH):
+        self.layout = Layout(layout)
+        self.piece_length = piece_length
+        self._metadata: dict[str, bytes] = {}
+        self.entries: list[IndexEntry] = []
+        if index:
+            self.entries = parse_index(self.layout, index, data_size, piece_length)
+            pb = _index_pb(self.layout, index)
+            self._metadata = {key: value.SerializeToString() for key, value in pb.archives.items()}
+        elif data_size:
+            raise ArchiveError(f"data holds {data_size} bytes but there is no index")
+        self.data_size = data_size
+        self.new_entries: list[IndexEntry] = []
+
+    def add(self, window: Window, content_topics: Sequence[str], messages: Sequence[bytes]) -> bytes:
+        """Encode one archive of already encoded messages; returns archive
+        plus padding, to be appended to ``data``."""
+        metadata = _metadata_pb(self.layout, window, content_topics)
+        body = _archive_head(self.layout, metadata) + b"".join(field_bytes(3, m) for m in messages)
+        if self.layout is Layout.SPEC:
+            body += _spec_padding_field(len(body), self.piece_length)
+            padding, size = 0, len(body)
+            index_md = archive_spec_pb2.WakuMessageArchiveIndexMetadata(
+                version=SPEC_VERSION, metadata=metadata, offset=self.data_size,
+                num_pieces=size // self.piece_length,
+            )
+        else:
+            padding = status_go_padding(len(body), self.piece_length)
+            size = len(body) + padding
+            index_md = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
+                metadata=metadata, offset=self.data_size, size=size, padding=padding,
+            )
+        if len(body) > MAX_ARCHIVE_SIZE:
+            raise ArchiveError(f"archive of {len(body)} bytes exceeds {MAX_ARCHIVE_SIZE}")
+        encoded_md = index_md.SerializeToString()
+        archive_id = archive_key(encoded_md)
+        entry = IndexEntry(archive_id, window.start_ns, window.end_ns, tuple(content_topics),
+                           self.data_size, size, padding)
+        self._metadata[archive_id] = encoded_md
+        self.entries.append(entry)
+        self.new_entries.append(entry)
+        self.data_size += size
+        return body + bytes(padding)
+
+    def index_bytes(self) -> bytes:
+        """The encoded index, map keys in sorted order (deterministic)."""
+        pb = _index_class(self.layout)()
+        for key, encoded in self._metadata.items():
+            pb.archives[key].ParseFromString(encoded)
+        return pb.SerializeToString(deterministic=True)
+
+
+def archive_key(encoded_index_metadata: bytes) -> str:
+    """Index key: "0x" + lowercase hex keccak256 of the encoded metadata
+    (status-go: crypto.Keccak256Hash(...).String())."""
+    return "0x" + keccak256(encoded_index_metadata).hex()
+
+
+def status_go_padding(raw_size: int, piece_length: int = PIECE_LENGTH) -> int:
+    """Zero bytes status-go writes after an archive of ``raw_size`` bytes:
+    up to one piece when it fits in one, else to the next piece boundary,
+    a whole extra piece when it already ends on one."""
+    if raw_size > piece_length:
+        return piece_length - raw_size % piece_length
+    return piece_length - raw_size
+
+
+def parse_index(layout: Layout, raw: bytes, data_size: int | None = None,
+                piece_length: int = PIECE_LENGTH) -> list[IndexEntry]:
+    """The archives of an index, by offset. Checks each key against its
+    metadata, that archives tile ``data`` from 0 without gaps on piece
+    boundaries, the padding rule and, if given, the size of ``data``."""
+    layout = Layout(layout)
+    pb = _index_pb(layout, raw)
+    entries = []
+    for key, value in pb.archives.items():
+        if archive_key(value.SerializeToString()) != key:
+            raise ArchiveError(f"index key {key} is not the hash of its metadata")
+        if layout is Layout.SPEC:
+            size, padding = value.num_pieces * piece_length, 0
+        else:
+            size, padding = value.size, value.padding
+            if padding > size or padding != status_go_padding(size - padding, piece_length):
+                raise ArchiveError(f"archive {key}: size {size} and padding {padding} do not fit")
+        start, end, content_topics = _window_of(layout, value.metadata)
+        entries.append(IndexEntry(key, start, end, content_topics, value.offset, size, padding))
+    entries.sort(key=lambda e: e.offset)
+    position = 0
+    for entry in entries:
+        if entry.offset != position or entry.size <= 0 or entry.size % piece_length:
+            raise ArchiveError(f"archive {entry.archive_id} at offset {entry.offset} size {entry.size} "
+                               f"does not follow the previous one (expected offset {position})")
+        if entry.encoded_size > MAX_ARCHIVE_SIZE:
+            raise ArchiveError(f"archive {entry.archive_id} is larger than {MAX_ARCHIVE_SIZE} bytes")
+        position += entry.size
+    if data_size is not None and position != data_size:
+        raise ArchiveError(f"index covers {position} bytes of data, data holds {data_size}")
+    return entries
+
+
+def read_archive(layout: Layout, entry: IndexEntry, data: bytes, default_pubsub_topic: str,
+                 allowed_topics: Iterable[str] | None = None,
+                 channel_keys: Mapping[str, bytes] | None = None) -> Archive:
+    """Decode and check one archive: ``data`` is the ``entry.size`` bytes
+    at ``entry.offset`` of the torrent's ``data``.
+
+    Every message must carry a content topic listed in the archive (and in
+    ``allowed_topics`` when given), an ordering time inside the window, and,
+    where the archive says which message it is (status-go ``hash`` with the
+    extra fields), the hash of the rebuilt message. Padding must be zeros
+    and the archive's metadata must match the index. ``channel_keys``
+    (content topic -> :func:`channel_key`) seal decrypted status-go
+    records again. Raises ArchiveError.
+    """
+    layout = Layout(layout)
+    if len(data) != entry.size:
+        raise ArchiveError(f"archive {entry.archive_id}: got {len(data)} bytes, expected {entry.size}")
+    body = data[: entry.encoded_size]
+    if any(data[entry.encoded_size:]):
+        raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
+    metadata_raw, raw_messages = None, []
+    for number, wire, value in proto_fields(body):
+        if number == 2 and wire == _WIRE_LEN:
+            metadata_raw = value
+        elif number == 3 and wire == _WIRE_LEN:
+            raw_messages.append(value)
+        elif number == 4 and wire == _WIRE_LEN and layout is Layout.SPEC:
+            if any(value):
+                raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
+    if metadata_raw is None:
+        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+    metadata = message_codec.parse_protobuf(_metadata_class(layout), metadata_raw)
+    if metadata is None:
+        raise ArchiveError(f"archive {entry.archive_id}: undecodable metadata")
+    start, end, content_topics = _window_of(layout, metadata)
+    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
+        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
+    listed = set(content_topics)
+    allowed = set(allowed_topics) if allowed_topics is not None else None
+    messages = []
+    for i, raw in enumerate(raw_messages):
+        try:
+            item = decode_archived_message(layout, raw, default_pubsub_topic, channel_keys)
+        except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
+        topic = item.message.content_topic
+        if topic not in listed or (allowed is not None and topic not in allowed):
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
+        if not start <= item.timestamp < end:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {item.timestamp} "
+                               f"outside [{start}, {end})")
+        messages.append(item)
+    return Archive(start, end, content_topics, messages)
+
+
+# --- the magnet-link message -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MagnetLink:
+    """A CommunityMessageArchiveMagnetlink; ``clock`` in ms (status-go's
+    time source), ``signer`` the 33-byte compressed key that signed it."""
+
+    clock: int
+    magnet_uri: str
+    signer: bytes
+
+
+def encode_magnet_message(private_key: bytes, magnet_uri: str, clock: int) -> bytes:
+    """ApplicationMetadataMessage(type 43) around the magnet link, signed as
+    status-go's WrapMessageV1 does (protocol/v1/status_message.go):
+    secp256k1 over keccak256(payload), 65 bytes R||S||V with V in {0, 1}."""
+    payload = archive_magnetlink_pb2.CommunityMessageArchiveMagnetlink(
+        clock=clock, magnet_uri=magnet_uri
+    ).SerializeToString()
+    return application_metadata_pb2.ApplicationMetadataMessage(
+        signature=sign_recoverable(private_key, keccak256(payload)), payload=payload, type=_MAGNET_TYPE,
+    ).SerializeToString()
+
+
+def decode_magnet_message(raw: bytes) -> MagnetLink:
+    """The magnet link and its signer; ArchiveError for anything else."""
+    wrapper = message_codec.parse_protobuf(application_metadata_pb2.ApplicationMetadataMessage, raw)
+    if wrapper is None:
+        raise ArchiveError("not an ApplicationMetadataMessage")
+    if wrapper.type != _MAGNET_TYPE:
+        raise ArchiveError(f"application message type {wrapper.type}, expected {_MAGNET_TYPE}")
+    try:
+        signer = recover_public_key(wrapper.signature, keccak256(wrapper.payload))
+    except ProtocolError as exc:
+        raise ArchiveError(f"magnet link signature: {exc}") from None
+    link = message_codec.parse_protobuf(archive_magnetlink_pb2.CommunityMessageArchiveMagnetlink, wrapper.payload)
+    if link is None or not link.magnet_uri.startswith("magnet:?"):
+        raise ArchiveError("payload is not a CommunityMessageArchiveMagnetlink")
+    return MagnetLink(link.clock, link.magnet_uri, signer)
+
+
+def verify_magnet_message(raw: bytes, community_public_key: bytes) -> MagnetLink:
+    """:func:`decode_magnet_message`, refusing a link the control node
+    (holder of the community key) did not sign."""
+    link = decode_magnet_message(raw)
+    try:
+        expected = public_key_from_bytes(community_public_key).format(compressed=True)
+    except ProtocolError as exc:
+        raise ArchiveError(f"community key: {exc}") from None
+    if link.signer != expected:
+        raise ArchiveError(f"magnet link signed by 0x{link.signer.hex()}, not by the control node")
+    return link
+
+
+# --- private helpers ------------------------------------------------------------------
+
+
+def _index_class(layout: Layout):
+    return archive_spec_pb2.WakuMessageArchiveIndex if layout is Layout.SPEC else archive_status_go_pb2.WakuMessageArchiveIndex
+
+
+def _metadata_class(layout: Layout):
+    return archive_spec_pb2.WakuMessageArchiveMetadata if layout is Layout.SPEC else archive_status_go_pb2.WakuMessageArchiveMetadata
+
+
+def _index_pb(layout: Layout, raw: bytes):
+    if len(raw) > MAX_INDEX_SIZE:
+        raise ArchiveError(f"index of {len(raw)} bytes exceeds {MAX_INDEX_SIZE}")
+    pb = message_codec.parse_protobuf(_index_class(layout), raw)
+    if pb is None:
+        raise ArchiveError(f"index does not decode as the {layout.value} layout")
+    return pb
+
+
+def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
+    if layout is Layout.SPEC:
+        return archive_spec_pb2.WakuMessageArchiveMetadata(
+            version=SPEC_VERSION, to=window.end_ns, contentTopic=list(content_topics),
+            **{"from": window.start_ns},
+        )
+    try:
+        raw_topics = [topics.topic_bytes_from_content_topic(t) for t in content_topics]
+    except ProtocolError as exc:
+        raise ArchiveError(str(exc)) from None
+    return archive_status_go_pb2.WakuMessageArchiveMetadata(
+        to=window.end_s, contentTopic=raw_topics, **{"from": window.start_s},
+    )
+
+
+def _window_of(layout: Layout, metadata) -> tuple[int, int, tuple[str, ...]]:
+    start, end = getattr(metadata, "from"), metadata.to
+    if layout is Layout.SPEC:
+        return start, end, tuple(metadata.contentTopic)
+    try:
+        names = tuple(topics.content_topic_from_bytes(t) for t in metadata.contentTopic)
+    except ProtocolError as exc:
+        raise ArchiveError(str(exc)) from None
+    return start * NS_PER_S, end * NS_PER_S, names
+
+
+def _archive_head(layout: Layout, metadata) -> bytes:
+    version = field_varint(1, SPEC_VERSION) if layout is Layout.SPEC else b""
+    return version + field_bytes(2, metadata.SerializeToString())
+
+
+def _spec_padding_field(raw_size: int, piece_length: int) -> bytes:
+    """Field 4 of zero bytes making ``raw_size`` + the field a multiple of
+    the piece length (the field's own tag and length count too); empty when
+    the encoding already is one."""
+    if raw_size % piece_length == 0:
+        return b""
+    target = (raw_size // piece_length + 1) * piece_length
+    while True:
+        for length_size in range(1, 6):
+            n = target - raw_size - 1 - length_size
+            if n >= 0 and len(varint(n)) == length_size:
+                return b"\x22" + varint(n) + bytes(n)
+        target += piece_length
+
+

@@ -1,0 +1,76 @@
+"""Rows staged on disk for one large transaction.
+
+A Spark Connect request carries at most 128 MiB, and a week of a busy
+community is several times that; holding it in memory would cost as much
+again. Rows are appended to a Parquet file beside the table in bounded
+chunks, and the engine reads that file inside the transaction. Small
+batches stay in memory and travel in the request.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wakustore.storage import schema
+from wakustore.storage.rows import Row, to_arrow
+
+# Batches below this go in the request itself (Spark Connect's default
+# maximum message size is 128 MiB; stay well under it).
+STAGING_THRESHOLD_BYTES = 32 * 1024 * 1024
+
+# Per-row bookkeeping beyond the variable fields, for the size estimate.
+_ROW_FIXED_BYTES = 200
+
+
+class StagedRows:
+    """Collect rows; :meth:`source` returns an Arrow table or a staged path.
+
+    Use as a context manager: the staged files are removed on exit,
+    whether or not the transaction happened.
+    """
+
+    def __init__(self, table_uri: str):
+        self._local = "://" not in table_uri or table_uri.startswith("file://")
+        base = table_uri[len("file://"):] if table_uri.startswith("file://") else table_uri
+        self._dir = Path(base.rstrip("/") + "_staging") / uuid.uuid4().hex
+        self._chunk: list[Row] = []
+        self._chunk_bytes = 0
+        self._writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def __enter__(self) -> StagedRows:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def add(self, row: Row) -> None:
+        self._chunk.append(row)
+        self.rows += 1
+        m = row.message
+        self._chunk_bytes += len(m.payload) + len(m.meta) + len(m.rate_limit_proof) + _ROW_FIXED_BYTES
+        if self._chunk_bytes >= STAGING_THRESHOLD_BYTES and self._local:
+            self._spill()
+
+    def source(self) -> pa.Table | str:
+        if self._writer is None:
+            return to_arrow(self._chunk)
+        self._spill()
+        self._writer.close()
+        self._writer = None
+        return str(self._dir)
+
+    def _spill(self) -> None:
+        if self._writer is None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(str(self._dir / "rows.parquet"), schema.MESSAGES)
+        if self._chunk:
+            self._writer.write_table(to_arrow(self._chunk))
+        self._chunk, self._chunk_bytes = [], 0

@@ -1,0 +1,523 @@
+"""Community history archives between a control node and members: export,
+seeding, fetching over loopback BitTorrent, hydration of the table.
+
+Every libtorrent session here is isolated (no DHT, LSD, UPnP or NAT-PMP),
+listens on 127.0.0.1 and meets its peers by address.
+"""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import coincurve
+import pytest
+import trio
+
+from wakustore.node import archive as node_archive
+from wakustore.node import archive_cli, torrent
+from wakustore.node.archive import ArchiveSettings, Selection
+from wakustore.node.cli import _Parser
+from wakustore.node.config import NodeConfig
+from wakustore.node.store_service import open_store
+from wakustore.protocols import archive, topics, waku_v1
+from wakustore.protocols.archive import Layout
+from wakustore.protocols.message import WakuMessage
+from wakustore.protocols.store_query import HistoryQuery
+from wakustore.storage import maintenance
+
+DAY = 86400
+NS = 10**9
+T0 = 1_700_000_000  # the oldest message's second
+PUBSUB = "/waku/2/rs/16/32"
+KEY = bytes(range(1, 33))
+PUB = coincurve.PrivateKey(KEY).public_key.format()
+CID = topics.community_id(PUB)
+CHATS = ("general", "random")
+TOPICS = [topics.channel_content_topic(PUB, c) for c in CHATS]
+LOOPBACK = "127.0.0.1:0"
+
+
+@pytest.fixture
+def make_store(engine, tmp_path):
+    opened = []
+
+    def make(name):
+        config = NodeConfig(data_dir=tmp_path / name, flush_interval_s=60, flush_max_messages=100_000)
+        _, store = open_store(config, engine)
+        opened.append(store)
+        return config.data_dir, store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def settings(tmp_path, layout=Layout.STATUS_GO, **extra):
+    return ArchiveSettings(community_key=KEY, chat_ids=CHATS, archive_dir=tmp_path / "out", pubsub_topic=PUBSUB,
+                           layout=layout, trackers=(), listen=LOOPBACK, isolated=True, **extra)
+
+
+KEYS = node_archive.channel_keys(PUB, CHATS)
+SENDER = bytes(range(5, 37))
+
+
+def put_days(store, days, per_day=6, payload=200, topic_list=TOPICS):
+    """``per_day`` messages on each day in ``days`` (0 = T0's day), plus one
+    message on a topic the community does not archive. Two in three are
+    Waku v1 payloads sealed with the channel key and signed, as Status
+    sends them; the others are opaque."""
+    batch = []
+    for day in days:
+        for i in range(per_day):
+            ts = (T0 + day * DAY + i * 3600) * NS + i
+            topic = topic_list[i % len(topic_list)]
+            body = bytes([day, i]) * (payload // 2)
+            if i % 3 != 2:
+                body = waku_v1.encrypt_symmetric(body, KEYS[topic], SENDER)
+            message = WakuMessage(payload=body, content_topic=topic, version=1, timestamp=ts, meta=b"m" if i % 2 else b"")
+            batch.append((PUBSUB, message, ts + 5))
+        batch.append((PUBSUB, WakuMessage(b"other", "/other/1/x/proto", timestamp=(T0 + day * DAY) * NS + 7), 0))
+    store.put(batch)
+    store.flush()
+
+
+def hashes(store, start_s, end_s, topic_list=TOPICS):
+    found, query = [], HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(topic_list),
+                                    time_start=start_s * NS, time_end=end_s * NS, forward=True, limit=100)
+    while True:
+        page = store.query(query)
+        found += [m.message_hash for m in page.messages]
+        if page.next_cursor is None:
+            return sorted(found)
+        query = dataclasses.replace(query, cursor=page.next_cursor.message_hash)
+
+
+def seeder_for(control):
+    seeder = torrent.Seeder(torrent.open_session(LOOPBACK, isolated=True))
+    assert node_archive.seed_latest(seeder, control)
+    return seeder
+
+
+def fetch(store, data_dir, seeder, magnet, layout=Layout.STATUS_GO, **extra):
+    extra.setdefault("stall_timeout_s", 20)
+    return node_archive.fetch_archives(
+        store, data_dir, PUB, magnet, layout=layout, peers=[("127.0.0.1", seeder.port)], chat_ids=CHATS,
+        session=torrent.open_session(LOOPBACK, isolated=True), default_pubsub_topic=PUBSUB, **extra)
+
+
+def run_cli(*argv):
+    parser = _Parser(prog="wakustore")
+    archive_cli.register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    args = parser.parse_args(["archive", *argv])
+    return args.handler(args)
+
+
+@pytest.fixture
+def cli_store(monkeypatch, make_store):
+    """`archive export|fetch` on stores of the shared engine, one per
+    ``--data-dir`` name; returns name -> (data dir, store)."""
+    stores = {}
+
+    def get(name):
+        if name not in stores:
+            stores[name] = make_store(name)
+        return stores[name]
+
+    def fake_open(args):
+        data_dir, store = get(args.data_dir.name)
+        return archive_cli._OpenStore(data_dir, store, [32], 16), lambda: None
+
+    monkeypatch.setattr(archive_cli, "_open_store", fake_open)
+    return get
+
+
+# --- control node ------------------------------------------------------------------
+
+
+def test_export_cli_writes_data_index_torrent_and_prints_the_magnet(tmp_path, cli_store, capsys):
+    key_file = tmp_path / "key"
+    key_file.write_text("0x" + KEY.hex() + "\n")
+    data_dir = tmp_path / "control"
+    code = run_cli("export", "--data-dir", str(data_dir), "--community-key", str(key_file),
+                   "--chat-id", CHATS[0], "--chat-id", CHATS[1], "--archive-dir", str(tmp_path / "out"),
+                   "--now", str(T0 + 10), "--no-trackers")
+    assert code == 0 and capsys.readouterr().out == ""  # no messages yet: nothing to archive
+    put_days(cli_store("control")[1], [0, 1, 8])
+    code = run_cli("export", "--data-dir", str(data_dir), "--community-key", str(key_file),
+                   "--chat-id", CHATS[0], "--chat-id", CHATS[1], "--archive-dir", str(tmp_path / "out"),
+                   "--now", str(T0 + 14 * DAY), "--no-trackers")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and out[-1].startswith("magnet:?xt=urn:btih:") and f"dn={CID}" in out[-1]
+    community = tmp_path / "out" / CID
+    info = torrent.torrent_info((tmp_path / "out" / f"{CID}.torrent").read_bytes())
+    layout = info.layout()
+    assert info.name() == CID and info.piece_length() == 102400
+    assert [layout.file_path(i) for i in range(2)] == [f"{CID}/data", f"{CID}/index"]
+    entries = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes(), (community / "data").stat().st_size)
+    assert [(e.start_ns // NS, e.end_ns // NS) for e in entries] == [(T0, T0 + 7 * DAY), (T0 + 7 * DAY, T0 + 14 * DAY)]
+    state = json.loads((tmp_path / "out" / f"{CID}.json").read_text())
+    assert state["last_end_s"] == T0 + 14 * DAY and state["magnet"] == out[-1]
+    assert run_cli("verify", str(tmp_path / "out")) == 0
+
+
+def test_export_after_downtime_makes_one_archive_per_window_and_skips_empty_ones(tmp_path, make_store):
+    _, store = make_store("control")
+    put_days(store, [0, 1, 15, 29])
+    result = node_archive.export_community(store, settings(tmp_path), T0 + 30 * DAY)
+    assert len(result.windows) == 5
+    assert [(e.start_ns // NS - T0) // DAY for e in result.archives] == [0, 14, 28]
+    assert result.messages == 4 * 6
+    # The magnet-link message went into the node's own store, signed by the community.
+    magnets = node_archive.magnets_in_store(store, PUB, PUBSUB)
+    assert node_archive.newest_magnet(magnets, PUB).magnet_uri == result.magnet
+    assert result.message.content_topic == topics.magnet_content_topic(PUB)
+    # Nothing new: no archive, same torrent, same magnet.
+    again = node_archive.export_community(store, settings(tmp_path), T0 + 30 * DAY + 60)
+    assert again.archives == [] and again.magnet == result.magnet
+
+
+def test_windows_over_the_payload_limit_are_split_into_several_archives(tmp_path, make_store, monkeypatch):
+    _, store = make_store("control")
+    put_days(store, [0, 1], per_day=6, payload=1000)
+    monkeypatch.setattr(archive, "MAX_ARCHIVE_PAYLOAD", 2500)
+    monkeypatch.setattr(archive.Chunker.__init__, "__defaults__", (2500,))
+    result = node_archive.export_community(store, settings(tmp_path), T0 + 7 * DAY)
+    assert len(result.archives) == 6 and {(e.start_ns, e.end_ns) for e in result.archives} == {(T0 * NS, (T0 + 7 * DAY) * NS)}
+
+
+def test_an_unfinished_export_is_cut_off_and_redone(tmp_path, make_store):
+    _, store = make_store("control")
+    put_days(store, [0])
+    control = settings(tmp_path)
+    node_archive.export_community(store, control, T0 + 7 * DAY)
+    data = tmp_path / "out" / CID / "data"
+    before = data.read_bytes()
+    with open(data, "ab") as f:
+        f.write(b"half an archive")
+    put_days(store, [8])
+    node_archive.export_community(store, control, T0 + 14 * DAY)
+    assert data.read_bytes()[: len(before)] == before
+    problems, _ = node_archive.verify_archive_set(tmp_path / "out" / CID)
+    assert problems == []
+
+
+def test_verify_reports_corruption_and_exits_1(tmp_path, make_store, capsys):
+    _, store = make_store("control")
+    put_days(store, [0, 2])
+    node_archive.export_community(store, settings(tmp_path), T0 + 7 * DAY)
+    data = tmp_path / "out" / CID / "data"
+    raw = bytearray(data.read_bytes())
+    raw[300] ^= 0x01
+    raw[-1] = 0x55
+    data.write_bytes(bytes(raw))
+    assert run_cli("verify", str(tmp_path / "out" / CID)) == 1
+    out = capsys.readouterr().out
+    assert "fail their hash" in out and "padding" in out
+
+
+def test_scheduler_exports_seeds_the_latest_and_unlocks_retention(tmp_path, make_store):
+    import time
+
+    _, store = make_store("control")
+    now = int(time.time())
+    batch = [(PUBSUB, WakuMessage(b"x%d" % i, TOPICS[i % 2], timestamp=(now - 7200 + i * 600) * NS), 0) for i in range(10)]
+    store.put(batch)
+    control = settings(tmp_path, interval_s=3600)
+    assert node_archive.seeded_until_ns(control.archive_dir, [CID]) == 0
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            seeder = await nursery.start(node_archive.run_archive_scheduler, None, store, control)
+            with trio.fail_after(60):
+                while seeder.handle is None or not seeder.handle.status().is_seeding:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+        return seeder
+
+    seeder = trio.run(main)
+    assert seeder.handle is None  # stopped on the way out
+    state = json.loads(control.state_path.read_text())
+    keep_from = node_archive.seeded_until_ns(control.archive_dir, [CID])
+    assert keep_from == state["seeded_end_s"] * NS == state["last_end_s"] * NS >= now * NS
+    # Retention may delete what is archived and seeded, never what is newer.
+    newer = WakuMessage(b"newer", TOPICS[0], timestamp=keep_from + 100 * NS)
+    store.put([(PUBSUB, newer, 0)])
+    store.flush()
+    policy = maintenance.RetentionPolicy(max_age_s=60)
+    result = maintenance.apply_retention(store.table, policy, keep_from + 3600 * NS, keep_from_ns=keep_from)
+    # Left: the newer message, and the magnet-link message stamped at the export's end.
+    assert result.cutoff_ns == keep_from and result.rows_after == 2
+
+
+# --- member ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(Layout))
+def test_member_fetches_everything_then_only_the_new_archive(tmp_path, make_store, monkeypatch, layout):
+    # Stage every few rows on disk: each window still commits as one transaction.
+    from wakustore.storage import staging
+
+    monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 3000)
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path, layout)
+    put_days(control_store, [0, 3, 8, 12])
+    put_days(member_store, [2], topic_list=TOPICS[:1])  # held by the member, not by the control node: goes away
+    first = node_archive.export_community(control_store, control, T0 + 14 * DAY)
+    data_v1 = (tmp_path / "out" / CID / "data").read_bytes()
+    seeder = seeder_for(control)
+    try:
+        got = fetch(member_store, member_dir, seeder, first.magnet, layout, clock=1)
+        assert len(got.imported) == 2 and got.rejected == {}
+        assert hashes(member_store, T0, T0 + 14 * DAY) == hashes(control_store, T0, T0 + 14 * DAY)
+        assert len(hashes(member_store, T0, T0 + 14 * DAY)) == 24
+
+        put_days(control_store, [15, 16])
+        second = node_archive.export_community(control_store, control, T0 + 21 * DAY)
+        assert (tmp_path / "out" / CID / "data").read_bytes()[: len(data_v1)] == data_v1
+        node_archive.seed_latest(seeder, control)
+        got = fetch(member_store, member_dir, seeder, second.magnet, layout, clock=2)
+        (new,) = second.archives
+        index_pieces = set(range(second_data_pieces(tmp_path), torrent_pieces(control)))
+        assert got.imported == [new.archive_id]
+        assert got.downloaded_pieces == set(new.pieces()) | index_pieces
+        assert hashes(member_store, T0, T0 + 21 * DAY) == hashes(control_store, T0, T0 + 21 * DAY)
+        stale = fetch(member_store, member_dir, seeder, second.magnet, layout, clock=2)
+        assert stale.ignored and stale.imported == []
+    finally:
+        seeder.stop()
+
+
+def second_data_pieces(tmp_path):
+    return (tmp_path / "out" / CID / "data").stat().st_size // archive.PIECE_LENGTH
+
+
+def torrent_pieces(control):
+    return torrent.torrent_info(control.torrent_path.read_bytes()).num_pieces()
+
+
+@pytest.mark.slow
+def test_range_fetch_imports_only_the_overlapping_windows(tmp_path, make_store):
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0, 8, 15])
+    result = node_archive.export_community(control_store, control, T0 + 21 * DAY)
+    seeder = seeder_for(control)
+    try:
+        got = fetch(member_store, member_dir, seeder, result.magnet,
+                    selection=Selection("range", T0 + 8 * DAY, T0 + 9 * DAY))
+    finally:
+        seeder.stop()
+    middle = result.archives[1]
+    assert got.imported == [middle.archive_id] and got.downloaded_pieces - set(middle.pieces()) <= {
+        torrent_pieces(control) - 1}
+    assert len(hashes(member_store, T0, T0 + 21 * DAY)) == 6 == len(hashes(member_store, T0 + 7 * DAY, T0 + 14 * DAY))
+
+
+@pytest.mark.slow
+def test_fetch_cli_uses_the_newest_signed_link_in_the_local_store_and_ignores_forged_ones(tmp_path, cli_store, capsys):
+    _, control_store = cli_store("control")
+    member_dir, member_store = cli_store("member")
+    put_days(control_store, [0, 1])
+    control = settings(tmp_path)
+    result = node_archive.export_community(control_store, control, T0 + 7 * DAY)
+    forger = bytes(range(7, 39))
+    forged = node_archive.magnet_waku_message(forger, "magnet:?xt=urn:btih:" + "11" * 20, 10**15, (T0 + 8 * DAY) * NS)
+    forged = WakuMessage(forged.payload, topics.magnet_content_topic(PUB), timestamp=forged.timestamp)
+    member_store.put([(PUBSUB, result.message, 0), (PUBSUB, forged, 0)])
+    port = _free_port()
+    seeding = subprocess.Popen(  # `wakustore archive seed`, until SIGTERM
+        [sys.executable, "-c", SEED_CLI, "seed", "--archive-dir", str(control.archive_dir),
+         "--community-pubkey", PUB.hex(), "--port", str(port), "--listen-host", "127.0.0.1", "--isolated"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert seeding.stdout.readline().strip() == result.magnet
+        argv = ["fetch", "--data-dir", str(member_dir), "--community-pubkey", PUB.hex(), "--latest",
+                "--chat-id", CHATS[0], "--chat-id", CHATS[1],
+                "--seed-peer", f"127.0.0.1:{port}", "--listen-host", "127.0.0.1", "--isolated",
+                "--timeout", "20"]
+        assert run_cli(*argv) == 0
+        captured = capsys.readouterr()
+        assert "not by the control node" in captured.err
+        assert json.loads(captured.out.strip().splitlines()[-1])["imported"] == 1
+        assert run_cli(*argv) == 0  # the same link again: stale, nothing done
+        assert "not newer" in capsys.readouterr().err
+    finally:
+        seeding.terminate()
+        assert seeding.wait(timeout=20) == 0
+    assert len(hashes(member_store, T0, T0 + 7 * DAY)) == 12
+
+
+SEED_CLI = """
+import sys
+from wakustore.node import archive_cli
+from wakustore.node.cli import _Parser
+parser = _Parser(prog="wakustore")
+archive_cli.register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+args = parser.parse_args(["archive", *sys.argv[1:]])
+sys.exit(args.handler(args))
+"""
+
+
+@pytest.mark.slow
+def test_a_corrupted_piece_never_reaches_the_table(tmp_path, make_store):
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0, 1])
+    result = node_archive.export_community(control_store, control, T0 + 7 * DAY)
+    seeder = seeder_for(control)
+    try:
+        data = tmp_path / "out" / CID / "data"
+        with open(data, "r+b") as f:  # after libtorrent checked it: served as it is now
+            f.seek(500)
+            byte = f.read(1)
+            f.seek(500)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(torrent.TorrentError):
+            fetch(member_store, member_dir, seeder, result.magnet, clock=1, stall_timeout_s=4)
+    finally:
+        seeder.stop()
+    assert hashes(member_store, T0, T0 + 7 * DAY) == []
+    record = json.loads((member_dir / "archives" / f"{CID}.json").read_text()) \
+        if (member_dir / "archives" / f"{CID}.json").exists() else {"imported": [], "last_clock": 0}
+    assert record["imported"] == [] and record["last_clock"] == 0
+
+
+@pytest.mark.slow
+def test_an_archive_that_fails_its_checks_is_rejected_whole(tmp_path, make_store):
+    """A torrent the control node signed whose archive carries a message on
+    a foreign topic: the window is not touched."""
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0])
+    put_days(member_store, [1], topic_list=TOPICS[:1])
+    node_archive.export_community(control_store, control, T0 + 7 * DAY)
+    # Re-issue the archive listing one topic fewer than it carries.
+    community = tmp_path / "out" / CID
+    (entry,) = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes())
+    original = archive.read_archive(Layout.STATUS_GO, entry, (community / "data").read_bytes(), PUBSUB, None, KEYS)
+    items = [archive.encode_archived_message(Layout.STATUS_GO, m.pubsub_topic, m.message, m.arrival_ns,
+                                             KEYS.get(m.message.content_topic)).data for m in original.messages]
+    writer = archive.ArchiveWriter(Layout.STATUS_GO)
+    (community / "data").write_bytes(writer.add(archive.Window(T0, T0 + 7 * DAY), TOPICS[:1], items))
+    (community / "index").write_bytes(writer.index_bytes())
+    control.torrent_path.write_bytes(torrent.create_torrent(control.archive_dir, CID, archive.PIECE_LENGTH, ()))
+    magnet = torrent.magnet_uri(control.torrent_path.read_bytes())
+    before = hashes(member_store, T0, T0 + 7 * DAY)
+    seeder = seeder_for(control)
+    try:
+        got = fetch(member_store, member_dir, seeder, magnet)
+    finally:
+        seeder.stop()
+    assert list(got.rejected) == [writer.entries[0].archive_id] and got.imported == []
+    assert "not the community's" in next(iter(got.rejected.values()))
+    assert hashes(member_store, T0, T0 + 7 * DAY) == before != []
+
+
+# --- an external BitTorrent client ----------------------------------------------------
+
+
+def ensure_aria2c() -> str:
+    """aria2c, installed from Debian when missing; the test fails without it."""
+    path = shutil.which("aria2c")
+    if path:
+        return path
+    install = ["apt-get", "install", "-y", "aria2"]
+    if subprocess.run(install, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True)
+        subprocess.run(install, capture_output=True)
+    path = shutil.which("aria2c")
+    if path is None:
+        pytest.fail("aria2c is not installed and `apt-get install -y aria2` did not install it")
+    return path
+
+
+@pytest.mark.slow
+def test_aria2c_downloads_what_we_seed_byte_for_byte(tmp_path, make_store):
+    aria2c = ensure_aria2c()
+    _, store = make_store("control")
+    put_days(store, [0, 3, 8])
+    control = settings(tmp_path)
+    node_archive.export_community(store, control, T0 + 14 * DAY)
+    seeder = seeder_for(control)
+    port = _free_port()
+    out = tmp_path / "aria2"
+    process = subprocess.Popen(
+        [aria2c, "--enable-dht=false", "--enable-dht6=false", "--bt-enable-lpd=false",
+         "--enable-peer-exchange=false", "--bt-exclude-tracker=*", f"--listen-port={port}",
+         "--seed-time=0", "--bt-stop-timeout=30", "--check-integrity=true", "--file-allocation=none",
+         "--summary-interval=0", "--console-log-level=warn", f"--dir={out}", str(control.torrent_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        # aria2c is given no peer: the seeder dials it by address.
+        deadline = 40
+        while process.poll() is None and deadline > 0:
+            seeder.handle.connect_peer(("127.0.0.1", port))
+            seeder.poll()
+            try:
+                process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                deadline -= 1
+        output = process.communicate(timeout=5)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        seeder.stop()
+    assert process.returncode == 0, output
+    for name in ("data", "index"):
+        assert (out / CID / name).read_bytes() == (tmp_path / "out" / CID / name).read_bytes()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_fetch_cli_finds_the_magnet_link_on_a_store_node(tmp_path, engine, cli_store, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from store_node_harness import NodeThread, node_config
+
+    _, control_store = cli_store("control")
+    member_dir, member_store = cli_store("member")
+    put_days(control_store, [0])
+    control = settings(tmp_path)
+    result = node_archive.export_community(control_store, control, T0 + 7 * DAY)
+    node = NodeThread(node_config(tmp_path / "store-node"), engine).start()
+    seeder = seeder_for(control)
+    try:
+        node.service.store.put([(PUBSUB, result.message, 0)])
+        code = run_cli("fetch", "--data-dir", str(member_dir), "--community-pubkey", PUB.hex(),
+                       "--peer", node.tcp_addr, "--pubsub-topic", PUBSUB, "--chat-id", CHATS[0], "--chat-id", CHATS[1],
+                       "--seed-peer", f"127.0.0.1:{seeder.port}", "--listen-host", "127.0.0.1", "--isolated")
+    finally:
+        seeder.stop()
+        node.stop()
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["imported"] == 1
+    assert len(hashes(member_store, T0, T0 + 7 * DAY)) == 6
+
+
+@pytest.mark.slow
+def test_bench_archive_reports_export_memory_and_hydrate_rate(tmp_path, capsys):
+
+    from wakustore.node.cli import build_parser
+
+    out = tmp_path / "bench.json"
+    args = build_parser().parse_args(["bench", "archive", "--messages", "400", "--days", "14", "--json", str(out)])
+    assert args.handler(args) == 0
+    report = json.loads(out.read_text())
+    assert report["member_matches_control"] and report["export"]["messages"] == report["fetch"]["messages"] == 400
+    assert report["export"]["archives"] == 2 and report["export"]["msgs_per_s"] > 0
+    assert report["fetch"]["hydrate_msgs_per_s"] > 0 and report["export"]["peak_rss_mb"]["node"] > 0
+    assert "export :" in capsys.readouterr().out
