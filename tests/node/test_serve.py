@@ -171,3 +171,58 @@ def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
                            "--listen-host", "127.0.0.1")
     assert result.returncode == 1
     assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
+
+
+def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
+    """With an archive key configured, serve runs the archive scheduler:
+    the past windows are exported, seeded, and their magnet link stored."""
+    import coincurve
+
+    from wakustore.protocols import topics
+
+    key = bytes(range(1, 33))
+    key_file = tmp_path / "community.key"
+    key_file.write_text(key.hex())
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'archive_key_file = "{key_file}"\narchive_chat_ids = ["general"]\narchive_listen = "127.0.0.1:0"\n'
+    )
+    data_dir = tmp_path / "control"
+    pubkey = coincurve.PrivateKey(key).public_key.format()
+    channel = topics.channel_content_topic(pubkey, "general")
+    # Three weeks of history, imported before the node starts.
+    jsonl = tmp_path / "history.jsonl"
+    now = time.time_ns()
+    jsonl.write_text("".join(
+        json.dumps({"pubsub_topic": "/waku/2/rs/%d/3" % CLUSTER_ID, "content_topic": channel,
+                    "payload": (b"history-%d" % i).hex(), "timestamp": now - (i + 1) * 3600 * 10**9 * 5})
+        + "\n" for i in range(100)
+    ))
+    result = subprocess.run([sys.executable, "-m", "wakustore", "db", "import", "--data-dir", str(data_dir),
+                             "--from-jsonl", str(jsonl)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    server = ServeProcess(data_dir, "--config", str(config))
+    try:
+        printed = server.wait_ready()
+        assert any(line.startswith("seeding community archives on port ") for line in printed)
+        community = topics.community_id(pubkey)
+        archives = data_dir / "archives"
+        torrent = archives / f"{community}.torrent"
+        deadline = time.monotonic() + 120
+        while not torrent.is_file() and time.monotonic() < deadline:
+            time.sleep(0.5)  # the first export runs right after start
+        assert (archives / community / "data").stat().st_size > 0
+        assert (archives / community / "index").stat().st_size > 0
+        assert (archives / f"{community}.torrent").is_file()
+        # The signed magnet link went into the node's own store.
+        magnet_topic = topics.magnet_content_topic(pubkey)
+        query = subprocess.run(
+            [sys.executable, "-m", "wakustore", "query", "--peer", printed[0], "--pubsub-topic",
+             "/waku/2/rs/%d/3" % CLUSTER_ID, "--content-topic", magnet_topic, "--json"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert query.returncode == 0, query.stderr
+        assert len(query.stdout.splitlines()) >= 1
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
