@@ -12,6 +12,7 @@ from typing import Any
 
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
+from wakustore.protocols import topics
 from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
 
 ENV_PREFIX = "WAKUSTORE_"
@@ -63,6 +64,10 @@ class NodeConfig:
     archive_dir: str = ""  # default <data_dir>/archives
     archive_layout: str = "status-go"
     archive_listen: str = "0.0.0.0:0"  # BitTorrent listen address
+    # Member of communities: follow their magnet links (public keys, hex)
+    # and import their archives; BitTorrent peers to dial besides the swarm.
+    archive_follow: list[str] = field(default_factory=list)
+    archive_seed_peers: list[str] = field(default_factory=list)
 
     @property
     def archives(self) -> Path:
@@ -97,6 +102,15 @@ class NodeConfig:
             raise ConfigError("shards must lie in 0..1023")
         if self.archive_layout not in ("status-go", "spec"):
             raise ConfigError(f"archive_layout must be 'status-go' or 'spec', got {self.archive_layout!r}")
+        for pubkey in self.archive_follow:
+            try:
+                topics.community_id(bytes.fromhex(pubkey.removeprefix("0x")))
+            except (ValueError, ProtocolError) as exc:
+                raise ConfigError(f"archive_follow: {pubkey!r} is not a community public key ({exc})") from None
+        try:
+            parse_peers(self.archive_seed_peers)
+        except ValueError as exc:
+            raise ConfigError(f"archive_seed_peers: {exc}") from None
         if self.archive_key_file and not Path(self.archive_key_file).is_file():
             raise ConfigError(f"archive_key_file {self.archive_key_file} does not exist")
         if self.flush_interval_s <= 0 or self.flush_max_messages <= 0:
@@ -167,7 +181,7 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
-    if name in ("relay_peers", "archive_chat_ids"):
+    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers"):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):
@@ -185,3 +199,14 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: cannot use {value!r}") from None
+
+
+def parse_peers(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """``host:port`` strings to (host, port) pairs; ValueError on a bad one."""
+    peers = []
+    for value in values:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"not host:port: {value!r}")
+        peers.append((host.strip("[]"), int(port)))
+    return tuple(peers)

@@ -109,6 +109,22 @@ async def _run_archives(config, service, relay, *, task_status=trio.TASK_STATUS_
     )
 
 
+async def _follow_community(config, service, pubkey_hex: str) -> None:
+    """Member mode for one community (see node/archive_member.py)."""
+    from wakustore.node.archive_member import MemberSettings, parse_peers, run_archive_member
+    from wakustore.protocols import topics
+
+    settings = MemberSettings(
+        community_public_key=bytes.fromhex(pubkey_hex.removeprefix("0x")),
+        data_dir=config.data_dir,
+        pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0]),
+        chat_ids=tuple(config.archive_chat_ids),
+        layout=config.archive_layout,
+        peers=parse_peers(config.archive_seed_peers),
+    )
+    await run_archive_member(service.store, settings, limiter=service.limiter)
+
+
 async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     """Store, then libp2p host on top of it; on SIGINT/SIGTERM the host
     stops first (no new requests), then the store commits and stops."""
@@ -149,6 +165,8 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                 if config.archive_key_file:
                     seeder = await nursery.start(_run_archives, config, service, relay)
                     print(f"seeding community archives on port {seeder.port}", flush=True)
+                for pubkey in config.archive_follow:
+                    nursery.start_soon(_follow_community, config, service, pubkey)
                 print("wakustore node ready; table " + config.messages_uri, flush=True)
                 async for signum in signals:
                     log.info("signal %s: committing and stopping", signal.Signals(signum).name)
