@@ -31,7 +31,7 @@ from pathlib import Path
 import trio
 
 from wakustore.node.cli import UsageError, parse_hex
-from wakustore.node.db_cli import MAX_JSONL_LINE, message_from_json, message_to_json
+from wakustore.node.db_cli import iter_jsonl, message_to_json
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FramingError, ProtocolError
 from wakustore.protocols.framing import (
@@ -346,20 +346,7 @@ async def _push_one(client: StoreClient, pubsub_topic: str, message: WakuMessage
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, WakuMessage]]:
-    messages = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if len(line) > MAX_JSONL_LINE:
-                raise UsageError(f"line {number}: longer than {MAX_JSONL_LINE} characters")
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"line {number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise UsageError(f"line {number}: not a message object")
-            messages.append(message_from_json(obj, f"line {number}"))
+    messages = list(iter_jsonl(path))
     if not messages:
         raise UsageError(f"--from-jsonl: {path} holds no messages")
     return messages

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from wakustore.node import config as node_config
@@ -144,6 +145,26 @@ def message_from_json(obj: dict, where: str) -> tuple[str, WakuMessage]:
     return pubsub, message
 
 
+def iter_jsonl(path: Path) -> Iterator[tuple[str, WakuMessage]]:
+    """(pubsub topic, message) per line of a JSON Lines file, streamed;
+    UsageError naming the line for anything malformed or over the bounds."""
+    with open(path, encoding="utf-8") as handle:
+        number = 0
+        while line := handle.readline(MAX_JSONL_LINE + 1):  # never reads an unbounded line
+            number += 1
+            if len(line) > MAX_JSONL_LINE:
+                raise UsageError(f"line {number}: longer than {MAX_JSONL_LINE} characters")
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"line {number}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise UsageError(f"line {number}: not a message object")
+            yield message_from_json(obj, f"line {number}")
+
+
 def _import(args) -> int:
     from wakustore.protocols.message import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -152,31 +173,21 @@ def _import(args) -> int:
     config, engine, store = _open(args)
     total = accepted = 0
     try:
-        with open(args.from_jsonl, encoding="utf-8") as handle:
-            batch = []
-            for number, line in enumerate(handle, 1):
-                if len(line) > MAX_JSONL_LINE:
-                    raise UsageError(f"line {number}: longer than {MAX_JSONL_LINE} characters")
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"line {number}: invalid JSON ({exc.msg})") from None
-                pubsub, message = message_from_json(obj, f"line {number}")
-                if len(message.payload) > DEFAULT_MAX_MESSAGE_SIZE:
-                    raise UsageError(f"line {number}: payload exceeds {DEFAULT_MAX_MESSAGE_SIZE} bytes")
-                batch.append((pubsub, message, message.timestamp or time.time_ns()))
-                if len(batch) >= IMPORT_BATCH:
-                    accepted += store.put(batch).accepted
-                    total += len(batch)
-                    batch = []
-                    store.flush()
-                    print(f"imported {total} messages ({accepted} new)", file=sys.stderr, flush=True)
-            if batch:
+        batch = []
+        for pubsub, message in iter_jsonl(args.from_jsonl):
+            if len(message.payload) > DEFAULT_MAX_MESSAGE_SIZE:
+                raise UsageError(f"payload of {len(message.payload)} bytes exceeds {DEFAULT_MAX_MESSAGE_SIZE}")
+            batch.append((pubsub, message, message.timestamp or time.time_ns()))
+            if len(batch) >= IMPORT_BATCH:
                 accepted += store.put(batch).accepted
                 total += len(batch)
-            store.flush()
+                batch = []
+                store.flush()
+                print(f"imported {total} messages ({accepted} new)", file=sys.stderr, flush=True)
+        if batch:
+            accepted += store.put(batch).accepted
+            total += len(batch)
+        store.flush()
         print(f"imported {total} messages ({accepted} new)", file=sys.stderr, flush=True)
     finally:
         store.close()
