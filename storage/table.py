@@ -102,7 +102,7 @@ class DeltaTableRef:
                 except Exception:
                     # A Sail cluster has no CREATE TABLE for path tables: an
                     # empty append creates the table (schema version 1 implied).
-                    empty = spark.createDataFrame(arrow_schema.empty_table())
+                    empty = spark.createDataFrame([], _spark_schema(spark, arrow_schema))
                     empty.write.format("delta").mode("append").partitionBy(partition).save(self.uri)
 
             self.engine.run(create)
