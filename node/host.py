@@ -99,7 +99,11 @@ def listen_addrs(config: NodeConfig) -> list[multiaddr.Multiaddr]:
     ]
 
 
-def check_ports_free(config: NodeConfig) -> None:
+ALL_PORTS = ("tcp_port", "ws_port", "metrics_port", "mailserver_port")
+LIBP2P_PORTS = ("tcp_port", "ws_port")
+
+
+def check_ports_free(config: NodeConfig, names: tuple[str, ...] = ALL_PORTS) -> None:
     """Raise :class:`HostError` when a listen port is already taken.
 
     py-libp2p's TCP listener sets SO_REUSEPORT, so a second process on the
@@ -109,7 +113,7 @@ def check_ports_free(config: NodeConfig) -> None:
     Port 0 is always free.
     """
     family = socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET
-    for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port"):
+    for name in names:
         port = getattr(config, name)
         if port == 0:
             continue
@@ -135,7 +139,7 @@ async def running_host(
 ):
     """Run a host serving ``handlers`` (protocol id -> handler); yield
     ``(host, HostInfo)``. Listeners close when the block exits."""
-    check_ports_free(config)
+    check_ports_free(config, LIBP2P_PORTS)
     if key_pair is None:
         key_pair = load_or_create_key(config.data_dir)
     addrs = listen_addrs(config)

@@ -226,3 +226,26 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
     finally:
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=60) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_on_fixed_ports_binds_every_listener_once(tmp_path):
+    """As `make run` does: every port given, none of them 0."""
+    ports = {name: _free_port() for name in ("--tcp-port", "--ws-port", "--metrics-port", "--mailserver-port")}
+    server = ServeProcess(tmp_path / "fixed", *[v for kv in ports.items() for v in (kv[0], str(kv[1]))])
+    try:
+        printed = server.wait_ready()
+        assert any(f"/tcp/{ports['--tcp-port']}/p2p/" in line for line in printed)
+        assert any(line.endswith(f":{ports['--mailserver-port']}") and line.startswith("enode://") for line in printed)
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['--metrics-port']}/health", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
