@@ -1,7 +1,6 @@
 """`wakustore bench store` runs end to end and reports every figure."""
 
 import json
-import os
 
 import pytest
 
@@ -39,8 +38,6 @@ def test_non_empty_data_dir_is_refused(tmp_path):
         bench_store.run_store_bench(parse("--messages", "10", "--data-dir", str(tmp_path)))
 
 
-@pytest.mark.skipif(bench_sql.find_postgres_bin() is None and os.geteuid() != 0,
-                    reason="PostgreSQL is not installed and cannot be installed without root")
 def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
     out = tmp_path / "bench.json"
     args = parse("--messages", "3000", "--compare", "sqlite,postgres", "--queries", "40",
@@ -82,9 +79,7 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
 
 
 def test_postgres_server_directory_is_removed_after_stop():
-    directory = bench_sql.find_postgres_bin()
-    if directory is None:
-        pytest.skip("PostgreSQL is not installed")
+    directory = bench_sql.ensure_postgres()  # installs Debian's package when missing (CI runs as root)
     server = bench_sql.PostgresServer(directory)
     try:
         server.start()
