@@ -86,7 +86,7 @@ async def _handle(stream: trio.SocketStream, metrics: NodeMetrics, health: Calla
                     request = event
                 else:
                     return
-            status, body, content_type = _route(request, metrics, health)
+            status, body, content_type = await _route(request, metrics, health)
             headers = [("content-type", content_type), ("content-length", str(len(body))), ("connection", "close")]
             await stream.send_all(connection.send(h11.Response(status_code=status, headers=headers)))
             await stream.send_all(connection.send(h11.Data(data=body)))
@@ -97,7 +97,7 @@ async def _handle(stream: trio.SocketStream, metrics: NodeMetrics, health: Calla
         await stream.aclose()
 
 
-def _route(request: h11.Request, metrics: NodeMetrics, health: Callable[[], dict]) -> tuple[int, bytes, str]:
+async def _route(request: h11.Request, metrics: NodeMetrics, health: Callable[[], dict]) -> tuple[int, bytes, str]:
     if request.method != b"GET":
         return 405, b"method not allowed\n", "text/plain"
     path = request.target.split(b"?", 1)[0]
@@ -105,7 +105,8 @@ def _route(request: h11.Request, metrics: NodeMetrics, health: Callable[[], dict
         return 200, metrics.exposition(), CONTENT_TYPE_LATEST
     if path == b"/health":
         try:
-            report = health()
+            # The engine probe blocks (up to its timeout): not on the event loop.
+            report = await trio.to_thread.run_sync(health)
         except Exception as exc:  # a failing probe is itself a health answer
             report = {"ok": False, "error": str(exc)}
         return (200 if report.get("ok") else 503), json.dumps(report).encode() + b"\n", "application/json"
