@@ -62,6 +62,16 @@ class RowCodec(Generic[R]):
     partition_column: str
 
 
+class BufferFull(Exception):
+    """The write path holds its maximum of uncommitted rows (the engine is
+    down or slower than ingest); the caller should answer "busy"."""
+
+
+# Rows allowed to wait for a commit: at ~1 KB each, ~200 MB; with one
+# commit a second that is minutes of a busy node's traffic.
+DEFAULT_MAX_PENDING = 200_000
+
+
 class BoundedSet:
     """An insertion-ordered set that forgets its oldest members past ``capacity``."""
 
@@ -90,6 +100,7 @@ class WritePath(Generic[R]):
         flush_interval_s: float,
         flush_max_rows: int,
         key_filter: KeyFilter | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ):
         self.table = table
         self.codec = codec
@@ -103,6 +114,7 @@ class WritePath(Generic[R]):
         self._inflight: dict[bytes, R] = {}
         self._recent = BoundedSet(recent_keys)
         self.key_filter = key_filter
+        self.max_pending = max_pending
         self.appended_rows = 0
         self.merged_rows = 0
         self._last_flush = time.monotonic()
@@ -125,8 +137,13 @@ class WritePath(Generic[R]):
         return replayed
 
     def put(self, rows: Sequence[R]) -> tuple[int, int]:
-        """Log and buffer the rows not seen recently; returns (accepted, duplicates)."""
+        """Log and buffer the rows not seen recently; returns (accepted, duplicates).
+
+        Raises :class:`BufferFull` (nothing stored) when the rows waiting for
+        a commit reach ``max_pending``."""
         with self._lock:
+            if len(self._buffer) + len(self._inflight) >= self.max_pending:
+                raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
             fresh: dict[bytes, R] = {}
             for row in rows:
                 key = self.codec.key(row)

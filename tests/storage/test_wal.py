@@ -81,3 +81,26 @@ def test_records_survive_a_killed_writer(tmp_path):
     assert result.returncode == -9
     bodies = [body for _, body in WriteAheadLog(tmp_path).replay()]
     assert bodies == [b"durable-%d" % i for i in range(100)]
+
+
+def test_write_path_refuses_new_rows_past_its_pending_bound(tmp_path):
+    from wakustore.storage.message_store import MESSAGE_CODEC
+    from wakustore.storage.rows import Row
+    from wakustore.storage.write_path import BufferFull, WritePath
+    from wakustore.protocols.message import WakuMessage
+
+    class Down:
+        is_embedded = True
+
+        def run(self, fn, retry=True):
+            raise RuntimeError("engine down")
+
+    from wakustore.storage.table import DeltaTableRef
+
+    path = WritePath(DeltaTableRef(Down(), str(tmp_path / "t")), tmp_path / "wal", MESSAGE_CODEC,
+                     recent_keys=100, flush_interval_s=1, flush_max_rows=10, max_pending=5)
+    rows = [Row.build("/p", WakuMessage(b"%d" % i, "/c"), 0) for i in range(8)]
+    assert path.put(rows[:5]) == (5, 0)
+    with pytest.raises(BufferFull):
+        path.put(rows[5:])
+    assert path.pending == 5 and path.wal_depth == 5  # nothing of the refused batch was logged
