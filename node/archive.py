@@ -201,17 +201,25 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
 
 
 def magnet_waku_message(private_key: bytes, magnet_uri: str, clock_ms: int, timestamp_ns: int) -> WakuMessage:
-    """The WakuMessage to publish on the community's magnet topic.
+    """The WakuMessage to publish on the community's magnet topic, in the
+    form status-go sends and reads.
 
-    Its payload is the signed ApplicationMetadataMessage itself. status-go
-    additionally wraps it in its encryption layer (a ProtocolMessage, then
-    Waku v1 symmetric encryption with a key derived from the chat id) before
-    relaying; a store node publishes the plain form.
+    The signed ApplicationMetadataMessage (:func:`archive.encode_magnet_message`)
+    is wrapped in status-go's encryption layer (a ProtocolMessage carrying it
+    as ``public_message``) and then Waku v1 symmetrically encrypted with the
+    key status-go derives from the chat id ``<community id>-magnetlinks``,
+    the transport payload signed by the community key
+    (:func:`archive.wrap_magnet_for_status`); ``version`` is 1, as status-go
+    sets for such payloads. The content topic is the magnet chat's. Readers
+    here (:func:`newest_magnet`) also accept the plain
+    ApplicationMetadataMessage published before.
     """
     public_key = private_key_from_bytes(private_key).public_key.format(compressed=True)
+    app_metadata = archive.encode_magnet_message(private_key, magnet_uri, clock_ms)
     return WakuMessage(
-        payload=archive.encode_magnet_message(private_key, magnet_uri, clock_ms),
+        payload=archive.wrap_magnet_for_status(app_metadata, topics.magnet_chat_id(public_key), private_key),
         content_topic=topics.magnet_content_topic(public_key),
+        version=1,
         timestamp=timestamp_ns,
     )
 
@@ -369,12 +377,15 @@ class FetchResult:
 
 
 def newest_magnet(payloads: Iterable[bytes], community_public_key: bytes, report: Report = _quiet) -> MagnetLink | None:
-    """The newest magnet link among ``payloads`` signed by the control
-    node; forged or malformed ones are reported and skipped."""
+    """The newest magnet link among ``payloads`` (WakuMessage payloads from
+    the magnet topic, status-go's wrapped form or the plain one: see
+    :func:`archive.unwrap_magnet_payload`) signed by the control node;
+    forged or malformed ones are reported and skipped."""
     newest = None
+    chat_id = topics.magnet_chat_id(community_public_key)
     for payload in payloads:
         try:
-            link = archive.verify_magnet_message(payload, community_public_key)
+            link = archive.verify_magnet_message(archive.unwrap_magnet_payload(payload, chat_id), community_public_key)
         except ArchiveError as exc:
             report(f"ignoring a magnet-link message: {exc}")
             continue
@@ -384,7 +395,8 @@ def newest_magnet(payloads: Iterable[bytes], community_public_key: bytes, report
 
 
 def magnets_in_store(store, community_public_key: bytes, pubsub_topic: str) -> list[bytes]:
-    """Payloads of the messages on the community's magnet topic in ``store``."""
+    """Payloads of the messages on the community's magnet topic in ``store``,
+    as published (wrapped or plain): :func:`newest_magnet` unwraps them."""
     query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
                          forward=True, limit=MAX_PAGE_SIZE)
     payloads = []

@@ -2,7 +2,10 @@
 its history from the archives they point to.
 
 The node watches its own store for messages on the community's magnet
-topic (they arrive by relay or lightpush like any other message). A link
+topic (they arrive by relay or lightpush like any other message). Their
+payloads are unwrapped first (status-go's encrypted wire form or the plain
+ApplicationMetadataMessage: :func:`wakustore.protocols.archive.unwrap_magnet_payload`,
+done by :func:`newest_magnet`). A link
 is acted on only when it is signed by the control node, newer than the
 last one imported, and no newer link has appeared for a quiet period
 (status-go waits 20 s, since a control node may publish several links in

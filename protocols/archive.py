@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from wakustore.protocols import message_codec, topics
+from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: the archive API)
     NS_PER_S,
     ArchivedMessage,
@@ -38,12 +39,13 @@ from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: t
     varint,
 )
 from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key, sign_recoverable
-from wakustore.protocols.errors import ArchiveError, ProtocolError
+from wakustore.protocols.errors import ArchiveError, ProtocolError, WakuV1Error
 from wakustore.protos import (
     application_metadata_pb2,
     archive_magnetlink_pb2,
     archive_spec_pb2,
     archive_status_go_pb2,
+    protocol_message_pb2,
 )
 
 # status-go protocol/communities/manager.go: `pieceLength = 100 * 1024`.
@@ -394,6 +396,87 @@ def verify_magnet_message(raw: bytes, community_public_key: bytes) -> MagnetLink
     if link.signer != expected:
         raise ArchiveError(f"magnet link signed by 0x{link.signer.hex()}, not by the control node")
     return link
+
+
+# --- the magnet link on the wire -------------------------------------------------------
+#
+# status-go sends the magnet link with MessageSender.SendPublic on the public
+# chat "<community id>-magnetlinks" (messenger_communities.go
+# dispatchMagnetlinkMessage: application layer signed by the community key,
+# encryption layer not skipped):
+#
+#   ApplicationMetadataMessage            (WrapMessageV1, the signed link)
+#   -> ProtocolMessage{installation_id, public_message}   (BuildPublicMessage)
+#   -> Waku v1 payload: flags, size, padding, transport signature, AES-GCM
+#      with the key status-go derives from the chat id as a password
+#      (transport.SendPublic -> FiltersManager.LoadPublic ->
+#      AddSymKeyFromPassword(chatID); WakuMessage version 1)
+#
+# A receiver that cannot decrypt the payload drops it (no filter matches), so
+# the plain ApplicationMetadataMessage this node used to publish is invisible
+# to Status clients; it is still accepted here so that old links verify.
+
+
+def wrap_magnet_for_status(app_metadata_bytes: bytes, magnet_chat_id: str, signing_key: bytes,
+                           installation_id: str = "") -> bytes:
+    """The WakuMessage payload status-go sends for an encoded magnet-link
+    ApplicationMetadataMessage (:func:`encode_magnet_message`) on
+    ``magnet_chat_id`` (:func:`topics.magnet_chat_id`): wrapped in a
+    ProtocolMessage as its ``public_message``, then Waku v1 symmetrically
+    encrypted with the key derived from the chat id and signed with
+    ``signing_key`` (status-go requires a transport signature; it signs with
+    the sending node's identity key). ``installation_id`` is the sender's
+    device id, unused by receivers for public messages."""
+    inner = protocol_message_pb2.ProtocolMessage(
+        installation_id=installation_id, public_message=bytes(app_metadata_bytes),
+    ).SerializeToString()
+    try:
+        return waku_v1.encrypt_symmetric(inner, _chat_key(magnet_chat_id), signing_key=signing_key)
+    except WakuV1Error as exc:
+        raise ArchiveError(f"cannot wrap the magnet link: {exc}") from None
+
+
+def unwrap_magnet_payload(payload: bytes, magnet_chat_id: str) -> bytes:
+    """The ApplicationMetadataMessage in a magnet-link WakuMessage payload,
+    either status-go's wire form (:func:`wrap_magnet_for_status`) or the
+    plain form (the ApplicationMetadataMessage itself).
+
+    As status-go reads a wrapped payload: the transport layer must decrypt
+    with the chat's key and carry a valid signature; then the ProtocolMessage's
+    ``public_message``, or, when the decrypted bytes are no such
+    ProtocolMessage, the decrypted bytes themselves (status-go falls back to
+    them when the encryption layer fails). The result must be an
+    ApplicationMetadataMessage of the magnet-link type; whose signature it
+    carries is :func:`verify_magnet_message`'s business. Raises ArchiveError.
+    """
+    payload = bytes(payload)
+    try:
+        opened = waku_v1.decrypt_symmetric(payload, _chat_key(magnet_chat_id))
+    except WakuV1Error as exc:
+        if _is_magnet_metadata(payload):
+            return payload  # the plain form
+        raise ArchiveError(f"neither a plain nor a {magnet_chat_id} magnet-link payload ({exc})") from None
+    if opened.signature_public_key is None:
+        raise ArchiveError("wrapped magnet-link payload carries no transport signature")
+    protocol_message = message_codec.parse_protobuf(protocol_message_pb2.ProtocolMessage, opened.payload)
+    if protocol_message is not None and protocol_message.public_message:
+        inner = protocol_message.public_message
+    else:
+        inner = opened.payload
+    if not _is_magnet_metadata(inner):
+        raise ArchiveError("wrapped payload holds no magnet-link ApplicationMetadataMessage")
+    return inner
+
+
+@lru_cache(maxsize=64)
+def _chat_key(chat_id: str) -> bytes:
+    # PBKDF2 with 65356 rounds: worth remembering for the few chats in use.
+    return waku_v1.key_from_password(chat_id)
+
+
+def _is_magnet_metadata(raw: bytes) -> bool:
+    wrapper = message_codec.parse_protobuf(application_metadata_pb2.ApplicationMetadataMessage, raw)
+    return wrapper is not None and wrapper.type == _MAGNET_TYPE
 
 
 # --- private helpers ------------------------------------------------------------------

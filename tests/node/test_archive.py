@@ -174,6 +174,14 @@ def test_export_after_downtime_makes_one_archive_per_window_and_skips_empty_ones
     magnets = node_archive.magnets_in_store(store, PUB, PUBSUB)
     assert node_archive.newest_magnet(magnets, PUB).magnet_uri == result.magnet
     assert result.message.content_topic == topics.magnet_content_topic(PUB)
+    # Published in status-go's wire form: encrypted for the magnet chat, version 1.
+    assert result.message.version == 1
+    opened = waku_v1.decrypt_symmetric(result.message.payload, waku_v1.key_from_password(topics.magnet_chat_id(PUB)))
+    assert opened.signature_public_key == PUB
+    plain = archive.unwrap_magnet_payload(result.message.payload, topics.magnet_chat_id(PUB))
+    assert archive.verify_magnet_message(plain, PUB).magnet_uri == result.magnet
+    # The plain form published before is still read.
+    assert node_archive.newest_magnet([plain], PUB).magnet_uri == result.magnet
     # Nothing new: no archive, same torrent, same magnet.
     again = node_archive.export_community(store, settings(tmp_path), T0 + 30 * DAY + 60)
     assert again.archives == [] and again.magnet == result.magnet
@@ -327,8 +335,10 @@ def test_fetch_cli_uses_the_newest_signed_link_in_the_local_store_and_ignores_fo
     control = settings(tmp_path)
     result = node_archive.export_community(control_store, control, T0 + 7 * DAY)
     forger = bytes(range(7, 39))
-    forged = node_archive.magnet_waku_message(forger, "magnet:?xt=urn:btih:" + "11" * 20, 10**15, (T0 + 8 * DAY) * NS)
-    forged = WakuMessage(forged.payload, topics.magnet_content_topic(PUB), timestamp=forged.timestamp)
+    # Wrapped for the community's magnet chat (its key is public), signed by the forger.
+    forged_link = archive.encode_magnet_message(forger, "magnet:?xt=urn:btih:" + "11" * 20, 10**15)
+    forged = WakuMessage(archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
+                         topics.magnet_content_topic(PUB), version=1, timestamp=(T0 + 8 * DAY) * NS)
     member_store.put([(PUBSUB, result.message, 0), (PUBSUB, forged, 0)])
     port = _free_port()
     seeding = subprocess.Popen(  # `wakustore archive seed`, until SIGTERM

@@ -13,7 +13,7 @@ from wakustore.node.archive import ArchiveSettings
 from wakustore.node.archive_member import MemberSettings, parse_peers, run_archive_member
 from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import open_store
-from wakustore.protocols import topics
+from wakustore.protocols import archive, topics
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery
 
@@ -60,7 +60,10 @@ def test_member_imports_after_the_quiet_period_and_ignores_forged_links(engine, 
         assert node_archive.seed_latest(seeder, settings)
 
         # A forged link (signed by someone else) first: never acted on.
-        forged = node_archive.magnet_waku_message(bytes(range(1, 33)), exported.magnet, 10**15, now_s * NS)
+        forger = bytes(range(1, 33))
+        forged_link = archive.encode_magnet_message(forger, exported.magnet, 10**15)
+        forged = WakuMessage(archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
+                             topics.magnet_content_topic(PUB), version=1, timestamp=now_s * NS)
         member.put([(PUBSUB, forged, now_s * NS)])
         member_settings = MemberSettings(
             community_public_key=PUB, data_dir=member_dir, pubsub_topic=PUBSUB, chat_ids=CHATS,

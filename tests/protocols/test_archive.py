@@ -14,6 +14,7 @@ from wakustore.protos import (
     archive_magnetlink_pb2,
     archive_spec_pb2,
     archive_status_go_pb2,
+    protocol_message_pb2,
 )
 
 L = archive.PIECE_LENGTH
@@ -367,3 +368,72 @@ def test_tampered_or_mistyped_magnet_messages_are_refused():
         archive.decode_magnet_message(retyped.SerializeToString())
     with pytest.raises(ArchiveError):
         archive.decode_magnet_message(b"\xff\xff")
+
+
+# --- the magnet link on the wire (status-go's form) ----------------------------------------
+
+MAGNET_CHAT = topics.magnet_chat_id(PUB)
+MAGNET_URI = "magnet:?xt=urn:btih:" + "ab" * 20
+
+
+def test_wrapped_magnet_is_a_signed_symmetric_payload_holding_a_protocol_message():
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 77)
+    wrapped = archive.wrap_magnet_for_status(raw, MAGNET_CHAT, KEY, installation_id="device-1")
+    assert MAGNET_CHAT == "0x" + PUB.hex() + "-magnetlinks"
+    # status-go: AddSymKeyFromPassword(chatID), then Waku v1 payload decoding.
+    opened = waku_v1.decrypt_symmetric(wrapped, waku_v1.key_from_password(MAGNET_CHAT))
+    assert opened.signature_public_key == PUB
+    message = protocol_message_pb2.ProtocolMessage()
+    message.ParseFromString(opened.payload)
+    assert (message.installation_id, message.public_message) == ("device-1", raw)
+    # Field numbers as in status-go protocol/encryption/protocol_message.proto.
+    assert opened.payload.startswith(b"\x12\x08device-1\xb2\x06")
+
+
+def test_wrapped_magnet_round_trips_and_verifies():
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 77)
+    wrapped = archive.wrap_magnet_for_status(raw, MAGNET_CHAT, KEY)
+    assert wrapped != archive.wrap_magnet_for_status(raw, MAGNET_CHAT, KEY)  # random nonce and padding
+    assert archive.unwrap_magnet_payload(wrapped, MAGNET_CHAT) == raw
+    link = archive.verify_magnet_message(archive.unwrap_magnet_payload(wrapped, MAGNET_CHAT), PUB)
+    assert link == archive.MagnetLink(77, MAGNET_URI, PUB)
+
+
+def test_plain_magnet_payload_is_still_accepted():
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 5)
+    assert archive.unwrap_magnet_payload(raw, MAGNET_CHAT) == raw
+
+
+def test_transport_payload_without_protocol_message_falls_back_to_its_content():
+    # status-go keeps the decrypted bytes when the encryption layer does not apply.
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 5)
+    sealed = waku_v1.encrypt_symmetric(raw, waku_v1.key_from_password(MAGNET_CHAT), signing_key=KEY)
+    assert archive.unwrap_magnet_payload(sealed, MAGNET_CHAT) == raw
+
+
+def test_wrapped_magnet_for_another_chat_or_garbage_is_refused():
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 5)
+    wrapped = archive.wrap_magnet_for_status(raw, MAGNET_CHAT, KEY)
+    other_chat = topics.magnet_chat_id(coincurve.PrivateKey(bytes(range(2, 34))).public_key.format())
+    with pytest.raises(ArchiveError):
+        archive.unwrap_magnet_payload(wrapped, other_chat)
+    with pytest.raises(ArchiveError):
+        archive.unwrap_magnet_payload(wrapped[:-1], MAGNET_CHAT)
+    for garbage in (b"", b"\xff\xff", bytes(300)):
+        with pytest.raises(ArchiveError):
+            archive.unwrap_magnet_payload(garbage, MAGNET_CHAT)
+    key = waku_v1.key_from_password(MAGNET_CHAT)
+    unsigned = waku_v1.encrypt_symmetric(
+        protocol_message_pb2.ProtocolMessage(public_message=raw).SerializeToString(), key)
+    with pytest.raises(ArchiveError, match="signature"):
+        archive.unwrap_magnet_payload(unsigned, MAGNET_CHAT)
+    not_a_magnet = waku_v1.encrypt_symmetric(
+        protocol_message_pb2.ProtocolMessage(public_message=b"\x1a\x01x").SerializeToString(), key, signing_key=KEY)
+    with pytest.raises(ArchiveError):
+        archive.unwrap_magnet_payload(not_a_magnet, MAGNET_CHAT)
+
+
+def test_wrapping_needs_a_valid_signing_key():
+    raw = archive.encode_magnet_message(KEY, MAGNET_URI, 5)
+    with pytest.raises(ArchiveError):
+        archive.wrap_magnet_for_status(raw, MAGNET_CHAT, bytes(32))
