@@ -182,13 +182,28 @@ class MessageStore:
 
         Returns once the new ones are fsynced in the write-ahead log and
         visible to queries. Duplicates (by MUID) of recent messages are
-        dropped here; older duplicates are dropped by the commit's MERGE.
+        dropped here; older duplicates are dropped by the commit.
         """
-        rows = [Row.build(p, m, a) for p, m, a in messages]
-        accepted, duplicates = self.writes.put(rows)
-        if accepted and self.hot.enabled:
-            self.hot.add(rows, time.time_ns())
-        return PutResult(accepted=accepted, duplicates=duplicates)
+        return self.put_groups([messages])[0]
+
+    def put_groups(self, groups: Sequence[Sequence[tuple[str, WakuMessage, int]]]) -> list[PutResult]:
+        """Several callers' batches in one log write (one fsync: group
+        commit); one result per group. A message in two groups counts as
+        accepted in the first only."""
+        rows = [[Row.build(p, m, a) for p, m, a in group] for group in groups]
+        flat = [row for group in rows for row in group]
+        fresh = self.writes.put_new(flat)
+        if fresh and self.hot.enabled:
+            self.hot.add([row for row in flat if row.muid in fresh], time.time_ns())
+        results = []
+        for group in rows:
+            accepted = 0
+            for row in group:
+                if row.muid in fresh:
+                    fresh.discard(row.muid)  # claimed: a later copy is a duplicate
+                    accepted += 1
+            results.append(PutResult(accepted=accepted, duplicates=len(group) - accepted))
+        return results
 
     @property
     def pending(self) -> int:

@@ -141,6 +141,11 @@ class WritePath(Generic[R]):
 
         Raises :class:`BufferFull` (nothing stored) when the rows waiting for
         a commit reach ``max_pending``."""
+        fresh = self.put_new(rows)
+        return len(fresh), len(rows) - len(fresh)
+
+    def put_new(self, rows: Sequence[R]) -> set[bytes]:
+        """As :meth:`put`, in one log write; returns the keys that were new."""
         with self._lock:
             if len(self._buffer) + len(self._inflight) >= self.max_pending:
                 raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
@@ -149,14 +154,13 @@ class WritePath(Generic[R]):
                 key = self.codec.key(row)
                 if key not in self._recent and key not in fresh:
                     fresh[key] = row
-            duplicates = len(rows) - len(fresh)
-            self.duplicates += duplicates
+            self.duplicates += len(rows) - len(fresh)
             if fresh:
                 self._buffer_last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
                 for key, row in fresh.items():
                     self._buffer[key] = row
                     self._recent.add(key)
-        return len(fresh), duplicates
+        return set(fresh)
 
     def remember(self, keys: Sequence[bytes]) -> None:
         with self._lock:
