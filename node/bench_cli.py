@@ -8,6 +8,9 @@ configuration, engine) are added here once.
 from __future__ import annotations
 
 import argparse
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -19,6 +22,22 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
+
+
+def run_client_process(module: str, job: object, timeout_s: float) -> object:
+    """Run ``<module>.client_main()`` in a fresh interpreter: ``job`` goes
+    in pickled on stdin, its result comes back pickled on stdout. Clients
+    live in their own process so they do not share the node's GIL."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", f"from {module} import client_main; client_main()"],
+            input=pickle.dumps(job), capture_output=True, timeout=timeout_s, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the client process did not finish within {timeout_s} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"the client process failed: {done.stderr.decode(errors='replace').strip()[-2000:]}")
+    return pickle.loads(done.stdout)
 
 
 def add_common_arguments(verb: argparse.ArgumentParser, data_dir_help: str) -> None:

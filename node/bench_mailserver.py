@@ -32,7 +32,6 @@ import os
 import pickle
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node.bench_cli import add_common_arguments, positive_int
+from wakustore.node.bench_cli import add_common_arguments, positive_int, run_client_process
 from wakustore.node import config as node_config
 from wakustore.node.cli import UsageError
 
@@ -214,17 +213,8 @@ async def _serve_and_request(store, rows: list, args) -> dict:
 
 def _run_client_process(enode: str, requests: list, password: str) -> list[tuple[float, int, int]]:
     """Run the requests from a fresh interpreter (arguments and result pickled over its pipes)."""
-    job = pickle.dumps((enode, [request for _, request in requests], password))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", "from wakustore.node.bench_mailserver import client_main; client_main()"],
-            input=job, capture_output=True, timeout=CLIENT_TIMEOUT_S, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the client process did not finish within {CLIENT_TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        raise RuntimeError(f"the client failed: {done.stderr.decode(errors='replace').strip()[-2000:]}")
-    return pickle.loads(done.stdout)
+    job = (enode, [request for _, request in requests], password)
+    return run_client_process("wakustore.node.bench_mailserver", job, CLIENT_TIMEOUT_S)
 
 
 def client_main() -> None:

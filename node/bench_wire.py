@@ -44,7 +44,6 @@ import math
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node.bench_cli import add_common_arguments, positive_int
+from wakustore.node.bench_cli import add_common_arguments, positive_int, run_client_process
 from wakustore.node import bench_dataset
 from wakustore.node import config as node_config
 from wakustore.node.cli import UsageError
@@ -249,17 +248,7 @@ def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, fl
 def _run_client_process(peer: str, plans: list) -> tuple[float, list]:
     """Run one level's clients in a fresh interpreter (arguments and result
     pickled over its pipes)."""
-    job = pickle.dumps((peer, plans))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", "from wakustore.node.bench_wire import client_main; client_main()"],
-            input=job, capture_output=True, timeout=CLIENT_TIMEOUT_S, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the client process did not finish within {CLIENT_TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        raise RuntimeError(f"the clients failed: {done.stderr.decode(errors='replace').strip()[-2000:]}")
-    return pickle.loads(done.stdout)
+    return run_client_process("wakustore.node.bench_wire", (peer, plans), CLIENT_TIMEOUT_S)
 
 
 def client_main() -> None:

@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key
+from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protos import archive_status_go_pb2
@@ -293,16 +294,7 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
     raise ArchiveError("varint longer than 10 bytes")
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+varint = encode_uvarint
 
 
 def field_varint(number: int, value: int) -> bytes:
