@@ -49,7 +49,7 @@ from wakustore.protos import (
 )
 
 # status-go protocol/communities/manager.go: `pieceLength = 100 * 1024`.
-# The spec leaves it "??? (TODO)"; both layouts use status-go's.
+# The spec leaves this value unspecified; both layouts use status-go's.
 PIECE_LENGTH = 100 * 1024
 
 # status-go protocol/communities/manager.go `maxArchiveSizeInBytes`: a

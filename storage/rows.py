@@ -121,52 +121,44 @@ def to_arrow(rows: Iterable[Row]) -> pa.Table:
     )
 
 
+def _message_at(columns: dict, i: int) -> WakuMessage:
+    """The WakuMessage of row ``i`` of a result with the data columns."""
+    return WakuMessage(
+        payload=columns["payload"][i],
+        content_topic=columns["content_topic"][i],
+        version=columns["version"][i],
+        timestamp=columns["sender_timestamp"][i],
+        meta=columns["meta"][i],
+        rate_limit_proof=columns["rate_limit_proof"][i],
+    )
+
+
 def from_arrow(table: pa.Table, include_data: bool = True) -> list[StoredMessage]:
     """StoredMessages from a result with at least message_hash, pubsub_topic, timestamp."""
     columns = table.to_pydict()
     n = table.num_rows
-    hashes = columns["message_hash"]
-    pubsubs = columns["pubsub_topic"]
-    timestamps = columns["timestamp"]
     digests = columns.get("digest") or [b""] * n
-    out = []
-    for i in range(n):
-        message = None
-        if include_data:
-            message = WakuMessage(
-                payload=columns["payload"][i],
-                content_topic=columns["content_topic"][i],
-                version=columns["version"][i],
-                timestamp=columns["sender_timestamp"][i],
-                meta=columns["meta"][i],
-                rate_limit_proof=columns["rate_limit_proof"][i],
-            )
-        out.append(StoredMessage(hashes[i], pubsubs[i], message, timestamps[i], digests[i]))
-    return out
+    return [
+        StoredMessage(
+            columns["message_hash"][i], columns["pubsub_topic"][i],
+            _message_at(columns, i) if include_data else None, columns["timestamp"][i], digests[i],
+        )
+        for i in range(n)
+    ]
 
 
 def rows_from_arrow(table: pa.Table) -> list[Row]:
     """Full rows (for window export and re-import)."""
     columns = table.to_pydict()
-    out = []
-    for i in range(table.num_rows):
-        message = WakuMessage(
-            payload=columns["payload"][i],
-            content_topic=columns["content_topic"][i],
-            version=columns["version"][i],
-            timestamp=columns["sender_timestamp"][i],
-            meta=columns["meta"][i],
-            rate_limit_proof=columns["rate_limit_proof"][i],
+    return [
+        Row(
+            muid=columns["muid"][i],
+            message_hash=columns["message_hash"][i],
+            digest=columns["digest"][i],
+            pubsub_topic=columns["pubsub_topic"][i],
+            message=_message_at(columns, i),
+            timestamp=columns["timestamp"][i],
+            arrival_time=columns["arrival_time"][i],
         )
-        out.append(
-            Row(
-                muid=columns["muid"][i],
-                message_hash=columns["message_hash"][i],
-                digest=columns["digest"][i],
-                pubsub_topic=columns["pubsub_topic"][i],
-                message=message,
-                timestamp=columns["timestamp"][i],
-                arrival_time=columns["arrival_time"][i],
-            )
-        )
-    return out
+        for i in range(table.num_rows)
+    ]
