@@ -2,11 +2,22 @@
 
 Each protocol is one request and one response per stream, both
 length-prefixed (:mod:`wakustore.protocols.framing`). A handler reads one
-frame (bounded by the protocol's framing limit, within
-:data:`READ_TIMEOUT_S`), answers it through the sans-IO codecs and closes
-the stream; the peer reads the answer until end of stream (js-waku does).
-Nothing a peer sends can make a handler raise into py-libp2p: every
-failure is answered with the protocol's status or ends in a reset.
+frame (bounded by the protocol's framing limit), answers it through the
+sans-IO codecs and closes the stream; the peer reads the answer until end
+of stream (js-waku does). Nothing a peer sends can make a handler raise
+into py-libp2p: every failure is answered with the protocol's status or
+ends in a reset.
+
+Reading a request has two deadlines. The wait for its first byte lasts
+:data:`IDLE_STREAM_TIMEOUT_S` (5 minutes, as nim-libp2p keeps an idle
+stream): js-waku opens a stream per protocol when it connects and sends
+its first request on it whenever the application asks, maybe minutes
+later. Once the first byte is in, the rest of the frame must follow
+within :data:`READ_TIMEOUT_S`, so a peer stalling inside a frame holds
+the handler briefly. Either deadline ends in a reset, never a close: a
+half-closed stream still looks writable to js-waku, which would send its
+request into it and wait for an answer that never comes, while a reset
+stream is dropped and a fresh one opened.
 
 What each failure is answered with:
 
@@ -17,7 +28,9 @@ What each failure is answered with:
 - over the peer's rate: 429 (legacy TOO_MANY_REQUESTS);
 - the store failing under a request: 503 (lightpush v3 SERVICE_NOT_AVAILABLE);
 - a stream that ends before any byte (js-waku opens streams ahead and
-  drops them), stays idle, or stalls inside a frame: closed without answer.
+  drops them): closed without answer;
+- a stream idle past :data:`IDLE_STREAM_TIMEOUT_S`, or stalled inside a
+  frame past :data:`READ_TIMEOUT_S`: reset without answer.
 
 Ingest through lightpush: the message must be on one of the configured
 shards' pubsub topics (421 otherwise) and pass the checks shared with relay
@@ -36,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -62,11 +76,18 @@ from wakustore.protocols.store_query import StatusCode
 
 log = logging.getLogger(__name__)
 
-# How long a request may take to arrive once the stream is open. js-waku and
-# nwaku write the whole request right after opening the stream; nwaku
-# itself reads without a deadline (only the connection's idle timeout
-# applies). 10 s covers a request of the largest allowed size (1.06 MB)
-# over a slow mobile link and keeps an idle stream from living forever.
+# How long an inbound stream may wait for the first byte of its request:
+# nim-libp2p's idle stream timeout, so nwaku's (libp2p/builders.nim,
+# withMplex and withYamux: inTimeout = outTimeout = 5.minutes; mplex's
+# DefaultChanTimeout in libp2p/muxers/muxer.nim). js-waku opens its store
+# and lightpush streams on connect and writes its first request on them
+# whenever the application asks, so a shorter wait breaks that request.
+IDLE_STREAM_TIMEOUT_S = 5 * 60.0
+
+# How long the rest of a request may take once its first byte is in.
+# js-waku and nwaku write the whole request at once; 10 s covers a request
+# of the largest allowed size (1.06 MB) over a slow mobile link and bounds
+# a peer that stalls inside a frame.
 READ_TIMEOUT_S = 10.0
 
 # How long writing an answer may take before the stream is reset: a full
@@ -202,6 +223,7 @@ class StoreProtocols:
         rate_limits: RateLimits = RateLimits(),
         *,
         clock: Callable[[], float] = time.monotonic,
+        idle_timeout_s: float = IDLE_STREAM_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
     ):
@@ -215,6 +237,7 @@ class StoreProtocols:
         self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
         self.store_buckets = PeerBuckets(rate_limits.store, clock)
         self.lightpush_buckets = PeerBuckets(rate_limits.lightpush, clock)
+        self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
 
@@ -396,11 +419,11 @@ class StoreProtocols:
         peer = _peer_of(stream)
         try:
             try:
-                with trio.fail_after(self.read_timeout_s):
-                    raw = await read_frame(stream, max_size)
-            except trio.TooSlowError:
-                log.debug("stream from %s idle for %.0f s: closing", peer, self.read_timeout_s)
-                await _close(stream)
+                raw = await read_frame(stream, max_size, idle_timeout_s=self.idle_timeout_s,
+                                       frame_timeout_s=self.read_timeout_s)
+            except ReadTimeout as exc:
+                log.debug("stream from %s: %s: resetting", peer, exc)
+                await _reset(stream)
                 return
             except FramingError as exc:
                 log.debug("bad frame from %s: %s", peer, exc)
@@ -470,27 +493,49 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
-async def read_frame(stream, max_size: int) -> bytes | None:
+class ReadTimeout(Exception):
+    """:func:`read_frame` gave up waiting; ``idle`` is True when no byte of
+    the frame had arrived, False when the frame stalled part way."""
+
+    def __init__(self, idle: bool, waited_s: float):
+        what = "no request" if idle else "frame incomplete"
+        super().__init__(f"{what} after {waited_s:g} s")
+        self.idle = idle
+
+
+async def read_frame(stream, max_size: int, *, idle_timeout_s: float = math.inf,
+                     frame_timeout_s: float = math.inf) -> bytes | None:
     """One length-prefixed frame of at most ``max_size`` bytes from ``stream``.
 
     None when the stream ends before its first byte; raises
     :class:`FramingError` for an oversized or malformed prefix or a stream
     that ends inside a frame. Bytes after the frame are left unread.
+    Raises :class:`ReadTimeout` when no byte arrives within
+    ``idle_timeout_s`` seconds, or when the frame is not complete within
+    ``frame_timeout_s`` seconds of its first byte.
     """
     reader = FrameReader(max_size)
-    while True:
-        try:
-            data = await stream.read(READ_CHUNK)
-        except EOFError:
-            data = b""
-        if not data:
-            if not reader.pending:
-                return None
-            reader.eof()
-            return None
-        frames = reader.feed(data)
-        if frames:
-            return frames[0]
+    with trio.move_on_after(idle_timeout_s) as idle:
+        data = await _read_chunk(stream)
+    if idle.cancelled_caught:
+        raise ReadTimeout(idle=True, waited_s=idle_timeout_s)
+    with trio.move_on_after(frame_timeout_s):
+        while data:
+            frames = reader.feed(data)
+            if frames:
+                return frames[0]
+            data = await _read_chunk(stream)
+        reader.eof()
+        return None
+    raise ReadTimeout(idle=False, waited_s=frame_timeout_s)
+
+
+async def _read_chunk(stream) -> bytes:
+    """The next bytes of ``stream``; b"" at its end."""
+    try:
+        return await stream.read(READ_CHUNK)
+    except EOFError:
+        return b""
 
 
 def _peer_of(stream) -> str:

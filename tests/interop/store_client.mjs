@@ -15,10 +15,17 @@
 //                   messageHashes: [hex], maxPages}; omitted or null: no query
 //   transport       "tcp" (default) or "ws" (plain websockets, /ip4/.../tcp/N/ws/p2p/...)
 //   muxer           "yamux", "mplex" or both (default: yamux preferred, then mplex)
+//   idleMs          optional: once js-waku has opened its streams for the
+//                   protocols in use (it does so on connect), stay idle this
+//                   long before the first push or query, as an application
+//                   that connects and sends later does
 //   timeoutMs       overall deadline (default 30000)
 //
 // Output: JSON lines on standard output:
 //   {"event":"connected", ...}
+//   {"event":"idle", "ms", "before": [{id, protocol}], "after": [{id, protocol,
+//    readStatus, writeStatus}]}  (with idleMs: the streams open on the
+//    connection before and after the idle time)
 //   {"event":"pushed", "contentTopic", "successes", "failures"}
 //   {"event":"message", "hash", "payload", "timestamp", "contentTopic",
 //    "pubsubTopic", "meta", "version"}
@@ -34,7 +41,7 @@ import { mplex } from "@libp2p/mplex";
 import { webSockets } from "@libp2p/websockets";
 import { all as allMultiaddrs } from "@libp2p/websockets/filters";
 import { multiaddr } from "@multiformats/multiaddr";
-import { createLightNode, Protocols } from "@waku/sdk";
+import { createLightNode, Protocols, waku } from "@waku/sdk";
 
 function emit(obj) {
   process.stdout.write(JSON.stringify(obj) + "\n");
@@ -107,6 +114,46 @@ export async function query(node, { contentTopics, shard, peerId, pageSize, forw
   return { count, pages };
 }
 
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// js-libp2p announces no event when js-waku opens a stream, so look at the
+// connection's streams until every protocol has one.
+const STREAM_POLL_MS = 50;
+
+function openStreams(node) {
+  return node.libp2p.getConnections().flatMap((conn) => conn.streams);
+}
+
+async function waitForStreams(node, protocols, deadlineMs) {
+  const until = Date.now() + deadlineMs;
+  for (;;) {
+    const open = openStreams(node);
+    if (protocols.every((protocol) => open.some((s) => s.protocol === protocol))) return open;
+    if (Date.now() > until) {
+      throw new Error(`js-waku opened no stream for ${protocols}: open ${open.map((s) => s.protocol)}`);
+    }
+    await sleep(STREAM_POLL_MS);
+  }
+}
+
+async function stayIdle(node, cfg, timeoutMs) {
+  const protocols = [];
+  if (cfg.push && cfg.push.length) {
+    protocols.push(cfg.useLegacyLightpush ? waku.LightPushCodecV2 : waku.LightPushCodec);
+  }
+  if (cfg.query) protocols.push(waku.StoreCodec);
+  const before = await waitForStreams(node, protocols, timeoutMs);
+  await sleep(cfg.idleMs);
+  emit({
+    event: "idle",
+    ms: cfg.idleMs,
+    before: before.map((s) => ({ id: s.id, protocol: s.protocol })),
+    after: openStreams(node).map((s) => ({
+      id: s.id, protocol: s.protocol, readStatus: s.readStatus, writeStatus: s.writeStatus,
+    })),
+  });
+}
+
 async function main() {
   const cfg = await readConfig();
   const timeoutMs = cfg.timeoutMs ?? 30000;
@@ -139,6 +186,7 @@ async function main() {
       muxer: conn?.multiplexer ?? null,
       encryption: conn?.encryption ?? null,
     });
+    if (cfg.idleMs) await stayIdle(node, cfg, timeoutMs);
     for (const item of cfg.push ?? []) {
       const res = await lightpush(node, { ...item, shard: item.shard ?? cfg.shard, useLegacy: cfg.useLegacyLightpush });
       emit({ event: "pushed", contentTopic: item.contentTopic, ...res });

@@ -41,11 +41,12 @@ class NodeThread:
     """Start with :meth:`start`, stop with :meth:`stop` (commits the buffer)."""
 
     def __init__(self, config: NodeConfig, engine, rate_limits: RateLimits = RateLimits(),
-                 read_timeout_s: float = 10.0):
+                 **protocol_options):
+        """``protocol_options`` go to :class:`StoreProtocols` (its timeouts)."""
         self.config = config
         self.engine = engine
         self.rate_limits = rate_limits
-        self.read_timeout_s = read_timeout_s
+        self.protocol_options = protocol_options
         self.multiaddrs: list[str] = []
         self.peer_id = ""
         self.service = None
@@ -95,8 +96,7 @@ class NodeThread:
         self._stop = trio.Event()
         async with running_store(self.config, engine=self.engine) as service:
             self.service = service
-            protocols = StoreProtocols(service, self.config, self.rate_limits,
-                                       read_timeout_s=self.read_timeout_s)
+            protocols = StoreProtocols(service, self.config, self.rate_limits, **self.protocol_options)
             async with running_host(self.config, protocols.handlers()) as (_host, info):
                 self.multiaddrs = info.multiaddrs
                 self.peer_id = info.peer_id

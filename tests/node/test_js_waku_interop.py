@@ -5,6 +5,8 @@ pages them back by Store v3 in both directions, over time ranges, several
 content topics and hash lookups; every message it reports is compared
 byte for byte with what was pushed and with what our own client reads
 back, and every js-waku query must end (it stops only on an empty page).
+js-waku also sends its first push and query on the streams it opened when
+it connected, after they sat idle.
 npm dependencies are installed with ``npm ci`` when missing; a failed
 install fails the test.
 """
@@ -23,6 +25,7 @@ import trio
 
 from wakustore.node.client_cli import StoreClient
 from wakustore.node.store_protocols import RateLimits
+from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery
 
@@ -42,6 +45,11 @@ SHARD = 0
 CONTENT_TOPICS = ["/interop/1/alpha/proto", "/interop/1/beta/proto", "/interop/1/gamma/proto"]
 PUSHED = 30
 PAGE = 7
+# Longer than the 10 s the node used to wait for a request on a new stream.
+IDLE_S = 15
+# A node's wait for a first request, shortened to see it reset streams.
+SHORT_IDLE_S = 3.0
+IDLE_TOPIC = "/interop/1/idle/proto"
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +179,48 @@ def test_js_waku_hash_lookup(node_binary, node, pushed):
     chosen = [pushed[i] for i in (0, 3, 11, 17, 29)]
     events = run_job(node_binary, node, query={"messageHashes": [h.hex() for _, h in chosen]})
     assert_js_saw(events, chosen)
+
+
+def push_and_query_after_idle(node_binary, engine, data_dir, idle_s, **protocol_options):
+    """One js-waku job on a node of its own: connect, stay idle ``idle_s``,
+    push one message, query it back. The idle event and the message seen."""
+    # Its own node: the pushed message must not reach the module node's
+    # buffer, whose flush count the pushed fixture checks.
+    idle_node = NodeThread(node_config(data_dir), engine, RateLimits.parse(["lightpush:0/1s"]),
+                           **protocol_options).start()
+    try:
+        # No timestamp: js-waku stamps the message when it sends it, after the
+        # idle time, as the node checks the timestamp against its clock.
+        item = {"contentTopic": IDLE_TOPIC, "payloadHex": "1d1e5eed"}
+        events = run_job(node_binary, idle_node, push=[item], contentTopics=[IDLE_TOPIC],
+                         query={"pageSize": 10, "forward": True}, idleMs=int(idle_s * 1000))
+    finally:
+        idle_node.stop()
+    idle = next(e for e in events if e["event"] == "idle")
+    assert {s["protocol"] for s in idle["before"]} >= {lightpush.PROTOCOL_ID_V3, store_v3.PROTOCOL_ID}, idle
+    pushes = [e for e in events if e["event"] == "pushed"]
+    assert len(pushes) == 1 and pushes[0]["successes"] and not pushes[0]["failures"], pushes
+    seen = messages_of(events)
+    assert [(e["payload"], e["contentTopic"], e["pubsubTopic"]) for e in seen] == \
+        [(item["payloadHex"], IDLE_TOPIC, PUBSUB_TOPIC)]
+    return idle
+
+
+def test_js_waku_first_push_and_query_on_streams_idle_for_15_s(node_binary, engine, tmp_path):
+    idle = push_and_query_after_idle(node_binary, engine, tmp_path, IDLE_S)
+    # The streams opened on connect are still open both ways after the idle
+    # time (js-libp2p's statuses), so js-waku sent its first requests on them.
+    opened = [s["id"] for s in idle["before"]
+              if s["protocol"] in (lightpush.PROTOCOL_ID_V3, store_v3.PROTOCOL_ID)]
+    after = {s["id"]: (s["readStatus"], s["writeStatus"]) for s in idle["after"]}
+    assert all(sid in after and after[sid][0] not in ("closing", "closed")
+               and after[sid][1] not in ("done", "closing", "closed") for sid in opened), idle
+
+
+def test_js_waku_replaces_streams_the_node_reset_after_its_idle_wait(node_binary, engine, tmp_path):
+    # A node reclaiming idle streams resets them: js-waku drops a reset
+    # stream and opens a fresh one (a half-closed one it would reuse).
+    idle = push_and_query_after_idle(node_binary, engine, tmp_path, SHORT_IDLE_S * 2,
+                                     idle_timeout_s=SHORT_IDLE_S)
+    opened = {s["id"] for s in idle["before"]}
+    assert not opened & {s["id"] for s in idle["after"]}, idle

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
 from wakustore.node.client_cli import StoreClient
-from wakustore.node.store_protocols import PeerBuckets, RateLimit, RateLimits
+from wakustore.node.store_protocols import PeerBuckets, RateLimit, RateLimits, read_frame
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_RESPONSE_SIZE,
@@ -46,6 +47,9 @@ from store_node_harness import (  # noqa: E402
 
 CONTENT_TOPICS = ["/test/1/alpha/proto", "/test/1/beta/proto", "/test/1/gamma/proto"]
 MESSAGE_COUNT = 120
+# The node's stream deadlines, shortened: the wait for a request's first
+# byte (5 minutes in a real node) and for the rest of its frame (10 s).
+IDLE_TIMEOUT_S = 4.0
 READ_TIMEOUT_S = 1.0
 
 
@@ -53,7 +57,8 @@ READ_TIMEOUT_S = 1.0
 def node(engine, tmp_path_factory):
     config = node_config(tmp_path_factory.mktemp("store-node"))
     unlimited = RateLimits.parse(["0/1s"])
-    thread = NodeThread(config, engine, unlimited, read_timeout_s=READ_TIMEOUT_S).start()
+    thread = NodeThread(config, engine, unlimited, idle_timeout_s=IDLE_TIMEOUT_S,
+                        read_timeout_s=READ_TIMEOUT_S).start()
     yield thread
     thread.stop()
 
@@ -331,23 +336,85 @@ def test_bad_input_is_answered_with_each_protocols_status(node, pushed):
     assert_node_still_serves(node, pushed)
 
 
-def test_idle_and_stalled_streams_are_closed(node, pushed):
-    async def open_and_wait(client, data):
-        stream = await client.host.new_stream(client.peer_id, [store_v3.PROTOCOL_ID])
-        if data:
-            await stream.write(data)
-        started = trio.current_time()
-        with trio.fail_after(READ_TIMEOUT_S + 5):
-            try:
-                leftover = await stream.read(1024)
-            except Exception:
-                leftover = b""
-        return leftover, trio.current_time() - started
+async def open_store_stream(client):
+    return await client.host.new_stream(client.peer_id, [store_v3.PROTOCOL_ID])
 
-    for data in (b"", encode_uvarint(50) + b"\x0a\x01"):  # idle; stalled inside a frame
-        leftover, waited = with_client(node.tcp_addr, open_and_wait, data)
-        assert leftover == b""
-        assert waited >= READ_TIMEOUT_S * 0.5
+
+async def how_it_ends(stream, limit_s):
+    """Read ``stream`` to its end: ("eof" or "reset", seconds waited).
+
+    py-libp2p's yamux drops a stream on RST before waking its reader, which
+    then reads end of stream; the RST stays recorded on the muxed stream.
+    """
+    started = trio.current_time()
+    with trio.fail_after(limit_s):
+        try:
+            while await stream.read(1024):
+                pass
+            reset = False
+        except StreamReset:
+            reset = True
+        except StreamEOF:
+            reset = False
+    reset = reset or stream.muxed_stream.reset_received
+    return ("reset" if reset else "eof"), trio.current_time() - started
+
+
+def test_stream_idle_past_the_frame_deadline_is_still_answered(node, pushed):
+    # js-waku opens its store stream on connect and sends the first query
+    # on it whenever asked: the wait for a first byte is not the frame's.
+    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS),
+                         forward=True, limit=10)
+
+    async def run(client):
+        stream = await open_store_stream(client)
+        await trio.sleep(2 * READ_TIMEOUT_S)
+        await stream.write(encode_frame(store_v3.encode_request("idle-first", query)))
+        with trio.fail_after(READ_TIMEOUT_S + 10):
+            raw = await read_frame(stream, STORE_MAX_RESPONSE_SIZE)
+        return raw, await how_it_ends(stream, READ_TIMEOUT_S + 10)
+
+    raw, (ending, _) = with_client(node.tcp_addr, run)
+    assert raw is not None, "the node ended the idle stream without an answer"
+    response = store_v3.decode_response(raw)
+    assert (response.request_id, response.status_code) == ("idle-first", 200)
+    assert_entries(response.messages, expected(pushed, topic=PUBSUB_TOPIC)[:10])
+    assert ending == "eof"  # closed after the answer, as before
+
+
+@pytest.mark.parametrize("partial", [
+    encode_uvarint(50) + b"\x0a\x01",  # inside the body
+    b"\x80",  # inside the length prefix
+], ids=["body", "prefix"])
+def test_stream_stalled_inside_a_frame_is_reset_within_the_frame_deadline(node, pushed, partial):
+    async def run(client):
+        stream = await open_store_stream(client)
+        await stream.write(partial)
+        return await how_it_ends(stream, IDLE_TIMEOUT_S + 5)
+
+    ending, waited = with_client(node.tcp_addr, run)
+    assert ending == "reset"
+    # The frame deadline, not the much longer wait for a first byte.
+    assert READ_TIMEOUT_S * 0.5 <= waited < IDLE_TIMEOUT_S - 1
+    assert_node_still_serves(node, pushed)
+
+
+def test_stream_idle_past_the_idle_wait_is_reset_not_closed(node, pushed):
+    # A half-closed stream still looks writable to js-waku, which would send
+    # its request into it; a reset one it drops and replaces.
+    async def run(client):
+        stream = await open_store_stream(client)
+        ending, waited = await how_it_ends(stream, IDLE_TIMEOUT_S + 5)
+        try:
+            await stream.write(encode_frame(store_v3.encode_request("late", HistoryQuery())))
+            writable = True
+        except StreamReset:
+            writable = False
+        return ending, waited, writable
+
+    ending, waited, writable = with_client(node.tcp_addr, run)
+    assert (ending, writable) == ("reset", False)
+    assert waited >= IDLE_TIMEOUT_S * 0.75
     assert_node_still_serves(node, pushed)
 
 
