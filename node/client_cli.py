@@ -9,8 +9,15 @@ the response frame read, the stream closed.
 ``hash``, ``pubsub_topic``, ``content_topic``, ``payload`` and ``meta`` in
 hex, ``timestamp`` in ns and ``version``, the shape ``db import`` reads);
 progress goes to stderr. ``push`` sends by lightpush v3 (``--legacy``:
-v2beta1) and prints one JSON status line per message. A refused request
-prints one line on stderr and exits 1; bad input exits 2.
+v2beta1) and prints one JSON status line per message; ``--rate`` paces it.
+Both wait out the node's rate limit (429) through :mod:`~wakustore.node.backoff`.
+
+Every failure is one line on stderr: a refused request, an unreachable or
+wrong peer, a node that goes away mid-command exit 1; bad input exits 2.
+The client's libp2p host runs its connection in a nursery, so a failure
+arrives wrapped in exception groups; :meth:`StoreClient.connect` takes the
+meaningful exception out of them. An exception of a kind no failure mode
+raises still propagates with its traceback.
 
 py-libp2p is imported when a command runs, not when the parser is built:
 every ``wakustore`` command builds the whole parser.
@@ -21,6 +28,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import math
+import os
 import sys
 import time
 import uuid
@@ -30,8 +40,10 @@ from pathlib import Path
 
 import trio
 
+from wakustore.node.backoff import Backoff, BackoffPolicy
 from wakustore.node.cli import UsageError, parse_hex
 from wakustore.node.db_cli import iter_jsonl, message_to_json
+from wakustore.node.failures import describe_failure, leaves
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FramingError, ProtocolError
 from wakustore.protocols.framing import (
@@ -48,17 +60,29 @@ from wakustore.protocols.store_query import HistoryQuery, StatusCode
 # covers a slow peer across the world.
 DEFAULT_TIMEOUT_S = 20.0
 
-# A 429 is retried after 0.2 s, doubling up to 5 s, at most 10 times
-# (~25 s in all): nwaku's lightpush default refills 5 tokens a second.
-RETRY_FIRST_S = 0.2
-RETRY_MAX_S = 5.0
-RETRY_ATTEMPTS = 10
+# A 429 is retried after a pause doubling from about one token's refill
+# time up to the limit's period (a token bucket is full again one period
+# after it emptied), for at most a minute of pauses in a row. The periods are
+# the defaults of nwaku and wakustore (node/store_protocols.py
+# DEFAULT_STORE_RATE 60/2s, DEFAULT_LIGHTPUSH_RATE 5/1s); a node limiting
+# over a longer period is still retried every few seconds within the minute.
+STORE_BACKOFF = BackoffPolicy(first_s=0.05, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=2.0)
+LIGHTPUSH_BACKOFF = BackoffPolicy(first_s=0.2, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=1.0)
 
 EXIT_REFUSED = 1
 
 
 class ClientError(Exception):
     """The node could not be reached or answered something unusable."""
+
+
+def _connection_failures() -> tuple[type[BaseException], ...]:
+    """What dialing, a stream or a connection dying raises: sockets, trio's
+    closed streams, and every libp2p error (dial, security handshake,
+    multiselect, muxer)."""
+    from libp2p.exceptions import BaseLibp2pError
+
+    return (OSError, EOFError, trio.BrokenResourceError, trio.ClosedResourceError, BaseLibp2pError)
 
 
 class StoreClient:
@@ -75,7 +99,10 @@ class StoreClient:
         """Dial ``peer`` (a multiaddr ending in ``/p2p/<peer id>``, TCP or
         ``/ws``) from a fresh host; yield the client. Raises
         :class:`UsageError` for a malformed address, :class:`ClientError`
-        when the node cannot be reached within ``timeout_s`` seconds."""
+        when the node cannot be reached within ``timeout_s`` seconds or the
+        connection fails later. Exceptions leave unwrapped from the host's
+        exception groups: the body's own first, then a connection failure
+        as ClientError; a group holding neither is re-raised as it is."""
         from libp2p import new_host
         from libp2p.crypto.secp256k1 import create_new_key_pair
 
@@ -83,16 +110,24 @@ class StoreClient:
 
         info = parse_peer(peer)
         host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX", enable_websocket=True)
-        async with host.run(listen_addrs=[]):
-            await stop_auto_dialing(host)
-            try:
-                with trio.fail_after(timeout_s):
-                    await host.connect(info)
-            except trio.TooSlowError:
-                raise ClientError(f"no connection to {peer} within {timeout_s:g} s") from None
-            except Exception as exc:
-                raise ClientError(f"cannot connect to {peer}: {exc}") from None
-            yield cls(host, info.peer_id, timeout_s)
+        try:
+            async with host.run(listen_addrs=[]):
+                await stop_auto_dialing(host)
+                try:
+                    with trio.fail_after(timeout_s):
+                        await host.connect(info)
+                except trio.TooSlowError:
+                    raise ClientError(f"no connection to {peer} within {timeout_s:g} s") from None
+                except _connection_failures() as exc:
+                    raise ClientError(f"cannot connect to {peer}: {describe_failure(exc)}") from None
+                yield cls(host, info.peer_id, timeout_s)
+        except BaseExceptionGroup as group:
+            # host.run's nurseries wrap whatever ends the run, the caller's
+            # own ClientError included.
+            meaningful = _meaningful_error(group, peer)
+            if meaningful is None:
+                raise
+            raise meaningful from None
 
     async def exchange(self, protocol: str, data: bytes, max_response: int) -> bytes | None:
         """Open a stream, write ``data`` as given (no framing added), close
@@ -115,10 +150,8 @@ class StoreClient:
             raise ClientError(f"{protocol}: no answer within {self.timeout_s:g} s") from None
         except FramingError as exc:
             raise ClientError(f"{protocol}: malformed answer: {exc}") from None
-        except ClientError:
-            raise
-        except Exception as exc:
-            raise ClientError(f"{protocol}: {type(exc).__name__}: {exc}") from None
+        except _connection_failures() as exc:
+            raise ClientError(f"{protocol}: {describe_failure(exc)}") from None
 
     async def request(self, protocol: str, body: bytes, max_response: int) -> bytes:
         """One framed request and its answer; ClientError when there is none."""
@@ -135,15 +168,24 @@ class StoreClient:
         )
         return store_v3.decode_response(raw)
 
-    async def pages(self, query: HistoryQuery) -> AsyncIterator[store_v3.StoreResponse]:
-        """Store v3 pages following the response cursor until there is none.
+    async def query_patiently(self, query: HistoryQuery, backoff: Backoff) -> store_v3.StoreResponse:
+        """One Store v3 page, sent again while the node answers 429."""
+        return await backoff.call(
+            lambda: self.query(query), lambda r: r.status_code == StatusCode.TOO_MANY_REQUESTS
+        )
+
+    async def pages(self, query: HistoryQuery, backoff: Backoff | None = None) -> AsyncIterator[store_v3.StoreResponse]:
+        """Store v3 pages following the response cursor until there is none,
+        each page waiting out a 429 through ``backoff`` (default: the
+        :data:`STORE_BACKOFF` policy).
 
         Stops after a non-200 page (yielded). Raises ClientError when the
         node hands back a cursor it already gave (it would never end).
         """
+        backoff = backoff or Backoff(STORE_BACKOFF)
         seen: set[bytes] = set()
         while True:
-            response = await self.query(query)
+            response = await self.query_patiently(query, backoff)
             yield response
             if response.status_code != StatusCode.OK or response.cursor is None:
                 return
@@ -178,6 +220,22 @@ class StoreClient:
     async def metadata(self, ours: metadata.Metadata) -> metadata.Metadata:
         raw = await self.request(metadata.PROTOCOL_ID, metadata.encode_request(ours), METADATA_MAX_SIZE)
         return metadata.decode_response(raw)
+
+
+def _meaningful_error(group: BaseExceptionGroup, peer: str) -> BaseException | None:
+    """The exception a caller of :meth:`StoreClient.connect` should see for
+    what ended the host's run: its own error first (trio.Cancelled leaves
+    are only the siblings a failure cancelled), else a connection failure
+    as ClientError; None for anything else."""
+    found = leaves(group)
+    for kind in (KeyboardInterrupt, UsageError, ClientError, ProtocolError):
+        for leaf in found:
+            if isinstance(leaf, kind):
+                return leaf
+    for leaf in found:
+        if isinstance(leaf, (trio.TooSlowError, *_connection_failures())):
+            return ClientError(f"connection to {peer} lost: {describe_failure(leaf)}")
+    return None
 
 
 def parse_peer(peer: str):
@@ -220,12 +278,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     push.add_argument("--ephemeral", action="store_true")
     push.add_argument("--from-jsonl", type=Path, help="one message per line, the shape `db export` writes")
     push.add_argument("--legacy", action="store_true", help="lightpush v2beta1 instead of v3")
+    push.add_argument("--rate", type=float,
+                      help="at most N messages a second (the node's default lightpush limit is 5 a second)")
     push.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     push.set_defaults(handler=run_push)
 
 
 def run_query(args: argparse.Namespace) -> int:
     query = _query_from_args(args)
+    _quiet_libp2p()
     return trio.run(_query_main, args, query)
 
 
@@ -248,8 +309,21 @@ def run_push(args: argparse.Namespace) -> int:
             timestamp=args.timestamp if args.timestamp is not None else 0,
             ephemeral=args.ephemeral,
         ))]
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise UsageError("--rate must be a positive number of messages a second")
     parse_peer(args.peer)
+    _quiet_libp2p()
     return trio.run(_push_main, args, messages)
+
+
+def _quiet_libp2p() -> None:
+    """Keep stderr to the command's own lines. libp2p logs every failed dial
+    attempt as an error; its logger has no handler unless LIBP2P_DEBUG is
+    set, so Python's last-resort handler would print them."""
+    import libp2p  # noqa: F401  (importing it configures its logger)
+
+    if not os.environ.get("LIBP2P_DEBUG"):
+        logging.getLogger("libp2p").addHandler(logging.NullHandler())
 
 
 def _query_from_args(args: argparse.Namespace) -> HistoryQuery:
@@ -276,12 +350,14 @@ def _query_from_args(args: argparse.Namespace) -> HistoryQuery:
 
 async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
     total = pages = 0
+    backoff = Backoff(STORE_BACKOFF)
     try:
         async with StoreClient.connect(args.peer, args.timeout) as client:
-            responses = client.pages(query) if args.all else _one(client.query(query))
+            responses = client.pages(query, backoff) if args.all else _one(client.query_patiently(query, backoff))
             async for response in responses:
                 if response.status_code != StatusCode.OK:
-                    _fail(f"query refused: {response.status_code} {response.status_desc}")
+                    _fail(f"query refused: {response.status_code} {response.status_desc}"
+                          + _gave_up(response.status_code == StatusCode.TOO_MANY_REQUESTS, backoff))
                     return EXIT_REFUSED
                 pages += 1
                 for entry in response.messages:
@@ -296,53 +372,75 @@ async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
     except (ClientError, ProtocolError) as exc:
         _fail(str(exc))
         return EXIT_REFUSED
-    print(f"{total} messages in {pages} pages", file=sys.stderr, flush=True)
+    print(f"{total} messages in {pages} pages{_retried(backoff)}", file=sys.stderr, flush=True)
     return 0
 
 
 async def _push_main(args: argparse.Namespace, messages: list[tuple[str, WakuMessage]]) -> int:
-    refused = 0
+    refused = pushed = 0
+    backoff = Backoff(LIGHTPUSH_BACKOFF)
+    interval = 1.0 / args.rate if args.rate else 0.0
     try:
         async with StoreClient.connect(args.peer, args.timeout) as client:
+            next_at = trio.current_time()
             for pubsub_topic, message in messages:
+                if interval:
+                    await trio.sleep_until(next_at)
+                    next_at = max(next_at + interval, trio.current_time())
                 if not message.timestamp:
                     # js-waku stamps every push; nwaku would stamp on arrival.
                     message = dataclasses.replace(message, timestamp=time.time_ns())
-                ok, line = await _push_one(client, pubsub_topic, message, args.legacy)
+                ok, limited, line = await _push_one(client, pubsub_topic, message, args.legacy, backoff)
                 print(json.dumps(line), flush=True)
-                if not ok:
-                    refused += 1
-                    _fail(f"push refused: {line.get('status_code', '')} "
-                          f"{line.get('status_desc') or line.get('info') or ''}".rstrip())
+                pushed += 1
+                if ok:
+                    continue
+                refused += 1
+                reason = f"{line.get('status_code', '')} {line.get('status_desc') or line.get('info') or ''}".strip()
+                if limited:
+                    # Still limited after a minute of waiting: the rest would be too.
+                    _fail(f"push refused: {reason}{_gave_up(True, backoff)}; "
+                          f"{pushed - refused} of {len(messages)} messages pushed")
+                    return EXIT_REFUSED
+                _fail(f"push refused: {reason}")
     except (ClientError, ProtocolError) as exc:
-        _fail(str(exc))
+        _fail(f"{exc} ({pushed - refused} of {len(messages)} messages pushed)" if pushed else str(exc))
         return EXIT_REFUSED
     if len(messages) > 1:
-        print(f"pushed {len(messages)} messages, {refused} refused", file=sys.stderr, flush=True)
+        print(f"pushed {len(messages)} messages, {refused} refused{_retried(backoff)}", file=sys.stderr, flush=True)
     return EXIT_REFUSED if refused else 0
 
 
-async def _push_one(client: StoreClient, pubsub_topic: str, message: WakuMessage, legacy: bool):
-    """Push with retries on 429; returns (accepted, JSON status line)."""
+async def _push_one(client: StoreClient, pubsub_topic: str, message: WakuMessage, legacy: bool,
+                    backoff: Backoff) -> tuple[bool, bool, dict]:
+    """Push, waiting out 429s; returns (accepted, still rate limited, JSON status line)."""
     digest = message_hash(pubsub_topic, message).hex()
-    delay = RETRY_FIRST_S
-    for attempt in range(RETRY_ATTEMPTS + 1):
-        if legacy:
-            answer = await client.push_legacy(pubsub_topic, message)
-            line = {"hash": digest, "is_success": answer.is_success, "info": answer.info}
-            limited = not answer.is_success and "too many requests" in (answer.info or "")
-            ok = answer.is_success
-        else:
-            answer = await client.push(pubsub_topic, message)
-            line = {"hash": digest, "status_code": answer.status_code,
-                    "status_desc": answer.status_desc, "relay_peer_count": answer.relay_peer_count}
-            limited = answer.status_code == LightpushStatus.TOO_MANY_REQUESTS
-            ok = answer.status_code == LightpushStatus.SUCCESS
-        if not limited or attempt == RETRY_ATTEMPTS:
-            return ok, line
-        await trio.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX_S)
-    raise AssertionError("unreachable")
+    if legacy:
+        answer = await backoff.call(lambda: client.push_legacy(pubsub_topic, message), _legacy_limited)
+        line = {"hash": digest, "is_success": answer.is_success, "info": answer.info}
+        return answer.is_success, _legacy_limited(answer), line
+    answer = await backoff.call(
+        lambda: client.push(pubsub_topic, message),
+        lambda a: a.status_code == LightpushStatus.TOO_MANY_REQUESTS,
+    )
+    line = {"hash": digest, "status_code": answer.status_code,
+            "status_desc": answer.status_desc, "relay_peer_count": answer.relay_peer_count}
+    ok = answer.status_code == LightpushStatus.SUCCESS
+    return ok, answer.status_code == LightpushStatus.TOO_MANY_REQUESTS, line
+
+
+def _legacy_limited(answer: lightpush.PushResponseV2) -> bool:
+    # v2beta1 has no status code; nwaku's refusal text says it.
+    return not answer.is_success and "too many requests" in (answer.info or "").lower()
+
+
+def _retried(backoff: Backoff) -> str:
+    return f", {backoff.retries} retries after a rate limit" if backoff.retries else ""
+
+
+def _gave_up(limited: bool, backoff: Backoff) -> str:
+    policy = backoff.policy
+    return f" (still rate limited after backing off up to {policy.max_wait_s:g} s)" if limited else ""
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, WakuMessage]]:
@@ -373,4 +471,5 @@ def _request_id() -> str:
 
 
 def _fail(text: str) -> None:
-    print(f"wakustore: error: {text}", file=sys.stderr, flush=True)
+    one_line = " ".join(text.split())
+    print(f"wakustore: error: {one_line}", file=sys.stderr, flush=True)
