@@ -245,18 +245,30 @@ class _OpenStore:
 
 def _open_store(args: argparse.Namespace) -> tuple[_OpenStore, Callable[[], None]]:
     """The node's store for a command, and how to close it (tests swap this
-    for a store on a shared engine)."""
+    for a store on a shared engine). Both commands that open it write the
+    data dir (export stores its magnet link, fetch hydrates the table, and
+    opening replays the write-ahead log), so the writer lock is taken first
+    and held until ``stop``."""
     from wakustore.node import config as node_config
+    from wakustore.node import data_dir
     from wakustore.node.store_service import open_store
 
     config = node_config.load(args.config, {"data_dir": args.data_dir, "engine": args.engine})
-    engine, store = open_store(config)
+    held = data_dir.lock(config.data_dir)
+    try:
+        engine, store = open_store(config)
+    except BaseException:
+        held.release()
+        raise
 
     def stop() -> None:
         try:
             store.close()
         finally:
-            engine.close()
+            try:
+                engine.close()
+            finally:
+                held.release()
 
     return _OpenStore(config.data_dir, store, config.shards, config.cluster_id), stop
 

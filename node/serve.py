@@ -13,6 +13,7 @@ from pathlib import Path
 import trio
 
 from wakustore.node import config as node_config
+from wakustore.node import data_dir
 
 log = logging.getLogger("wakustore")
 
@@ -60,11 +61,13 @@ def run_serve(args: argparse.Namespace) -> int:
         level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
     )
-    try:
-        trio.run(_serve, config, rate_limits)
-    except HostError as exc:
-        print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+    # Held until the node has committed and stopped (or the process dies).
+    with data_dir.lock(config.data_dir):
+        try:
+            trio.run(_serve, config, rate_limits)
+        except HostError as exc:
+            print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
@@ -90,14 +93,10 @@ def archive_settings(config: node_config.NodeConfig):
 
 async def _run_archives(config, service, relay, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The archive scheduler; it also tells retention what may leave the store."""
-    from wakustore.node.archive import run_archive_scheduler, seeded_until_ns
+    from wakustore.node.archive import keep_from_ns, run_archive_scheduler
 
     settings = archive_settings(config)
-
-    def keep_from() -> int | None:
-        return seeded_until_ns(settings.archive_dir, [settings.community_id])
-
-    service.keep_from = keep_from
+    service.keep_from = lambda: keep_from_ns(settings)
 
     async def publish(pubsub_topic, message) -> None:
         await service.put([(pubsub_topic, message, time.time_ns())], source="archive")

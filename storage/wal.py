@@ -173,6 +173,28 @@ class WriteAheadLog:
         return last.first_seq + count, good_bytes
 
 
+def count_records(directory: Path | str) -> int:
+    """Intact records in the log at ``directory``, read without changing it,
+    so it is safe beside the process that writes the log (a frame that
+    process is still writing counts as absent; a torn tail is not cut).
+    Records committed but not yet trimmed are counted too."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    total = 0
+    for path in directory.iterdir():
+        if path.suffix != _SUFFIX or not path.stem.isdigit():
+            continue
+        count = 0
+        try:
+            for count, _ in _scan_frames(path):
+                pass
+        except FileNotFoundError:  # trimmed by the writer meanwhile
+            continue
+        total += count
+    return total
+
+
 def _scan_frames(path: Path) -> Iterator[tuple[int, int]]:
     """Yield (records so far, offset after them) for every intact frame."""
     count = 0
