@@ -97,16 +97,14 @@ class MailserverSettings:
 
     ``minimum_pow`` applies to archived envelopes and to request envelopes
     (0 turns both checks off). ``rate_limit_s``: one request per peer per
-    that many seconds, 0 for none. ``require_signature``: refuse unsigned
-    request envelopes as status-go does (the spec and nim-waku's client do
-    not sign, and status-go accepts any signer, so off by default).
+    that many seconds, 0 for none. Unsigned request envelopes are always
+    refused, as status-go refuses them.
     ``max_message_size`` (bytes) bounds received packets and sent bundles.
     """
 
     password: str = DEFAULT_PASSWORD
     minimum_pow: float = DEFAULT_MINIMUM_POW
     rate_limit_s: float = DEFAULT_RATE_LIMIT_S
-    require_signature: bool = False
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     max_connections: int = MAX_CONNECTIONS
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
@@ -118,10 +116,10 @@ class MailserverSettings:
     @classmethod
     def from_config(cls, config) -> MailserverSettings:
         """Defaults, overridden by ``mailserver_password``,
-        ``mailserver_minimum_pow``, ``mailserver_rate_limit_s`` and
-        ``mailserver_require_signature`` when the configuration has them."""
+        ``mailserver_minimum_pow`` and ``mailserver_rate_limit_s`` when the
+        configuration has them."""
         values = {}
-        for name in ("password", "minimum_pow", "rate_limit_s", "require_signature"):
+        for name in ("password", "minimum_pow", "rate_limit_s"):
             value = getattr(config, f"mailserver_{name}", None)
             if value is not None:
                 values[name] = value
@@ -399,7 +397,6 @@ class Mailserver:
             if p2p.envelope is not None:
                 request = wms.open_request(
                     p2p.envelope, self.symmetric_key, minimum_pow=self.settings.minimum_pow,
-                    require_signature=self.settings.require_signature,
                 )
             request = wms.validate_request(request, int(self.settings.clock()))
             if not self.rate_limiter.allow(session.remote_id):

@@ -16,8 +16,10 @@ bloom, so a relaying mailserver pushes it nothing) and then:
   Messages (1) packet, then waits for a Ping round trip so that the
   mailserver has handled it; prints the envelope hash.
 
-A refused request or an unreachable mailserver prints one line on stderr
-and exits 1; bad input exits 2.
+A refused request, an unreachable mailserver, a refused handshake or a
+connection lost midway prints one line on stderr and exits 1; bad input
+exits 2. "rate limit exceeded" is waited out through
+:mod:`~wakustore.node.backoff`, as the Store and lightpush clients do.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from dataclasses import dataclass
 import coincurve
 import trio
 
+from wakustore.node.backoff import Backoff, BackoffPolicy
 from wakustore.node.cli import UsageError, parse_hex
+from wakustore.node.failures import describe_failure
 from wakustore.node.mailserver import DEFAULT_PASSWORD, SessionClosed, encode_status, open_session
 from wakustore.protocols import ecies
 from wakustore.protocols import mailserver as wms
@@ -59,10 +63,11 @@ POST_TTL_S = 120
 UNSTATED_POW = 0.001
 # Nonces tried when sealing; 2^24 reaches 24 leading zero bits on average.
 SEAL_MAX_ITERATIONS = 2**24
-# "rate limit exceeded" is retried after 1 s, doubling up to 30 s, 6 times.
-RATE_LIMIT_RETRY_S = 1.0
-RATE_LIMIT_RETRY_MAX_S = 30.0
-RATE_LIMIT_RETRIES = 6
+# "rate limit exceeded" is retried after 1 s, doubling up to 30 s, 6 times
+# (61 s of pauses). status-go's limiter (mailserver/limiter.go) allows one
+# request per peer per MailServerRateLimit seconds, a setting with no
+# default value to take the period from.
+RATE_LIMIT_BACKOFF = BackoffPolicy(first_s=1.0, max_s=30.0, max_retries=6, max_wait_s=61.0)
 RATE_LIMIT_ERROR = "rate limit exceeded"
 # Default request window: the last day (status-go's limit on the range of
 # its oldest request form, mailserver.go maxQueryRange).
@@ -116,7 +121,7 @@ class MailserverClient:
             with trio.fail_after(timeout_s):
                 stream = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
-            raise MailserverError(f"cannot connect to {host}:{port}: {_describe(exc)}") from None
+            raise MailserverError(f"cannot connect to {host}:{port}: {describe_failure(exc)}") from None
         async with stream:
             try:
                 session = await open_session(
@@ -125,7 +130,7 @@ class MailserverClient:
                     max_message_size=max_message_size, timeout_s=timeout_s, read_timeout_s=timeout_s,
                 )
             except (SessionClosed, RLPxError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
-                raise MailserverError(f"handshake with {host}:{port} failed: {_describe(exc)}") from None
+                raise MailserverError(f"handshake with {host}:{port} failed: {describe_failure(exc)}") from None
             try:
                 yield cls(session, key, timeout_s, max_message_size)
             finally:
@@ -155,28 +160,30 @@ class MailserverClient:
             )
             now = int(time.time())
             envelope = Envelope(expiry=now + REQUEST_TTL_S, ttl=REQUEST_TTL_S, topic=bytes(TOPIC_SIZE), data=data)
-            payload = seal(envelope, self.pow_target, SEAL_MAX_ITERATIONS).encode()
+            try:
+                payload = seal(envelope, self.pow_target, SEAL_MAX_ITERATIONS).encode()
+            except WakuV1Error as exc:  # the PoW the mailserver asks is out of reach
+                raise MailserverError(f"cannot seal the request: {exc}") from None
             request_id = envelope_hash(payload)
         return await self._guarded(self._exchange(request_id, payload))
 
     async def pages(
         self, request: wms.MessagesRequest, symmetric_key: bytes, *, layout: str | None = None, sign: bool = True,
+        backoff: Backoff | None = None,
     ) -> AsyncIterator[RequestAnswer]:
         """Answers following the Request Complete cursor until there is none.
 
-        Stops after a refusal (yielded); "rate limit exceeded" is retried
-        with backoff first. Raises MailserverError on a repeated cursor.
+        Stops after a refusal (yielded); "rate limit exceeded" is waited out
+        through ``backoff`` first (default: the :data:`RATE_LIMIT_BACKOFF`
+        policy). Raises MailserverError on a repeated cursor.
         """
+        backoff = backoff or Backoff(RATE_LIMIT_BACKOFF)
         seen: set[bytes] = set()
         while True:
-            delay = RATE_LIMIT_RETRY_S
-            answer = await self.request(request, symmetric_key, layout=layout, sign=sign)
-            for _ in range(RATE_LIMIT_RETRIES):
-                if answer.complete.error != RATE_LIMIT_ERROR:
-                    break
-                await trio.sleep(delay)
-                delay = min(2 * delay, RATE_LIMIT_RETRY_MAX_S)
-                answer = await self.request(request, symmetric_key, layout=layout, sign=sign)
+            answer = await backoff.call(
+                lambda request=request: self.request(request, symmetric_key, layout=layout, sign=sign),
+                lambda a: a.complete.error == RATE_LIMIT_ERROR,
+            )
             yield answer
             cursor = answer.complete.cursor
             if answer.complete.error is not None or not cursor:
@@ -226,11 +233,7 @@ class MailserverClient:
         except trio.TooSlowError:
             raise MailserverError(f"no answer within {self.timeout_s:g} s") from None
         except (SessionClosed, RLPxError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise MailserverError(f"connection lost: {_describe(exc)}") from None
-
-
-def _describe(exc: BaseException) -> str:
-    return "timed out" if isinstance(exc, trio.TooSlowError) else str(exc) or type(exc).__name__
+            raise MailserverError(f"connection lost: {describe_failure(exc)}") from None
 
 
 def seal_envelope(
@@ -358,21 +361,27 @@ async def _request_main(args: argparse.Namespace, request: wms.MessagesRequest) 
     key = key_from_password(args.password)
     sign = not args.no_sign
     answers: list[RequestAnswer] = []
+    backoff = Backoff(RATE_LIMIT_BACKOFF)
     try:
         async with MailserverClient.connect(args.enode, timeout_s=args.timeout) as client:
             if args.all:
-                async for answer in client.pages(request, key, sign=sign):
+                async for answer in client.pages(request, key, sign=sign, backoff=backoff):
                     answers.append(answer)
                     _print_envelopes(answer, args.json)
             else:
-                answers.append(await client.request(request, key, sign=sign))
+                answers.append(await backoff.call(
+                    lambda: client.request(request, key, sign=sign),
+                    lambda a: a.complete.error == RATE_LIMIT_ERROR,
+                ))
                 _print_envelopes(answers[-1], args.json)
     except MailserverError as exc:
         print(f"wakustore: error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     last = answers[-1].complete
     if last.error is not None:
-        print(f"wakustore: error: the mailserver refused the request: {last.error}", file=sys.stderr)
+        waited = (f" (still after backing off up to {RATE_LIMIT_BACKOFF.max_wait_s:g} s)"
+                  if last.error == RATE_LIMIT_ERROR else "")
+        print(f"wakustore: error: the mailserver refused the request: {last.error}{waited}", file=sys.stderr)
         return EXIT_REFUSED
     total = sum(len(a.envelopes) for a in answers)
     cursor = last.cursor.hex() if last.cursor else "none"

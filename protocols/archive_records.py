@@ -153,7 +153,7 @@ def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: st
     arrival = _ext_int(ext, EXT_ARRIVAL)
     if layout is Layout.SPEC:
         message = message_codec.decode_message(raw)
-        pubsub_topic = pubsub.decode() if pubsub is not None else default_pubsub_topic
+        pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else default_pubsub_topic
         return ArchivedMessage(pubsub_topic, message, arrival if arrival is not None else message.timestamp)
     record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
     if record is None:
@@ -180,7 +180,7 @@ def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: st
         meta=_ext_bytes(ext, EXT_META) or b"",
         rate_limit_proof=_ext_bytes(ext, EXT_PROOF) or b"",
     )
-    item = ArchivedMessage(pubsub.decode(), message, arrival)
+    item = ArchivedMessage(_utf8(pubsub, "pubsub topic"), message, arrival)
     if item.timestamp // NS_PER_S != record.timestamp:
         raise ArchiveError(f"timestamp {record.timestamp} s does not match {item.timestamp} ns")
     if message_hash(item.pubsub_topic, message) != record.hash:
@@ -235,6 +235,13 @@ def _seal(key: bytes, nonce: bytes, payload: bytes, padding: bytes, signature: b
 
 def _size_field_length(size: int) -> int:
     return max(1, (size.bit_length() + 7) // 8)
+
+
+def _utf8(value: bytes, what: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArchiveError(f"{what} is not UTF-8") from None
 
 
 def _ext_int(ext: dict, number: int) -> int | None:

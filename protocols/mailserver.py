@@ -15,6 +15,8 @@ Three request forms reach a mailserver in a P2P Request (0x7e) packet:
   sent (protocol/transport/transport.go createMessagesRequestV1).
 
 The envelope-carried layouts differ at index 3: a list there is status-go's.
+A request envelope must be signed, as status-go's mailserver requires (see
+:func:`open_request`); a direct request carries no signature.
 Every malformed input raises :class:`~wakustore.protocols.errors.WakuV1Error`
 whose message is the text status-go answers with, where it has one.
 """
@@ -77,6 +79,10 @@ MAX_REQUEST_PAYLOAD_SIZE = 64 * 1024
 # The request list, its seven fields and MAX_TOPICS topics.
 MAX_REQUEST_RLP_ITEMS = 1 + 7 + MAX_TOPICS
 REQUEST_RLP_DEPTH = 2  # the request list and its topic list
+
+# status-go mailserver/mailserver.go decodeRequest wrapping checkMsgSignature's
+# error: what an unsigned request envelope is answered with.
+WRONG_SIGNATURE = "check message signature failed: wrong signature of p2p request"
 
 # status-go waku/mailserver.go mailServerFailedPayloadPrefix.
 ERROR_PREFIX = b"ERROR="
@@ -281,15 +287,18 @@ def open_request(
     key: bytes,
     *,
     minimum_pow: float = 0.0,
-    require_signature: bool = False,
 ) -> MessagesRequest:
     """Check, decrypt and decode a request envelope as status-go's mailserver does.
 
-    Errors, in status-go's order and words: "PoW too low" (only when
-    ``minimum_pow`` > 0), "failed to decrypt p2p request", "check message
-    signature failed: wrong signature of p2p request" (status-go always
-    requires a signature; the spec does not, nor does nim-waku's client
-    sign, hence opt-in) and "failed to decode data: ...".
+    Errors, in status-go's order and words (mailserver.go decodeRequest):
+    "PoW too low" (only when ``minimum_pow`` > 0), "failed to decrypt p2p
+    request", "check message signature failed: wrong signature of p2p
+    request" for an unsigned payload, and "failed to decode data: ...".
+
+    status-go's checkMsgSignature only asks that a signer key be recovered:
+    its comparison with the requesting peer's node key is commented out, so
+    a request signed by any key is served (its clients sign with their node
+    key). A signature that recovers no key fails inside decryption already.
     """
     if minimum_pow > 0.0 and pow_value(envelope) < minimum_pow:
         raise WakuV1Error("PoW too low")
@@ -297,8 +306,8 @@ def open_request(
         opened = decrypt_symmetric(envelope.data, key)
     except WakuV1Error:
         raise WakuV1Error("failed to decrypt p2p request") from None
-    if require_signature and opened.signature_public_key is None:
-        raise WakuV1Error("check message signature failed: wrong signature of p2p request")
+    if opened.signature_public_key is None:
+        raise WakuV1Error(WRONG_SIGNATURE)
     return decode_request_payload(opened.payload)
 
 

@@ -217,14 +217,41 @@ def test_wrong_password_is_refused_with_the_error_form(seeded):
     assert answer.complete.request_id == answer.request_id and answer.envelopes == []
 
 
-def test_unsigned_requests_are_served_unless_signatures_are_required(seeded):
-    server, rows = seeded
-    assert ask(server.enode, everything(limit=3), sign=False).envelopes == [r.raw for r in rows[:3]]
-    strict = MailserverSettings(minimum_pow=0.0, require_signature=True)
-    with ServerThread(server.store, strict) as signed_only:
-        unsigned = ask(signed_only.enode, everything(limit=3), sign=False)
+def test_unsigned_request_envelope_is_refused_as_status_go_does(seeded):
+    server, _ = seeded
+    for layout in ("status-go", "spec"):
+        unsigned = ask(server.enode, everything(limit=3), layout=layout, sign=False)
         assert unsigned.complete.error == "check message signature failed: wrong signature of p2p request"
-        assert len(ask(signed_only.enode, everything(limit=3)).envelopes) == 3
+        assert unsigned.complete.request_id == unsigned.request_id and unsigned.envelopes == []
+    # The refusal leaves the connection usable: the signed retry is served.
+    async def main():
+        async with MailserverClient.connect(server.enode) as client:
+            refused = await client.request(everything(limit=3), KEY, sign=False)
+            served = await client.request(everything(limit=3), KEY)
+            return refused, served
+    refused, served = run(main)
+    assert refused.complete.error is not None
+    assert served.complete.error is None and len(served.envelopes) == 3
+
+
+def test_request_signed_by_a_key_other_than_the_peers_is_served(seeded):
+    # status-go's checkMsgSignature asks only that a signer be recovered; its
+    # comparison with the peer's node key is commented out.
+    server, rows = seeded
+    async def main():
+        async with MailserverClient.connect(server.enode) as client:
+            client.private_key = coincurve.PrivateKey().secret  # not the key of the RLPx session
+            return await client.request(everything(limit=3), KEY)
+    answer = run(main)
+    assert answer.complete.error is None
+    assert answer.envelopes == [r.raw for r in rows[:3]]
+
+
+def test_direct_request_needs_no_signature(seeded):
+    server, rows = seeded
+    answer = ask(server.enode, everything(limit=3), layout="direct", sign=False)
+    assert answer.complete.error is None
+    assert answer.envelopes == [r.raw for r in rows[:3]]
 
 
 def test_second_request_within_the_rate_limit_is_refused(seeded):

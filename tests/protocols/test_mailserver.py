@@ -15,6 +15,7 @@ from wakustore.protocols.mailserver import (
     P2P_REQUEST,
     P2P_REQUEST_COMPLETE,
     STATUS,
+    WRONG_SIGNATURE,
     Cursor,
     MessagesRequest,
     RequestComplete,
@@ -230,21 +231,40 @@ def test_p2p_request_envelope_is_opened_and_decoded():
     packet = decode_p2p_request(raw)
     assert packet.envelope == envelope and packet.request is None
     assert packet.request_id == keccak256(raw)
-    assert open_request(packet.envelope, KEY, require_signature=True) == request
+    assert open_request(packet.envelope, KEY) == request
 
 
 def test_open_request_reports_status_go_errors():
     request = MessagesRequest(lower=1, upper=2, topics=[b"abcd"])
-    envelope = _request_envelope(encode_request_payload(request, "spec"), signed=False)
+    envelope = _request_envelope(encode_request_payload(request, "spec"))
     assert open_request(envelope, KEY).layout == "spec"
     with pytest.raises(WakuV1Error, match="^PoW too low$"):
         open_request(envelope, KEY, minimum_pow=1e9)
     with pytest.raises(WakuV1Error, match="^failed to decrypt p2p request$"):
         open_request(envelope, bytes(reversed(KEY)))
-    with pytest.raises(WakuV1Error, match="wrong signature of p2p request"):
-        open_request(envelope, KEY, require_signature=True)
     with pytest.raises(WakuV1Error, match="^failed to decode data: "):
         open_request(_request_envelope(b"\xff\xff"), KEY)
+
+
+@pytest.mark.parametrize("layout", ["status-go", "spec"])
+def test_unsigned_request_envelope_is_refused(layout):
+    request = MessagesRequest(lower=1, upper=2, topics=[b"abcd"])
+    unsigned = _request_envelope(encode_request_payload(request, layout), signed=False)
+    with pytest.raises(WakuV1Error) as refused:
+        open_request(unsigned, KEY)
+    assert str(refused.value) == WRONG_SIGNATURE
+    assert WRONG_SIGNATURE == "check message signature failed: wrong signature of p2p request"
+    # Decryption comes first: an unsigned request under the wrong key fails there.
+    with pytest.raises(WakuV1Error, match="^failed to decrypt p2p request$"):
+        open_request(unsigned, bytes(reversed(KEY)))
+
+
+def test_request_signed_by_any_key_is_opened():
+    request = MessagesRequest(lower=1, upper=2, topics=[b"abcd"], limit=5)
+    for signer in (SIGNER, bytes([0x17]) * 32):
+        data = encrypt_symmetric(encode_request_payload(request), KEY, signing_key=signer)
+        envelope = Envelope(expiry=NOW + 50, ttl=50, topic=b"\x00\x00\x00\x00", data=data)
+        assert open_request(envelope, KEY) == request
 
 
 def test_garbage_p2p_request_is_rejected():
