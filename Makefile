@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench protos clean
+.PHONY: install run test bench fuzz soak protos clean
 
 install: $(STAMP)
 
@@ -27,6 +27,24 @@ test: install
 
 bench: install
 	$(BIN)/wakustore bench store
+
+# Coverage-guided fuzzing of every network decoder (tests/fuzz/run_fuzz.py),
+# one target after the other on one core; not part of `make test`, which
+# runs a small budget of the same targets.
+FUZZ_RUNS ?= 1000000
+FUZZ_TIME ?= 0
+FUZZ_TARGETS ?=
+
+fuzz: install
+	$(BIN)/python -m pip install --quiet -e ".[test,fuzz]"
+	$(BIN)/python tests/fuzz/run_fuzz.py --runs $(FUZZ_RUNS) --max-time $(FUZZ_TIME) $(FUZZ_TARGETS)
+
+# The model-based crash test against a real node, killed and restarted,
+# for as long as asked; its last line is the totals (`... 0 mismatches`).
+SOAK_MINUTES ?= 30
+
+soak: install
+	$(BIN)/wakustore soak --minutes $(SOAK_MINUTES)
 
 protos: install
 	$(BIN)/python -m wakustore.protos.generate

@@ -241,6 +241,17 @@ def _mark_seeded(settings: ArchiveSettings) -> None:
     state.save(settings.state_path)
 
 
+def keep_from_ns(settings: ArchiveSettings | None) -> int | None:
+    """The archive guard retention takes (``keep_from_ns``) on a node with
+    these control-node settings, now: history from the end of the last
+    seeded archive on stays. None when the node archives nothing. One
+    function for ``serve``'s hourly maintenance and ``wakustore db
+    retention``, so a manual run never deletes what is not yet archived."""
+    if settings is None:
+        return None
+    return seeded_until_ns(settings.archive_dir, [settings.community_id])
+
+
 def seeded_until_ns(archive_dir: Path, community_ids: Iterable[str]) -> int | None:
     """For retention (``apply_retention(keep_from_ns=...)``): every message
     before this time is in a seeded archive of each community, so only

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their implementation (imported lazily so
     that `wakustore message hash` does not load the engine stack)."""
-    from wakustore.node import archive_cli, bench_cli, client_cli, db_cli, mailserver_cli, serve
+    from wakustore.node import archive_cli, bench_cli, client_cli, db_cli, mailserver_cli, serve, soak
 
     return [
         serve.register,
@@ -139,6 +139,7 @@ def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
         mailserver_cli.register,
         archive_cli.register,
         bench_cli.register,
+        soak.register,
     ]
 
 

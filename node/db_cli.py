@@ -8,19 +8,21 @@ same shape ``wakustore query --json`` prints.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wakustore.node import config as node_config
+from wakustore.node import data_dir
 from wakustore.node.cli import UsageError, parse_hex
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage import maintenance
 
-IMPORT_BATCH = 5000
+IMPORT_PROGRESS_LINES = 100_000  # a progress line on stderr while a large file is staged
+# Commands that only read the committed table: no lock, they run beside a node.
+READ_ONLY_VERBS = frozenset({"stats", "export"})
 MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
 
 
@@ -47,27 +49,67 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--content-topic", action="append", dest="content_topics")
             sub.add_argument("--start", type=int, help="Unix ns, inclusive")
             sub.add_argument("--end", type=int, help="Unix ns, exclusive")
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler if verb in READ_ONLY_VERBS else _writing(handler))
+
+
+def _config(args) -> node_config.NodeConfig:
+    return node_config.load(args.config, {"data_dir": args.data_dir, "engine": args.engine})
+
+
+def _writing(handler):
+    """``handler`` run under the data dir's writer lock: it opens the store,
+    which replays and trims the write-ahead log and commits to the table."""
+    def run(args) -> int:
+        with data_dir.lock(_config(args).data_dir):
+            return handler(args)
+
+    return run
 
 
 def _open(args):
+    """Engine and store for a command that writes (under :func:`_writing`)."""
     from wakustore.node.store_service import open_store
 
-    config = node_config.load(args.config, {"data_dir": args.data_dir, "engine": args.engine})
+    config = _config(args)
     return config, *open_store(config)
 
 
+def _open_read_only(args):
+    """Engine and the committed table, for a command that only reads: no
+    lock, and nothing written to the data dir (the table is not created,
+    the write-ahead log is neither replayed nor trimmed), so it runs beside
+    a node that writes the same data dir."""
+    from wakustore.storage.engine import Engine
+    from wakustore.storage.table import DeltaTableRef
+
+    config = _config(args)
+    data_dir.check_readable(config.data_dir)
+    uri = config.messages_uri
+    if "://" not in uri and not (Path(uri) / "_delta_log").is_dir():
+        raise UsageError(f"no message table at {uri} (nothing was stored with data dir {config.data_dir})")
+    engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
+    engine.start()
+    return config, engine, DeltaTableRef(engine, uri)
+
+
+def _in_log(config: node_config.NodeConfig) -> int:
+    """Messages in the write-ahead log (where open_store keeps it), counted
+    without touching it; some may already be committed."""
+    from wakustore.storage.wal import count_records
+
+    return count_records(config.data_dir / "wal" / "messages")
+
+
 def _stats(args) -> int:
-    config, engine, store = _open(args)
+    config, engine, table = _open_read_only(args)
     try:
-        s = maintenance.stats(store.table)
+        s = maintenance.stats(table)
         print(json.dumps({
             "table": config.messages_uri, "version": s.version, "files": s.files, "bytes": s.bytes,
             "rows": s.rows, "days": s.days, "oldest_ns": s.oldest_ns, "newest_ns": s.newest_ns,
-            "pending_in_log": store.pending,
+            "pending_in_log": _in_log(config),
         }))
     finally:
-        store.close()
         engine.close()
     return 0
 
@@ -75,10 +117,9 @@ def _stats(args) -> int:
 def _compact(args) -> int:
     config, engine, store = _open(args)
     try:
-        store.flush()
-        result = maintenance.compact(store.table, today=dt.datetime.now(dt.timezone.utc).date())
-        maintenance.checkpoint(store.table)
-        print(json.dumps(result))
+        # The node's maintenance routine without a retention policy.
+        result = maintenance.run_maintenance(store, None, time.time_ns())
+        print(json.dumps(result.compaction))
     finally:
         store.close()
         engine.close()
@@ -101,19 +142,37 @@ def _retention(args) -> int:
             maintenance.RetentionPolicy.parse(args.policy)  # before the engine starts
         except maintenance.RetentionError as exc:
             raise UsageError(f"--policy: {exc}") from None
+    keep_from = _archive_guard(_config(args))  # a bad archive key fails before the engine starts
     config, engine, store = _open(args)
     try:
         policy = maintenance.RetentionPolicy.parse(args.policy or config.retention)
-        store.flush()
-        result = maintenance.apply_retention(store.table, policy, time.time_ns())
-        print(json.dumps({"cutoff_ns": result.cutoff_ns, "rows_before": result.rows_before,
-                          "rows_after": result.rows_after}))
+        # The node's hourly maintenance routine, with the guard serve passes:
+        # history not yet in a seeded community archive stays.
+        guard = keep_from()
+        result = maintenance.run_maintenance(store, policy, time.time_ns(), keep_from_ns=guard)
+        retention = result.retention
+        print(json.dumps({"cutoff_ns": retention.cutoff_ns, "rows_before": retention.rows_before,
+                          "rows_after": retention.rows_after, "keep_from_ns": guard,
+                          **result.compaction}))
     except maintenance.RetentionError as exc:
         raise UsageError(str(exc)) from None
     finally:
         store.close()
         engine.close()
     return 0
+
+
+def _archive_guard(config: node_config.NodeConfig) -> Callable[[], int | None]:
+    """Retention's ``keep_from_ns`` as ``serve`` computes it for this
+    configuration (a control node keeps what its archives do not hold yet)."""
+    from wakustore.node.archive import keep_from_ns
+
+    if not config.archive_key_file:
+        return lambda: None
+    from wakustore.node.serve import archive_settings
+
+    settings = archive_settings(config)
+    return lambda: keep_from_ns(settings)
 
 
 def message_to_json(pubsub_topic: str, message: WakuMessage, **extra) -> dict:
@@ -145,74 +204,125 @@ def message_from_json(obj: dict, where: str) -> tuple[str, WakuMessage]:
     return pubsub, message
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[str, WakuMessage]]:
-    """(pubsub topic, message) per line of a JSON Lines file, streamed;
-    UsageError naming the line for anything malformed or over the bounds."""
-    with open(path, encoding="utf-8") as handle:
+def iter_jsonl(
+    path: Path, check: Callable[[WakuMessage], None] | None = None
+) -> Iterator[tuple[str, WakuMessage]]:
+    """(pubsub topic, message) per line of a JSON Lines file, streamed.
+
+    Raises UsageError ``FILE:LINE: reason`` for a line that is malformed,
+    over the bounds, or refused by ``check`` (which raises ValueError
+    saying why), so a caller can stage every line before committing any.
+    """
+    with open(path, "rb") as handle:
         number = 0
-        while line := handle.readline(MAX_JSONL_LINE + 1):  # never reads an unbounded line
+        while raw := handle.readline(MAX_JSONL_LINE + 1):  # never reads an unbounded line
             number += 1
-            if len(line) > MAX_JSONL_LINE:
-                raise UsageError(f"line {number}: longer than {MAX_JSONL_LINE} characters")
+            where = f"{path}:{number}"
+            if len(raw) > MAX_JSONL_LINE:
+                raise UsageError(f"{where}: longer than {MAX_JSONL_LINE} bytes")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UsageError(f"{where}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"line {number}: invalid JSON ({exc.msg})") from None
+            except ValueError as exc:  # also an integer past Python's digit limit
+                raise UsageError(f"{where}: invalid JSON ({getattr(exc, 'msg', exc)})") from None
+            except RecursionError:
+                raise UsageError(f"{where}: invalid JSON (nested too deeply)") from None
             if not isinstance(obj, dict):
-                raise UsageError(f"line {number}: not a message object")
-            yield message_from_json(obj, f"line {number}")
+                raise UsageError(f"{where}: not a message object")
+            pubsub, message = message_from_json(obj, where)
+            try:
+                _check_fields(obj, pubsub, message)
+                if check is not None:
+                    check(message)
+            except ValueError as exc:
+                raise UsageError(f"{where}: {exc}") from None
+            yield pubsub, message
+
+
+# The table's column types: timestamps are int64 nanoseconds, the version
+# an int32 (the protobuf field is a uint32; larger values are not stored).
+MAX_TIMESTAMP_NS = 2**63 - 1
+MAX_VERSION = 2**31 - 1
+
+
+def _check_fields(obj: dict, pubsub: str, message: WakuMessage) -> None:
+    """What message_from_json lets through but the table cannot hold."""
+    for name, top in (("timestamp", MAX_TIMESTAMP_NS), ("version", MAX_VERSION)):
+        value = obj.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            raise ValueError(f"{name} must be an integer from 0 to {top}, got {value!r}")
+    if not pubsub or not isinstance(message.content_topic, str):
+        raise ValueError("pubsub_topic and content_topic must be non-empty strings")
+    try:
+        pubsub.encode()
+        message.content_topic.encode()
+    except UnicodeEncodeError:
+        raise ValueError("a topic is not valid Unicode (lone surrogate escape)") from None
 
 
 def _import(args) -> int:
-    from wakustore.protocols.message import DEFAULT_MAX_MESSAGE_SIZE
-
+    """One file, one transaction: every line is validated and staged before
+    anything is committed, then a MERGE on MUID adds what the table lacks."""
     if not args.from_jsonl.is_file():
         raise UsageError(f"--from-jsonl: no such file {args.from_jsonl}")
     config, engine, store = _open(args)
-    total = accepted = 0
     try:
-        batch = []
-        for pubsub, message in iter_jsonl(args.from_jsonl):
-            if len(message.payload) > DEFAULT_MAX_MESSAGE_SIZE:
-                raise UsageError(f"payload of {len(message.payload)} bytes exceeds {DEFAULT_MAX_MESSAGE_SIZE}")
-            batch.append((pubsub, message, message.timestamp or time.time_ns()))
-            if len(batch) >= IMPORT_BATCH:
-                accepted += store.put(batch).accepted
-                total += len(batch)
-                batch = []
-                store.flush()
-                print(f"imported {total} messages ({accepted} new)", file=sys.stderr, flush=True)
-        if batch:
-            accepted += store.put(batch).accepted
-            total += len(batch)
-        store.flush()
-        print(f"imported {total} messages ({accepted} new)", file=sys.stderr, flush=True)
+        new, already = store.import_rows(_staged_lines(args.from_jsonl))
     finally:
         store.close()
         engine.close()
+    print(f"imported {new + already} messages: {new} new, {already} already stored", file=sys.stderr, flush=True)
     return 0
 
 
+def _storable(message: WakuMessage) -> None:
+    """The checks a relayed message passes (encoded size, meta size, content
+    topic), except the clock drift: history is old, so "now" is the
+    message's own time."""
+    from wakustore.protocols.message import InvalidMessage, check_storable
+    from wakustore.protocols.message_codec import encode_message
+
+    try:
+        check_storable(message, len(encode_message(message)), message.timestamp)
+    except InvalidMessage as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _staged_lines(path: Path) -> Iterator[tuple[str, WakuMessage, int]]:
+    for count, (pubsub, message) in enumerate(iter_jsonl(path, _storable), 1):
+        yield pubsub, message, message.timestamp or time.time_ns()
+        if count % IMPORT_PROGRESS_LINES == 0:
+            print(f"staged {count} messages", file=sys.stderr, flush=True)
+
+
 def _export(args) -> int:
-    config, engine, store = _open(args)
+    from wakustore.storage.rows import rows_from_arrow
+
+    config, engine, table = _open_read_only(args)
     written = 0
     try:
-        store.flush()
-        s = maintenance.stats(store.table)
+        s = maintenance.stats(table)
         start = args.start if args.start is not None else (s.oldest_ns or 0)
         end = args.end if args.end is not None else ((s.newest_ns or 0) + 1)
         with open(args.to_jsonl, "w", encoding="utf-8") as out:
-            for table in store.table.window_days(start, end, args.content_topics, args.pubsub_topic):
-                from wakustore.storage.rows import rows_from_arrow
-
-                for row in rows_from_arrow(table):
+            for day in table.window_days(start, end, args.content_topics, args.pubsub_topic):
+                for row in rows_from_arrow(day):
                     out.write(json.dumps(message_to_json(row.pubsub_topic, row.message)) + "\n")
                     written += 1
                 print(f"exported {written} messages", file=sys.stderr, flush=True)
         print(f"exported {written} messages", file=sys.stderr, flush=True)
+        waiting = _in_log(config)
+        if waiting:
+            print(f"{waiting} message(s) wait in the write-ahead log; those not yet in the table were not "
+                  "exported (a running node commits them within its flush interval, a stopped one when it starts)",
+                  file=sys.stderr, flush=True)
     finally:
-        store.close()
         engine.close()
     return 0

@@ -3,7 +3,6 @@ that flush, retain and compact, all owned by one trio nursery."""
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -52,6 +51,8 @@ class StoreService:
     # Set by the archive scheduler: returns the time (ns) from which history
     # is not yet in a seeded archive and must not be retained away.
     keep_from: Callable[[], int | None] = lambda: None
+    # The last maintenance run: {"ok", "at" (Unix seconds), "error"}; empty before the first.
+    last_maintenance: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._puts_send, self._puts_receive = trio.open_memory_channel(PUT_QUEUE)
@@ -109,7 +110,10 @@ class StoreService:
         """For /health: the engine answers and the write path is not stuck."""
         engine = self.engine.health()
         return {
-            "ok": bool(engine.healthy),
+            # A failed maintenance run (retention, compaction) is the
+            # operator's to see: the node answers, but is not well.
+            "ok": bool(engine.healthy) and self.last_maintenance.get("ok", True),
+            "maintenance": self.last_maintenance,
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
             "pending_messages": self.store.pending,
             "wal_depth": self.store.wal_depth,
@@ -119,13 +123,36 @@ class StoreService:
     async def _supervise_loop(self) -> None:
         while True:
             await trio.sleep(SUPERVISE_INTERVAL_S)
-            try:
-                health = await trio.to_thread.run_sync(self.engine.supervise, limiter=self.limiter)
-                self.metrics.engine_restarts.set(health.generation + 1)
-                if health.rss_bytes is not None:
-                    self.metrics.engine_rss.set(health.rss_bytes)
-            except Exception as exc:
-                log.warning("engine supervision failed: %s", exc)
+            await self._supervise_once()
+
+    async def _supervise_once(self) -> None:
+        try:
+            health = await trio.to_thread.run_sync(self.engine.supervise, limiter=self.limiter)
+        except Exception as exc:
+            log.warning("engine supervision failed: %s", exc)
+            return
+        self._set_engine_gauges(health.generation, health.rss_bytes)
+
+    def _set_engine_gauges(self, generation: int, rss_bytes: int | None) -> None:
+        # The generation /health reports: sessions started, 1 after the first start.
+        self.metrics.engine_generation.set(generation)
+        if rss_bytes is not None:
+            self.metrics.engine_rss.set(rss_bytes)
+
+    def _set_table_gauges(self, stats: maintenance.TableStats | None) -> None:
+        if stats is not None:
+            self.metrics.table_bytes.labels("messages").set(stats.bytes)
+            self.metrics.table_rows.labels("messages").set(stats.rows)
+
+    def refresh_gauges(self) -> None:
+        """Set the engine and table gauges now (blocking: reads the table's
+        log), so that they hold values from the start, not from the first
+        supervision or maintenance."""
+        self._set_engine_gauges(self.engine.generation, self.engine.rss_bytes())
+        try:
+            self._set_table_gauges(maintenance.table_stats(self.store.table))
+        except Exception as exc:  # gauges are not worth refusing to start over
+            log.warning("table statistics unavailable: %s", exc)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -144,19 +171,16 @@ class StoreService:
             try:
                 await trio.to_thread.run_sync(self.maintain, policy, limiter=self.limiter)
             except Exception as exc:
-                log.warning("maintenance failed: %s", exc)
+                log.warning("maintenance failed: %r", exc)
+                self.last_maintenance = {"ok": False, "at": time.time(), "error": repr(exc)[:500]}
+            else:
+                self.last_maintenance = {"ok": True, "at": time.time(), "error": None}
 
-    def maintain(self, policy: maintenance.RetentionPolicy) -> None:
-        now = time.time_ns()
-        result = maintenance.apply_retention(self.store.table, policy, now, keep_from_ns=self.keep_from())
-        if result.cutoff_ns is not None:
-            self.store.forget_before(result.cutoff_ns)
-        maintenance.compact(self.store.table, today=dt.datetime.now(dt.timezone.utc).date())
-        maintenance.checkpoint(self.store.table)
-        stats = maintenance.stats(self.store.table) if self.engine.is_embedded else None
-        if stats is not None:
-            self.metrics.table_bytes.labels("messages").set(stats.bytes)
-            self.metrics.table_rows.labels("messages").set(stats.rows)
+    def maintain(self, policy: maintenance.RetentionPolicy) -> maintenance.MaintenanceResult:
+        """The routine ``wakustore db retention`` runs too, with the archive guard."""
+        result = maintenance.run_maintenance(self.store, policy, time.time_ns(), keep_from_ns=self.keep_from())
+        self._set_table_gauges(result.stats)
+        return result
 
 
 def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine, MessageStore]:
@@ -198,6 +222,7 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
     engine, store = await trio.to_thread.run_sync(open_store, config, engine)
     service = StoreService(config, engine, store, trio.CapacityLimiter(ENGINE_THREADS))
     try:
+        await trio.to_thread.run_sync(service.refresh_gauges)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(service._writer_loop)
             nursery.start_soon(service._flush_loop)

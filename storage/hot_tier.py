@@ -45,6 +45,7 @@ class HotTier:
         self.bytes = 0
         self._lock = threading.Lock()
         self._rows: dict[bytes, Row] = {}
+        self._muids: set[bytes] = set()  # one row per MUID, as the table holds them
         self._order: SortedList = SortedList()  # (timestamp, hash) of every row
         self._topics: dict[tuple[str, str], SortedList] = {}
 
@@ -58,11 +59,13 @@ class HotTier:
     # --- filling ----------------------------------------------------------
 
     def start(self, start_ns: int, rows: Iterable[Row], now_ns: int) -> None:
-        """Declare completeness from ``start_ns`` with the table's rows since then."""
+        """Declare completeness from ``start_ns`` with the table's rows since
+        then (and the rows not yet committed); the first row of a MUID wins."""
         with self._lock:
             self.start_ns = start_ns
             for row in rows:
-                self._insert(row)
+                if row.timestamp >= start_ns:
+                    self._insert(row)
             self._evict(now_ns)
 
     def add(self, rows: Sequence[Row], now_ns: int) -> None:
@@ -76,9 +79,19 @@ class HotTier:
                     # complete only above it from now on.
                     if row.timestamp >= self.start_ns:
                         self._forget_through(row.timestamp)
-                elif row.timestamp >= self.start_ns and row.message_hash not in self._rows:
+                elif row.timestamp >= self.start_ns:
                     self._insert(row)
             self._evict(now_ns)
+
+    def clear(self) -> None:
+        """Cover nothing from now on: every query goes to the table."""
+        with self._lock:
+            self.start_ns = None
+            self._rows.clear()
+            self._muids.clear()
+            self._order.clear()
+            self._topics.clear()
+            self.bytes = 0
 
     def forget_before(self, cutoff_ns: int) -> None:
         """Rows older than ``cutoff_ns`` left the table (retention)."""
@@ -97,7 +110,7 @@ class HotTier:
             for message_hash in doomed:
                 self._remove(message_hash)
             for row in rows:
-                if row.timestamp >= self.start_ns and row.message_hash not in self._rows:
+                if row.timestamp >= self.start_ns:
                     self._insert(row)
 
     # --- reading ----------------------------------------------------------
@@ -178,6 +191,10 @@ class HotTier:
         return [r.stored(query.include_data) for r in matched[: query.limit + 1]]
 
     def _insert(self, row: Row) -> None:
+        """Add a row unless its MUID is here already (the table keeps the first)."""
+        if row.muid in self._muids:
+            return
+        self._muids.add(row.muid)
         self._rows[row.message_hash] = row
         entry = (row.timestamp, row.message_hash)
         self._order.add(entry)
@@ -190,6 +207,7 @@ class HotTier:
 
     def _remove(self, message_hash: bytes) -> None:
         row = self._rows.pop(message_hash)
+        self._muids.discard(row.muid)
         entry = (row.timestamp, message_hash)
         self._order.remove(entry)
         topic = (row.pubsub_topic, row.message.content_topic)

@@ -19,11 +19,15 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from wakustore.storage import schema
 from wakustore.storage.table import DeltaTableRef
+
+if TYPE_CHECKING:
+    from wakustore.storage.message_store import MessageStore
 
 DEFAULT_RETENTION = "time:2592000"  # 30 days, nwaku's default
 
@@ -277,3 +281,34 @@ def checkpoint(table: DeltaTableRef) -> None:
         from deltalake import DeltaTable
 
         DeltaTable(table.uri).create_checkpoint()
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceResult:
+    retention: RetentionResult | None  # None: no policy applied
+    compaction: dict[str, int]
+    stats: TableStats | None  # None when the table is not readable here (a cluster's)
+
+
+def run_maintenance(
+    store: MessageStore, policy: RetentionPolicy | None, now_ns: int, keep_from_ns: int | None = None
+) -> MaintenanceResult:
+    """The one maintenance routine, for the node's hourly loop and for
+    ``wakustore db retention`` / ``db compact``: commit what is buffered,
+    apply ``policy`` (None: none) without deleting anything at or after
+    ``keep_from_ns`` (the archive guard, see :func:`apply_retention`), let
+    the store forget what left the table, compact, checkpoint, and measure."""
+    store.flush()
+    retention = None
+    if policy is not None:
+        retention = apply_retention(store.table, policy, now_ns, keep_from_ns=keep_from_ns)
+        if retention.cutoff_ns is not None:
+            store.forget_before(retention.cutoff_ns)
+    compaction = compact(store.table, today=schema.day_of_ns(now_ns))
+    checkpoint(store.table)
+    return MaintenanceResult(retention, compaction, table_stats(store.table))
+
+
+def table_stats(table: DeltaTableRef) -> TableStats | None:
+    """:func:`stats` where the files are readable from here (embedded), else None."""
+    return stats(table) if table.engine.is_embedded else None

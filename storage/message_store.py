@@ -32,7 +32,7 @@ from wakustore.protocols.store_query import (
 )
 from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
-from wakustore.storage.key_filter import DEFAULT_CAPACITY, KeyFilter
+from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.staging import StagedRows
 from wakustore.storage.table import DeltaTableRef
@@ -56,6 +56,10 @@ DEFAULT_RECENT_MUIDS = 1_000_000
 DEFAULT_HOT_TIER_BYTES = 256 * 1024 * 1024
 DEFAULT_HOT_WINDOW_S = 86_400
 
+# Hashes per lookup when an import checks which recent rows it stored: an
+# IN list of this size stays a small request (32 bytes a hash).
+IMPORT_LOOKUP_KEYS = 10_000
+
 # Cursors the node handed out recently, hash -> ordering timestamp, so that
 # the next page needs no lookup by hash (js-waku re-sends the last hash).
 DEFAULT_CURSOR_CACHE = 100_000
@@ -67,6 +71,7 @@ MESSAGE_CODEC = RowCodec(
     to_arrow=to_arrow,
     key_column="muid",
     partition_column=schema.MESSAGES_PARTITION,
+    day=lambda row: schema.day_of_ns(row.timestamp),
 )
 
 
@@ -81,8 +86,8 @@ class StoreConfig:
     # A table other nodes write too (a fleet): every commit is a MERGE and
     # there is no hot tier, since this node does not see every write.
     shared_table: bool = False
-    # Expected rows for the owned-table key filter (sizing only).
-    expected_messages: int = DEFAULT_CAPACITY
+    # Expected rows a day for the owned-table key filter (sizing only).
+    messages_per_day: int = DEFAULT_DAY_CAPACITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,10 @@ class _LruMap:
             if len(self._items) > self._capacity:
                 self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
 
 class MessageStore:
     """Waku messages in a Delta table, deduplicated by MUID.
@@ -124,7 +133,7 @@ class MessageStore:
         self.writes = WritePath(
             table, wal_dir, MESSAGE_CODEC, config.recent_muids,
             config.flush_interval_s, config.flush_max_messages,
-            key_filter=None if config.shared_table else KeyFilter(config.expected_messages),
+            key_filter=None if config.shared_table else DayKeyFilter(config.messages_per_day),
         )
         self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
@@ -194,7 +203,8 @@ class MessageStore:
         flat = [row for group in rows for row in group]
         fresh = self.writes.put_new(flat)
         if fresh and self.hot.enabled:
-            self.hot.add([row for row in flat if row.muid in fresh], time.time_ns())
+            visible = [row for row in flat if row.muid in fresh and not self.writes.is_unresolved(row.muid)]
+            self.hot.add(visible, time.time_ns())
         results = []
         for group in rows:
             accepted = 0
@@ -219,7 +229,22 @@ class MessageStore:
 
     def flush(self) -> int:
         """Commit the buffer to Delta; returns the number of messages committed."""
-        return self.writes.flush()
+        committed = self.writes.flush()
+        decided = self.writes.take_decided()
+        if decided and self.hot.enabled:
+            # Accepted while the engine was down and MERGEd without knowing
+            # whether they were new: the tier takes those that landed.
+            try:
+                stored = self.table.existing_keys(
+                    "message_hash", [r.message_hash for r in decided], schema.MESSAGES_PARTITION,
+                    sorted({schema.day_of_ns(r.timestamp) for r in decided}),
+                )
+            except Exception:
+                # Unknown: the tier can no longer claim completeness.
+                self.hot.clear()
+                raise
+            self.hot.add([r for r in decided if r.message_hash in stored], time.time_ns())
+        return committed
 
     # --- read path --------------------------------------------------------
 
@@ -264,8 +289,18 @@ class MessageStore:
         return (timestamp, query.cursor)
 
     def forget_before(self, cutoff_ns: int) -> None:
-        """Retention removed rows older than ``cutoff_ns`` from the table."""
+        """Retention removed rows older than ``cutoff_ns`` from the table:
+        every index that could still name them forgets them."""
+        self._forget_removed()
         self.hot.forget_before(cutoff_ns)
+        if self.writes.key_filter is not None:
+            self.writes.key_filter.drop_days_before(schema.day_of_ns(cutoff_ns))
+
+    def _forget_removed(self) -> None:
+        """Rows left the table: a removed MUID sent again is new again, and
+        a removed hash is no longer a cursor."""
+        self.writes.forget_recent()
+        self._cursors.clear()
 
     # --- windows for archives --------------------------------------------
 
@@ -291,7 +326,7 @@ class MessageStore:
         nothing is committed.
         """
         self.flush()
-        seen: set[bytes] = set()
+        seen: dict[bytes, object] = {}
         recent: list[Row] = []
         hot_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
         with StagedRows(self.table.uri) as staged:
@@ -300,15 +335,77 @@ class MessageStore:
                     raise ValueError("a message lies outside the window it replaces")
                 if row.muid in seen:
                     continue
-                seen.add(row.muid)
+                seen[row.muid] = schema.day_of_ns(row.timestamp)
                 staged.add(row)
                 if hot_from is not None and row.timestamp >= hot_from:
                     recent.append(row)
             source = staged.source()
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
-        self.writes.remember(list(seen))
+        self._forget_removed()
+        self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
+
+    # --- bulk import ------------------------------------------------------
+
+    def import_rows(self, messages: Iterable[tuple[str, WakuMessage, int]]) -> tuple[int, int]:
+        """Add ``(pubsub_topic, message, arrival_ns)`` triples in one Delta
+        transaction; returns ``(new, already)``: messages inserted, and
+        messages whose MUID the table held (on any day: the MUID leaves the
+        timestamp out) or that repeat an earlier triple of ``messages``.
+
+        All or nothing: ``messages`` may be a generator, staged as
+        :meth:`replace_window` stages (memory bounded by a chunk, plus the
+        MUIDs seen); if it raises, nothing is committed. The commit is a
+        MERGE on MUID over the whole table, so the counts are exact. Meant
+        for a store nobody else writes meanwhile (``wakustore db`` holds
+        the data directory): a put of the same message during the import
+        could store it twice.
+        """
+        self.flush()
+        seen: dict[bytes, object] = {}  # MUID -> day, for the key filter
+        days: dict[object, object] = {}  # one date object per day
+        # The hot tier claims completeness from its start: rows inside its
+        # window join it (bounded by the window); for older rows it claims,
+        # the newest one is enough to make it give up below that time.
+        recent: list[Row] = []
+        older: Row | None = None
+        tier_from = self.hot.start_ns if self.hot.enabled else None
+        horizon = None if tier_from is None else max(tier_from, time.time_ns() - self.hot.window_ns)
+        total = 0
+        with StagedRows(self.table.uri) as staged:
+            for pubsub_topic, message, arrival_ns in messages:
+                row = Row.build(pubsub_topic, message, arrival_ns)
+                total += 1
+                if row.muid in seen:
+                    continue  # the first copy in the input wins, as put keeps the first
+                day = schema.day_of_ns(row.timestamp)
+                seen[row.muid] = days.setdefault(day, day)
+                staged.add(row)
+                if tier_from is not None and row.timestamp >= tier_from:
+                    if row.timestamp >= horizon:
+                        recent.append(row)
+                    elif older is None or row.timestamp > older.timestamp:
+                        older = row
+            if not seen:
+                return 0, total
+            source = staged.source()
+            inserted: list[int] = []
+            retry_on_conflict(lambda: inserted.append(self.table.insert_missing(source, MESSAGE_CODEC.key_column)))
+        self.writes.remember(list(seen), list(seen.values()))
+        if inserted[-1] and (recent or older is not None):
+            # A recent row whose MUID the table held under another timestamp
+            # was not inserted: only rows whose hash is now stored join the tier.
+            stored: set[bytes] = set()
+            for i in range(0, len(recent), IMPORT_LOOKUP_KEYS):
+                chunk = recent[i : i + IMPORT_LOOKUP_KEYS]
+                stored |= self.table.existing_keys(
+                    "message_hash", [r.message_hash for r in chunk], schema.MESSAGES_PARTITION,
+                    sorted({seen[r.muid] for r in chunk}),
+                )
+            joining = [r for r in recent if r.message_hash in stored]
+            self.hot.add(joining if older is None else [older, *joining], time.time_ns())
+        return inserted[-1], total - inserted[-1]
 
 
 def _merge_pending(

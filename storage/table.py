@@ -77,6 +77,8 @@ class DeltaTableRef:
             from deltalake import DeltaTable
             from deltalake.exceptions import TableNotFoundError
 
+            from deltalake.exceptions import CommitFailedError
+
             try:
                 table = DeltaTable(self.uri)
             except TableNotFoundError:
@@ -84,10 +86,17 @@ class DeltaTableRef:
                     self.uri, arrow_schema, partition_by=[partition], description=description,
                     mode="ignore",
                 )
-                table.alter.set_table_properties(
-                    {schema.SCHEMA_VERSION_PROPERTY: str(schema.SCHEMA_VERSION)},
-                    raise_if_not_exists=False,
-                )
+                try:
+                    table.alter.set_table_properties(
+                        {schema.SCHEMA_VERSION_PROPERTY: str(schema.SCHEMA_VERSION)},
+                        raise_if_not_exists=False,
+                    )
+                except CommitFailedError:
+                    # Another process created the table at the same moment
+                    # and set the property first.
+                    table = DeltaTable(self.uri)
+                    if schema.SCHEMA_VERSION_PROPERTY not in table.metadata().configuration:
+                        raise
             self._migrate(int(table.metadata().configuration.get(schema.SCHEMA_VERSION_PROPERTY, "1")))
         else:
             columns = ", ".join(f"`{f.name}` {_spark_type(f.type)}" for f in arrow_schema)
@@ -139,19 +148,38 @@ class DeltaTableRef:
             retry=retry,
         )
 
-    def key_batches(self, column: str) -> Iterator[list[bytes]]:
-        """Every value of one key column, in batches (embedded: read by
-        delta-rs straight from the files; cluster: through the engine)."""
+    def key_day_batches(self, column: str, partition: str) -> Iterator[tuple[list[bytes], list[Any]]]:
+        """Every value of one key column with its partition value, in batches
+        (embedded: read by delta-rs straight from the files; cluster: through
+        the engine)."""
         if self.engine.is_embedded:
             from deltalake import DeltaTable
 
             dataset = DeltaTable(self.uri).to_pyarrow_dataset()
-            for batch in dataset.to_batches(columns=[column], batch_size=1_000_000):
-                yield batch.column(0).to_pylist()
+            for batch in dataset.to_batches(columns=[column, partition], batch_size=1_000_000):
+                yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
             return
-        table = self.engine.run(lambda spark: fetch_arrow(spark.read.format("delta").load(self.uri).select(column)))
+        table = self.engine.run(
+            lambda spark: fetch_arrow(spark.read.format("delta").load(self.uri).select(column, partition))
+        )
         for batch in table.to_batches(max_chunksize=1_000_000):
-            yield batch.column(0).to_pylist()
+            yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
+
+    def existing_keys(self, column: str, keys: Sequence[bytes], partition: str, days: Sequence[Any]) -> set[bytes]:
+        """Which of ``keys`` the table holds, looking only in partitions ``days``."""
+        if not keys or not days:
+            return set()
+        from pyspark.sql import functions as F
+
+        def run(spark):
+            return (
+                spark.read.format("delta").load(self.uri)
+                .where(F.col(partition).isin(list(days)) & F.col(column).isin(list(keys)))
+                .select(column)
+            )
+
+        found = self.engine.run(lambda spark: fetch_arrow(run(spark)))
+        return set(found.column(0).to_pylist())
 
     def replace_where(
         self, batch: pa.Table | str, start_ns: int, end_ns: int, content_topics: Sequence[str]
@@ -176,6 +204,31 @@ class DeltaTableRef:
             frame.write.format("delta").mode("overwrite").option("replaceWhere", predicate).save(self.uri)
 
         self.engine.run(run)
+
+    def insert_missing(self, batch: pa.Table | str, key: str) -> int:
+        """One transaction: insert the rows of ``batch`` (an Arrow table, or
+        the path of staged message Parquet files) whose ``key`` no row of
+        the table holds, in any partition; returns the rows inserted.
+        ``batch`` must hold each key once (a MERGE inserts every unmatched
+        source row)."""
+        view = f"batch_{uuid.uuid4().hex}"
+
+        def run(spark):
+            if isinstance(batch, str):
+                frame = spark.read.schema(_spark_schema(spark, schema.MESSAGES)).parquet(batch)
+            else:
+                frame = spark.createDataFrame(batch)
+            frame.createOrReplaceTempView(view)
+            try:
+                result = spark.sql(
+                    f"MERGE INTO delta.`{self.uri}` AS t USING {view} AS s "
+                    f"ON t.{key} = s.{key} WHEN NOT MATCHED THEN INSERT *"
+                ).collect()
+            finally:
+                spark.catalog.dropTempView(view)
+            return _inserted_rows(result)
+
+        return self.engine.run(run)
 
     def delete_where(self, predicate: str) -> None:
         self.engine.run(lambda spark: spark.sql(f"DELETE FROM delta.`{self.uri}` WHERE {predicate}").collect())
@@ -349,6 +402,16 @@ def _query_condition(F, query: HistoryQuery):
     for part in parts:
         condition = part if condition is None else condition & part
     return condition
+
+
+def _inserted_rows(result: list) -> int:
+    """Rows a MERGE inserted, from the one row it answers: Spark with Delta
+    names the column ``num_inserted_rows``; Sail answers one ``count``
+    column, the rows written (only inserts here)."""
+    if not result:
+        raise RuntimeError("the engine reported no outcome for a MERGE")
+    row = result[0].asDict()
+    return int(row["num_inserted_rows"] if "num_inserted_rows" in row else row.get("count", next(iter(row.values()))))
 
 
 def _sql_literal(value: Any) -> str:

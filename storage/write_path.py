@@ -14,12 +14,21 @@ Two modes, chosen by whether the node owns its table:
   concurrent insert of the same key into a commit conflict, and the retry
   re-reads and skips what the other node already landed. Scoping to the
   touched days keeps the cost proportional to a day, not to the table.
-- owned (the default): the node keeps a Bloom filter of every key in the
-  table (:mod:`wakustore.storage.key_filter`). Keys it has certainly never
-  seen are appended; only the rare "maybe seen" ones go through the MERGE.
-  Measured on this machine kind with 5,000-row batches: append 0.04 s,
-  MERGE 0.09 s; and Sail's memory grows with every MERGE and is never
-  returned (engine-notes), while appends stay flat.
+- owned (the default): one process writes the table (the data dir lock
+  sees to it), so the node can know exactly what it holds. It keeps a
+  Bloom filter per day partition of every key in the table
+  (:class:`~wakustore.storage.key_filter.DayKeyFilter`). A key no filter
+  has seen is new for certain; a key some day's filter might hold (a
+  duplicate older than the recent set, a copy re-sent days later with a
+  new timestamp, or a false positive: ~0.3% of new keys) is looked up in
+  those days before the put returns. So every row in the buffer is known
+  to be new when the put is acknowledged: queries may show it at once and
+  exactly once, and the commit is a plain append. Measured on this machine
+  kind with 5,000-row batches: append 0.04 s, MERGE 0.09 s; and Sail's
+  memory grows with every MERGE and is never returned (engine-notes),
+  while appends stay flat. Only rows of an append whose outcome is unknown
+  (the engine failed under it) are MERGEd, scoped to their own days, on
+  the retry.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
-from wakustore.storage.key_filter import KeyFilter
+from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.table import DeltaTableRef, is_commit_conflict
 from wakustore.storage.wal import WriteAheadLog
 
@@ -60,6 +69,8 @@ class RowCodec(Generic[R]):
     to_arrow: Callable[[Sequence[R]], pa.Table]
     key_column: str
     partition_column: str
+    # The partition value of a row (its UTC day); needed by the owned mode.
+    day: Callable[[R], object] | None = None
 
 
 class BufferFull(Exception):
@@ -77,14 +88,14 @@ class BoundedSet:
 
     def __init__(self, capacity: int):
         self._items: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._capacity = capacity
+        self.capacity = capacity
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._items
 
     def add(self, key: bytes) -> None:
         self._items[key] = None
-        if len(self._items) > self._capacity:
+        if len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
 
@@ -99,7 +110,7 @@ class WritePath(Generic[R]):
         recent_keys: int,
         flush_interval_s: float,
         flush_max_rows: int,
-        key_filter: KeyFilter | None = None,
+        key_filter: DayKeyFilter | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
     ):
         self.table = table
@@ -114,6 +125,14 @@ class WritePath(Generic[R]):
         self._inflight: dict[bytes, R] = {}
         self._recent = BoundedSet(recent_keys)
         self.key_filter = key_filter
+        # Owned mode: keys of an append that failed after it may have landed,
+        # keys accepted while the engine could not be asked whether they are
+        # new, and such rows once a commit decided them.
+        self._uncertain: set[bytes] = set()
+        self._unresolved: set[bytes] = set()
+        self._decided: list[R] = []
+        self.lookups = 0
+        self.lookup_keys = 0
         self.max_pending = max_pending
         self.appended_rows = 0
         self.merged_rows = 0
@@ -124,16 +143,28 @@ class WritePath(Generic[R]):
         self.last_commit_seconds = 0.0
 
     def replay(self) -> int:
-        """Load what the log still holds into the buffer; returns the count."""
+        """Load what the log still holds into the buffer; returns the count.
+
+        In owned mode the log may hold rows that a commit landed just before
+        a crash (the log is trimmed after the commit): those are found in the
+        table and dropped here, so that the buffer holds only new rows."""
         replayed = 0
+        rows: dict[bytes, R] = {}
+        last_seq = 0
+        for seq, record in self._wal.replay():
+            row = self.codec.decode(record)
+            rows.setdefault(self.codec.key(row), row)
+            last_seq = seq
+            replayed += 1
+        committed = self._known_keys(rows) if self.key_filter is not None else set()
         with self._lock:
-            for seq, record in self._wal.replay():
-                row = self.codec.decode(record)
-                key = self.codec.key(row)
-                self._buffer.setdefault(key, row)
+            for key, row in rows.items():
                 self._recent.add(key)
-                self._buffer_last_seq = seq
-                replayed += 1
+                if key not in committed:
+                    self._buffer.setdefault(key, row)
+            self._buffer_last_seq = last_seq
+        if rows and not self._buffer:
+            self._wal.trim(last_seq)
         return replayed
 
     def put(self, rows: Sequence[R]) -> tuple[int, int]:
@@ -145,32 +176,101 @@ class WritePath(Generic[R]):
         return len(fresh), len(rows) - len(fresh)
 
     def put_new(self, rows: Sequence[R]) -> set[bytes]:
-        """As :meth:`put`, in one log write; returns the keys that were new."""
+        """As :meth:`put`, in one log write; returns the keys that were new.
+
+        In owned mode, keys that the table may already hold are looked up
+        first (outside the lock, one engine call for the batch)."""
         with self._lock:
             if len(self._buffer) + len(self._inflight) >= self.max_pending:
                 raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
-            fresh: dict[bytes, R] = {}
-            for row in rows:
-                key = self.codec.key(row)
-                if key not in self._recent and key not in fresh:
-                    fresh[key] = row
+            candidates = self._unseen(rows)
+        unresolved: list[bytes] = []
+        if self.key_filter is not None and candidates:
+            maybe, days = self._maybe(candidates)
+            try:
+                known = self._lookup(maybe, days)
+            except Exception as exc:
+                # The engine is down (restarting): writes pause, they do not
+                # fail. The rows are made durable and decided at commit;
+                # until then no query shows them.
+                log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
+                         len(maybe), exc)
+                known, unresolved = set(), maybe
+            for key in known:
+                del candidates[key]
+        with self._lock:
+            # Another put, a commit or a window replace may have run meanwhile.
+            fresh = self._unseen(candidates.values())
             self.duplicates += len(rows) - len(fresh)
             if fresh:
                 self._buffer_last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
                 for key, row in fresh.items():
                     self._buffer[key] = row
                     self._recent.add(key)
+                self._unresolved.update(k for k in unresolved if k in fresh)
         return set(fresh)
 
-    def remember(self, keys: Sequence[bytes]) -> None:
+    def is_unresolved(self, key: bytes) -> bool:
+        """Accepted while the engine was down, not yet known to be new."""
+        return key in self._unresolved
+
+    def take_decided(self) -> list[R]:
+        """Rows that the last commits MERGEd without knowing whether they were
+        new (see :meth:`is_unresolved`); the caller checks which landed."""
+        with self._lock:
+            decided, self._decided = self._decided, []
+        return decided
+
+    def _unseen(self, rows) -> dict[bytes, R]:
+        """The rows (first copy of each key) neither recent nor pending; under the lock."""
+        out: dict[bytes, R] = {}
+        for row in rows:
+            key = self.codec.key(row)
+            if key in self._recent or key in out or key in self._buffer or key in self._inflight:
+                continue
+            out[key] = row
+        return out
+
+    def _known_keys(self, rows: dict[bytes, R]) -> set[bytes]:
+        """Owned mode: the keys among ``rows`` the table holds (exact)."""
+        return self._lookup(*self._maybe(rows))
+
+    def _maybe(self, rows: dict[bytes, R]) -> tuple[list[bytes], list[object]]:
+        """The keys some day's filter might hold, and those days."""
+        keys = list(rows)
+        candidates = self.key_filter.candidate_days(keys)
+        maybe = [k for k, days in zip(keys, candidates) if days]
+        return maybe, sorted(set().union(*candidates))
+
+    def _lookup(self, keys: list[bytes], days: list[object]) -> set[bytes]:
+        if not keys:
+            return set()
+        self.lookups += 1
+        self.lookup_keys += len(keys)
+        return self.table.existing_keys(self.codec.key_column, keys, self.codec.partition_column, days)
+
+    def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
+        """Keys that another verb (a window replace) put in the table, with their days."""
         with self._lock:
             for key in keys:
                 self._recent.add(key)
+        if self.key_filter is not None:
+            self.key_filter.add(keys, days)
+
+    def forget_recent(self) -> None:
+        """Rows left the table (retention, a window replace): the recent set
+        may name keys that are no longer stored, and must not drop them as
+        duplicates when they come again."""
+        with self._lock:
+            self._recent = BoundedSet(self._recent.capacity)
 
     def pending_rows(self) -> list[R]:
         """Rows durable in the log but not yet committed (buffer and in flight)."""
         with self._lock:
-            return [*self._buffer.values(), *self._inflight.values()]
+            rows = [*self._buffer.values(), *self._inflight.values()]
+        if self._unresolved:
+            rows = [r for r in rows if self.codec.key(r) not in self._unresolved]
+        return rows
 
     @property
     def pending(self) -> int:
@@ -219,40 +319,59 @@ class WritePath(Generic[R]):
         self._wal.close()
 
     def _merge(self, batch: list[R]) -> None:
-        if self.key_filter is not None:
-            keys = [self.codec.key(r) for r in batch]
-            maybe = self.key_filter.might_contain(keys)
-            fresh = [r for r, m in zip(batch, maybe) if not m]
-            batch = [r for r, m in zip(batch, maybe) if m]
-            if fresh:
-                fresh_keys = [self.codec.key(r) for r in fresh]
-                try:
-                    # Not repeated by the engine after a restart: an append
-                    # that landed before the failure was seen must not land
-                    # twice. The keys enter the filter either way, so a
-                    # retried flush MERGEs them instead.
-                    self.table.append(self.codec.to_arrow(fresh), retry=False)
-                finally:
-                    self.key_filter.add(fresh_keys)
-                self.appended_rows += len(fresh)
-        if batch:
-            arrow = self.codec.to_arrow(batch)
-            column = self.codec.partition_column
+        if self.key_filter is None:
+            self._merge_scoped(batch)
+            return
+        key = self.codec.key
+        fresh = [r for r in batch if key(r) not in self._uncertain and key(r) not in self._unresolved]
+        retried = [r for r in batch if key(r) in self._uncertain]
+        undecided = [r for r in batch if key(r) in self._unresolved and key(r) not in self._uncertain]
+        if fresh:
+            try:
+                # Not repeated by the engine after a restart: an append that
+                # landed before the failure was seen must not land twice.
+                # Its rows are MERGEd instead when the flush is retried.
+                self.table.append(self.codec.to_arrow(fresh), retry=False)
+            except BaseException:
+                self._uncertain.update(key(r) for r in fresh)
+                raise
+            finally:
+                # Either way the keys may be in the table now.
+                self.key_filter.add([key(r) for r in fresh], [self.codec.day(r) for r in fresh])
+            self.appended_rows += len(fresh)
+        if retried:
+            # Known new at put time: only our own failed append can hold them.
+            self._merge_scoped(retried)
+            self._uncertain.difference_update(key(r) for r in retried)
+        if undecided:
+            # Their first copy may be on any day a filter names.
+            keys = [key(r) for r in undecided]
+            days = set().union(*self.key_filter.candidate_days(keys), (self.codec.day(r) for r in undecided))
+            self._merge_scoped(undecided, sorted(days))
+            self.key_filter.add(keys, [self.codec.day(r) for r in undecided])
+            with self._lock:
+                self._unresolved.difference_update(keys)
+                self._decided.extend(undecided)
+
+    def _merge_scoped(self, batch: list[R], days: list[object] | None = None) -> None:
+        """MERGE on the key, scoped to ``days`` (default: the partitions the batch touches)."""
+        arrow = self.codec.to_arrow(batch)
+        column = self.codec.partition_column
+        if days is None:
             days = sorted(set(arrow.column(column).to_pylist()))
-            retry_on_conflict(
-                lambda: self.table.merge_new(arrow, key=self.codec.key_column, partition=column, partition_values=days)
-            )
-            if self.key_filter is not None:
-                self.key_filter.add([self.codec.key(r) for r in batch])
-            self.merged_rows += len(batch)
+        retry_on_conflict(
+            lambda: self.table.merge_new(arrow, key=self.codec.key_column, partition=column, partition_values=days)
+        )
+        self.merged_rows += len(batch)
 
     def load_filter(self) -> int:
         """Fill the key filter from the table (owned mode); returns the count."""
         if self.key_filter is None:
             return 0
+        self.key_filter.clear()
         count = 0
-        for keys in self.table.key_batches(self.codec.key_column):
-            self.key_filter.add(keys)
+        for keys, days in self.table.key_day_batches(self.codec.key_column, self.codec.partition_column):
+            self.key_filter.add(keys, days)
             count += len(keys)
         return count
 

@@ -38,7 +38,8 @@ def loaded(tmp_path_factory):
     source.write_text("".join(json.dumps(m) + "\n" for m in messages + messages))
     result = wakustore("db", "import", "--data-dir", str(base / "data"), "--from-jsonl", str(source))
     assert result.returncode == 0, result.stderr
-    assert "imported 600 messages (300 new)" in result.stderr
+    # the second copy of each line repeats the first: counted as already stored
+    assert result.stderr.strip().splitlines()[-1] == "imported 600 messages: 300 new, 300 already stored"
     return base, messages, now
 
 
@@ -90,9 +91,10 @@ def test_stats_compact_vacuum_retention(loaded):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"pubsub_topic": "/p", "content_topic": "/c", "payload": "zz"}\n', "line 1"),
-        ("not json\n", "line 1: invalid JSON"),
-        ('{"content_topic": "/c"}\n', "line 1"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "payload": "zz"}\n', ":1: payload"),
+        ("not json\n", ":1: invalid JSON"),
+        ('{"content_topic": "/c"}\n', ":1: not a message object"),
+        ('\n{"pubsub_topic": "/p", "content_topic": "/c", "meta": "' + "ab" * 65 + '"}\n', ":2: meta_too_large"),
     ],
 )
 def test_bad_import_lines_are_one_line_errors(tmp_path, content, message):
@@ -100,7 +102,35 @@ def test_bad_import_lines_are_one_line_errors(tmp_path, content, message):
     source.write_text(content)
     result = wakustore("db", "import", "--data-dir", str(tmp_path / "d"), "--from-jsonl", str(source))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("wakustore: error: " + message)
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert result.stderr.startswith(f"wakustore: error: {source}{message}")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('\n{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": 1.5}\n', ":2: timestamp must be an integer"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": "12"}\n', ":1: timestamp must be an integer"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": -1}\n', ":1: timestamp must be an integer"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "version": 4294967295}\n', ":1: version must be"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": 1' + "0" * 5000 + '}\n', ":1: invalid JSON"),
+        ("[" * 100_000 + "\n", ":1: invalid JSON"),
+        ('{"pubsub_topic": "/p\\ud800", "content_topic": "/c"}\n', ":1: a topic is not valid Unicode"),
+        ('{"pubsub_topic": "/p", "content_topic": 7}\n', ":1: pubsub_topic and content_topic"),
+        ('{"pubsub_topic": "", "content_topic": "/c"}\n', ":1: pubsub_topic and content_topic"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c"}\n\udcff\n', ":2: not UTF-8"),  # a raw 0xff byte
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "payload": "' + "00" * 600_000 + '"}\n', ":1: longer than"),
+    ],
+)
+def test_the_jsonl_reader_names_file_and_line(tmp_path, content, message):
+    from wakustore.node.cli import UsageError
+    from wakustore.node.db_cli import iter_jsonl
+
+    source = tmp_path / "bad.jsonl"
+    source.write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(UsageError) as raised:
+        list(iter_jsonl(source))
+    assert str(raised.value).startswith(f"{source}{message}")
 
 
 def test_bad_policy_and_missing_file_are_usage_errors(tmp_path):
@@ -108,3 +138,122 @@ def test_bad_policy_and_missing_file_are_usage_errors(tmp_path):
     assert result.returncode == 2 and "no such file" in result.stderr
     result = wakustore("db", "retention", "--data-dir", str(tmp_path), "--policy", "forever")
     assert result.returncode == 2 and result.stderr.startswith("wakustore: error: ")
+
+
+def _lines(count, now, bad_at=None, bad=""):
+    """``count`` JSON Lines of distinct messages over a week; line ``bad_at`` (1-based) is ``bad``."""
+    out = []
+    for i in range(1, count + 1):
+        if i == bad_at:
+            out.append(bad)
+            continue
+        out.append(json.dumps({"pubsub_topic": "/waku/2/rs/16/32", "content_topic": f"/db/1/big{i % 5}/proto",
+                               "payload": (b"line-%d" % i).hex(), "timestamp": now - (i % 7) * DAY - i}))
+    return "".join(line + "\n" for line in out)
+
+
+def _table_writes(data_dir):
+    """Operations in the message table's log that wrote rows."""
+    from deltalake import DeltaTable
+
+    history = DeltaTable(str(data_dir / "tables" / "messages")).history()
+    return [h["operation"] for h in history if h["operation"] not in ("CREATE TABLE", "SET TBLPROPERTIES")]
+
+
+def _table_rows(data_dir):
+    from deltalake import DeltaTable
+
+    return len(DeltaTable(str(data_dir / "tables" / "messages")).to_pyarrow_table(columns=["muid"]))
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ('{"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/c/1/x/proto", "payload": "0', "invalid JSON"),
+        ('{"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/c/1/x/proto", "payload": "'
+         + "ab" * (150 * 1024) + '"}', "too_large: message is"),
+    ],
+    ids=["invalid-json", "oversize-payload"],
+)
+def test_a_bad_line_anywhere_imports_nothing_then_the_fixed_file_lands_in_one_commit(tmp_path, bad, reason):
+    data = tmp_path / "data"
+    source = tmp_path / "big.jsonl"
+    now = time.time_ns()
+    source.write_text(_lines(12_000, now, bad_at=7000, bad=bad))
+    result = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"wakustore: error: {source}:7000: ") and reason in lines[0]
+    assert _table_rows(data) == 0 and _table_writes(data) == []
+    source.write_text(_lines(12_000, now))
+    result = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "imported 12000 messages: 12000 new, 0 already stored"
+    assert len(_table_writes(data)) == 1 and _table_rows(data) == 12_000
+
+
+def test_importing_a_file_twice_reports_true_counts(tmp_path):
+    data = tmp_path / "data"
+    source = tmp_path / "ten.jsonl"
+    source.write_text(_lines(10, time.time_ns()))
+    first = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.strip().splitlines()[-1] == "imported 10 messages: 10 new, 0 already stored"
+    second = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
+    assert second.returncode == 0, second.stderr
+    assert second.stderr.strip().splitlines()[-1] == "imported 10 messages: 0 new, 10 already stored"
+    assert _table_rows(data) == 10
+
+
+def _files_per_day(data_dir):
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(str(data_dir / "tables" / "messages")).get_add_actions(flatten=True))
+    days = [str(d) for d in actions.column("partition.day").to_pylist()]
+    return {d: days.count(d) for d in set(days)}
+
+
+def test_db_retention_keeps_history_a_control_node_has_not_archived_and_compact_still_compacts(tmp_path):
+    from wakustore.node.archive import ArchiveSettings, ControlState
+    from wakustore.protocols.archive import Layout
+
+    data, archives = tmp_path / "data", tmp_path / "archives"
+    now = time.time_ns()
+    # Two messages a day for 20 days, imported in two files: two files per day.
+    for half in (0, 1):
+        source = tmp_path / f"h{half}.jsonl"
+        source.write_text("".join(json.dumps({
+            "pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/db/1/old/proto",
+            "payload": (b"day-%d-%d" % (day, half)).hex(), "timestamp": now - day * DAY - half,
+        }) + "\n" for day in range(20)))
+        result = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
+        assert result.returncode == 0, result.stderr
+    assert max(_files_per_day(data).values()) >= 2
+
+    compact = wakustore("db", "compact", "--data-dir", str(data))
+    assert compact.returncode == 0, compact.stderr
+    assert json.loads(compact.stdout)["days_rewritten"] >= 19
+    today = time.strftime("%Y-%m-%d", time.gmtime(now / 1e9))
+    assert all(files == 1 for day, files in _files_per_day(data).items() if day < today)
+
+    # A control node whose seeded archives end 12 days and an hour ago.
+    key = bytes(range(1, 33))
+    (tmp_path / "key").write_text(key.hex())
+    settings = ArchiveSettings(community_key=key, chat_ids=("",), archive_dir=archives)
+    archives.mkdir()
+    seeded_end_s = now // 10**9 - 12 * 86_400 - 3600
+    ControlState(layout=Layout.STATUS_GO.value, last_end_s=seeded_end_s, seeded_end_s=seeded_end_s).save(
+        settings.state_path)
+    config = tmp_path / "node.toml"
+    config.write_text(f'archive_key_file = "{tmp_path / "key"}"\narchive_dir = "{archives}"\n')
+
+    retention = wakustore("db", "retention", "--data-dir", str(data), "--config", str(config),
+                          "--policy", "time:432000")  # 5 days: older history would go, were it archived
+    assert retention.returncode == 0, retention.stderr
+    result = json.loads(retention.stdout)
+    keep_from = seeded_end_s * 10**9
+    assert result["keep_from_ns"] == result["cutoff_ns"] == keep_from
+    assert result["rows_before"] == 40
+    assert result["rows_after"] == sum(2 for day in range(20) if now - day * DAY - 1 >= keep_from) == 26
+    assert _table_rows(data) == 26

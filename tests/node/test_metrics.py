@@ -1,4 +1,5 @@
 import json
+import time
 
 import trio
 
@@ -43,5 +44,46 @@ def test_metrics_health_and_bad_requests():
             await _get(port, b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n")
             assert (await _get(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 200")
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def _samples(metrics: NodeMetrics) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            out[sample.name + "".join(f"/{v}" for v in sample.labels.values())] = sample.value
+    return out
+
+
+def test_engine_and_table_gauges_agree_with_health_from_the_start(engine, tmp_path):
+    from wakustore.node import config as node_config
+    from wakustore.node.store_service import running_store
+    from wakustore.protocols.message import WakuMessage
+    from wakustore.storage import maintenance
+
+    config = node_config.load(None, {"data_dir": tmp_path})
+    now = time.time_ns()
+    first = [("/waku/2/rs/16/32", WakuMessage(b"m%d" % i, "/m/1/t/proto", timestamp=now - i), now) for i in range(7)]
+
+    async def main():
+        async with running_store(config, engine) as service:
+            await service.put(first)
+        # A restarted node shows the table's size at once, not after the first hourly maintenance.
+        async with running_store(config, engine) as service:
+            samples = _samples(service.metrics)
+            health = await trio.to_thread.run_sync(service.health)
+            assert samples["wakustore_engine_generation"] == health["engine"]["generation"] >= 1
+            assert samples["wakustore_table_rows/messages"] == 7
+            assert samples["wakustore_table_bytes/messages"] > 0
+            await service._supervise_once()
+            health = await trio.to_thread.run_sync(service.health)
+            assert _samples(service.metrics)["wakustore_engine_generation"] == health["engine"]["generation"]
+            await service.put([("/waku/2/rs/16/32", WakuMessage(b"late", "/m/1/t/proto", timestamp=now), now)])
+            policy = maintenance.RetentionPolicy.parse(config.retention)
+            await trio.to_thread.run_sync(service.maintain, policy)
+            assert _samples(service.metrics)["wakustore_table_rows/messages"] == 8
 
     trio.run(main)

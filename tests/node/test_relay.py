@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
-from wakustore.node.client_cli import StoreClient, parse_peer
+from wakustore.node.client_cli import StoreClient
 from wakustore.node.config import ConfigError, load
-from wakustore.node.host import running_host, stop_auto_dialing
-from wakustore.node.relay import PROTOCOL_ID, WakuGossipSub, WakuPubsub, running_relay
+from wakustore.node.host import running_host
+from wakustore.node.relay import PROTOCOL_ID, relay_publisher, running_relay
 from wakustore.node.store_protocols import RateLimits, StoreProtocols
 from wakustore.node.store_service import running_store
 from wakustore.protocols.dos_protection import ProtectedTopic, sign_message
@@ -130,31 +129,6 @@ async def _arrives(node: RelayNode, topic: str, message: WakuMessage) -> bool:
     return False
 
 
-@asynccontextmanager
-async def raw_publisher(peer: str, topics: list[str]):
-    """A bare relay peer of ``peer``: our gossipsub classes, no validators,
-    so it sends whatever it is given. Yields (pubsub, host, peer id)."""
-    from libp2p import new_host
-    from libp2p.crypto.secp256k1 import create_new_key_pair
-    from libp2p.tools.anyio_service import background_trio_service
-
-    info = parse_peer(peer)
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
-    router = WakuGossipSub()
-    pubsub = WakuPubsub(host, router, topics, max_rpc_size=4 * 1024 * 1024)
-    async with host.run(listen_addrs=[]):
-        await stop_auto_dialing(host)
-        async with background_trio_service(pubsub), background_trio_service(router):
-            await pubsub.wait_until_ready()
-            for topic in topics:
-                await pubsub.subscribe(topic)
-            await host.connect(info)
-            await pubsub.wait_for_peer(info.peer_id, timeout=10)
-            for topic in topics:
-                await pubsub.wait_for_subscription(info.peer_id, topic, timeout=10)
-            yield pubsub, host, info.peer_id
-
-
 def test_message_pushed_to_one_node_is_stored_by_its_relay_peer(nodes):
     a, b = nodes
     message = _message("pushed to A")
@@ -179,7 +153,7 @@ def test_protected_topic_takes_only_messages_signed_per_57(nodes):
     no_signature, bad_signature = b.rejected("no_signature"), b.rejected("bad_signature")
 
     async def scenario():
-        async with raw_publisher(b.tcp_addr, [PROTECTED_TOPIC]) as (pubsub, _host, _peer):
+        async with relay_publisher(b.tcp_addr, [PROTECTED_TOPIC]) as (pubsub, _host, _peer):
             assert await pubsub.publish(PROTECTED_TOPIC, encode_message(unsigned)) == 1
             assert await pubsub.publish(PROTECTED_TOPIC, encode_message(wrongly_signed)) == 1
             assert await pubsub.publish(PROTECTED_TOPIC, encode_message(signed)) == 1
@@ -214,7 +188,7 @@ def test_garbage_and_oversized_relay_payloads_are_rejected_and_nodes_keep_workin
         from libp2p.custom_types import TProtocol
         from libp2p.utils import encode_varint_prefixed
 
-        async with raw_publisher(b.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, host, peer_id):
+        async with relay_publisher(b.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, host, peer_id):
             for data in (b"\xff" * 40, encode_message(over_limit), encode_message(big_meta)):
                 assert await pubsub.publish(PUBSUB_TOPIC, data) == 1
             # Larger than B reads in one RPC frame: B resets the stream.
@@ -244,7 +218,7 @@ def test_ephemeral_and_drifting_messages_are_relayed_but_not_stored(nodes):
     before = {r: b.rejected(r) for r in ("ephemeral", "timestamp_drift")}
 
     async def scenario():
-        async with raw_publisher(b.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, _host, _peer):
+        async with relay_publisher(b.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, _host, _peer):
             for message in (ephemeral, drifting, after):
                 assert await pubsub.publish(PUBSUB_TOPIC, encode_message(message)) == 1
             assert await _arrives(a, PUBSUB_TOPIC, after)

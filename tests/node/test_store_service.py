@@ -36,3 +36,30 @@ def test_concurrent_puts_share_log_writes_and_count_duplicates_once(engine, tmp_
     assert sum(r.accepted for r in results.values()) == 59
     assert sum(r.duplicates for r in results.values()) == 1
     assert {results[0].accepted + results[1].accepted} == {1}
+
+
+def test_health_reports_a_failed_maintenance_run_until_one_succeeds(engine, tmp_path):
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=0.05)
+    seen = []
+
+    async def main():
+        async with running_store(config, engine) as service:
+            assert service.health()["ok"] and service.health()["maintenance"] == {}
+            real = service.maintain
+
+            def failing(policy):
+                raise RuntimeError("compaction failed")
+
+            service.maintain = failing
+            while service.last_maintenance.get("ok") is not False:
+                await trio.sleep(0.01)
+            seen.append(service.health())
+            service.maintain = real
+            while service.last_maintenance.get("ok") is not True:
+                await trio.sleep(0.05)
+            seen.append(service.health())
+
+    trio.run(main)
+    failed, recovered = seen
+    assert failed["ok"] is False and "compaction failed" in failed["maintenance"]["error"]
+    assert recovered["ok"] is True and recovered["maintenance"]["error"] is None

@@ -97,3 +97,19 @@ def test_compaction_rewrites_finished_days_into_one_file_and_keeps_rows(filled):
     maintenance.checkpoint(filled.table)
     assert maintenance.vacuum(filled.table, retention_hours=0) > 0
     assert filled.table.count() == 62
+
+
+def test_the_maintenance_routine_retains_behind_the_guard_compacts_and_measures(filled):
+    # A buffered message is committed first; retention stops at the guard;
+    # finished days end as one file each; the stats describe the result.
+    filled.put([(PUBSUB, WakuMessage(b"buffered", "/app/1/c/proto", timestamp=DAY0 + 9 * DAY + 1), 0)])
+    now = DAY0 + 10 * DAY
+    result = maintenance.run_maintenance(filled, RetentionPolicy(max_age_s=86400), now, keep_from_ns=DAY0 + 5 * DAY)
+    assert result.retention.cutoff_ns == DAY0 + 5 * DAY
+    assert result.retention.rows_before == 61 and result.retention.rows_after == 31
+    assert result.compaction["days_rewritten"] == 1  # day 9: its flush and the buffered message
+    assert result.stats.rows == 31 and result.stats.files == result.stats.days == 5
+    assert result.stats.oldest_ns == DAY0 + 5 * DAY
+    # Without a policy it only compacts and measures.
+    again = maintenance.run_maintenance(filled, None, now)
+    assert again.retention is None and again.stats.rows == 31
