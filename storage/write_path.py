@@ -78,6 +78,9 @@ class BufferFull(Exception):
     down or slower than ingest); the caller should answer "busy"."""
 
 
+# Keys per existence lookup (64-byte MUIDs: a 320 KB IN list).
+LOOKUP_CHUNK = 5_000
+
 # Rows allowed to wait for a commit: at ~1 KB each, ~200 MB; with one
 # commit a second that is minutes of a busy node's traffic.
 DEFAULT_MAX_PENDING = 200_000
@@ -243,11 +246,15 @@ class WritePath(Generic[R]):
         return maybe, sorted(set().union(*candidates))
 
     def _lookup(self, keys: list[bytes], days: list[object]) -> set[bytes]:
-        if not keys:
-            return set()
-        self.lookups += 1
-        self.lookup_keys += len(keys)
-        return self.table.existing_keys(self.codec.key_column, keys, self.codec.partition_column, days)
+        found: set[bytes] = set()
+        # A replay after a crash may ask about a whole buffer at once: keep
+        # each IN list a small request.
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = keys[start:start + LOOKUP_CHUNK]
+            self.lookups += 1
+            self.lookup_keys += len(chunk)
+            found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
+        return found
 
     def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
         """Keys that another verb (a window replace) put in the table, with their days."""
