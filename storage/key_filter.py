@@ -23,13 +23,12 @@ import numpy as np
 DEFAULT_CAPACITY = 20_000_000
 DEFAULT_FPP = 0.01
 
-# Per-day filters (DayKeyFilter): a busy day of a shard set is a few hundred
-# thousand messages; at 500k keys and 1e-4 a day costs 2 MB (rounded up to a
-# power of two), 30 days 60 MB. A day past its capacity only raises its
-# rate (1M keys: ~0.1%). A fresh key is checked against every day, so the
-# per-day rate is a hundred times lower than the single filter's 1%:
-# ~30 days x 1e-4 = 0.3% of fresh keys cost a lookup.
-DEFAULT_DAY_CAPACITY = 500_000
+# Per-day filters (DayKeyFilter): they only sort out the ~1% of new keys
+# that the filter over all days cannot clear, so a day may run past its
+# capacity (its rate rises from 1e-4, which costs a lookup now and then).
+# 250k keys at 1e-4 is 1 MB a day (rounded up to a power of two), 30 days
+# 30 MB, beside the 32 MB of the filter over all days.
+DEFAULT_DAY_CAPACITY = 250_000
 DEFAULT_DAY_FPP = 1e-4
 
 
@@ -37,7 +36,10 @@ class KeyFilter:
     def __init__(self, capacity: int = DEFAULT_CAPACITY, fpp: float = DEFAULT_FPP):
         bits = max(64, int(-capacity * math.log(fpp) / (math.log(2) ** 2)))
         self.bits = 1 << (bits - 1).bit_length()  # a power of two: masks instead of modulo
-        self.probes = max(1, round(self.bits / capacity * math.log(2)))
+        # The rounding up leaves more bits per key than the rate needs; more
+        # probes would lower the rate further but cost time on every check:
+        # stop at the count the target rate asks for (-log2 fpp).
+        self.probes = max(1, min(round(self.bits / capacity * math.log(2)), math.ceil(-math.log2(fpp))))
         self._array = np.zeros(self.bits // 8, dtype=np.uint8)
         self._lock = threading.Lock()
         self.count = 0
@@ -63,7 +65,10 @@ class KeyFilter:
         """One boolean per key: False means certainly never added."""
         if not keys:
             return np.zeros(0, dtype=bool)
-        positions = self._positions(keys)
+        return self.might_contain_at(self._positions(keys))
+
+    def might_contain_at(self, positions: np.ndarray) -> np.ndarray:
+        """:meth:`might_contain` for positions computed by a filter of the same shape."""
         with self._lock:
             bytes_ = self._array[(positions >> np.uint64(3)).astype(np.int64)]
         bits = (bytes_ >> (positions & np.uint64(7)).astype(np.uint8)) & 1
@@ -81,25 +86,32 @@ class DayKeyFilter:
     Thread-safe.
     """
 
-    def __init__(self, capacity_per_day: int = DEFAULT_DAY_CAPACITY, fpp: float = DEFAULT_DAY_FPP):
+    def __init__(self, capacity_per_day: int = DEFAULT_DAY_CAPACITY, fpp: float = DEFAULT_DAY_FPP,
+                 capacity: int = DEFAULT_CAPACITY):
         self.capacity_per_day = capacity_per_day
+        self.capacity = capacity
         self.fpp = fpp
         self._days: dict[dt.date, KeyFilter] = {}
+        # One filter over every day answers "certainly new" for ~99% of new
+        # keys with one probe set instead of one per day (measured: 5,000
+        # keys against 30 day filters 59 ms, against this one ~2 ms).
+        self._all = KeyFilter(capacity, DEFAULT_FPP)
         self._lock = threading.Lock()
 
     @property
     def count(self) -> int:
-        return sum(f.count for f in list(self._days.values()))
+        return self._all.count
 
     @property
     def nbytes(self) -> int:
-        return sum(f.bits // 8 for f in list(self._days.values()))
+        return self._all.bits // 8 + sum(f.bits // 8 for f in list(self._days.values()))
 
     def add(self, keys: Sequence[bytes], days: Sequence[dt.date]) -> None:
         """Record that each key has a row on the day beside it."""
         by_day: dict[dt.date, list[bytes]] = {}
         for key, day in zip(keys, days):
             by_day.setdefault(day, []).append(key)
+        self._all.add(keys)
         for day, group in by_day.items():
             with self._lock:
                 day_filter = self._days.get(day)
@@ -112,12 +124,17 @@ class DayKeyFilter:
         out: list[set[dt.date]] = [set() for _ in keys]
         if not keys:
             return out
-        keys = list(keys)
+        indexes = np.flatnonzero(self._all.might_contain(list(keys)))
         with self._lock:
             days = list(self._days.items())
+        if not days or not len(indexes):
+            return out
+        maybe = [keys[i] for i in indexes]
+        # Every day's filter has the same shape: hash the keys once.
+        positions = days[0][1]._positions(maybe)
         for day, day_filter in days:
-            for index in np.flatnonzero(day_filter.might_contain(keys)):
-                out[index].add(day)
+            for index in np.flatnonzero(day_filter.might_contain_at(positions)):
+                out[indexes[index]].add(day)
         return out
 
     def drop_days_before(self, day: dt.date) -> None:
@@ -129,3 +146,4 @@ class DayKeyFilter:
     def clear(self) -> None:
         with self._lock:
             self._days.clear()
+            self._all = KeyFilter(self.capacity, DEFAULT_FPP)
