@@ -286,7 +286,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_query(args: argparse.Namespace) -> int:
     query = _query_from_args(args)
-    _quiet_libp2p()
+    quiet_libp2p()
     return trio.run(_query_main, args, query)
 
 
@@ -312,11 +312,11 @@ def run_push(args: argparse.Namespace) -> int:
     if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
         raise UsageError("--rate must be a positive number of messages a second")
     parse_peer(args.peer)
-    _quiet_libp2p()
+    quiet_libp2p()
     return trio.run(_push_main, args, messages)
 
 
-def _quiet_libp2p() -> None:
+def quiet_libp2p() -> None:
     """Keep stderr to the command's own lines. libp2p logs every failed dial
     attempt as an error; its logger has no handler unless LIBP2P_DEBUG is
     set, so Python's last-resort handler would print them."""

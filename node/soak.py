@@ -72,8 +72,8 @@ MAX_MODEL_MESSAGES = 1500
 # still accepts their timestamp, as a client retrying would.
 DUPLICATE_AGE_NS = 12 * 10**9
 
-STEPS = ("push", "relay", "flush", "kill", "restart", "kill_engine", "maintain", "replace")
-STEP_WEIGHTS = (14, 5, 2, 3, 1, 1, 1, 1)
+STEPS = ("push", "relay", "flush", "kill", "kill_mid_push", "restart", "kill_engine", "maintain", "replace")
+STEP_WEIGHTS = (14, 5, 2, 2, 2, 1, 1, 1, 1)
 
 
 class Mismatch(Exception):
@@ -337,6 +337,18 @@ class Soak:
         self.totals.node_kills += 1
         self.node.start()
 
+    def _step_kill_mid_push(self) -> None:
+        """SIGKILL while a push stream runs, as an operator's kill -9 lands:
+        what was acknowledged is there once; the message in flight may be."""
+        in_flight: list = []
+        self._trio(self._push_until_killed, self._messages(self.rng.randint(20, 60)),
+                   self.rng.random() * 1.5, in_flight)
+        self.node.kill()  # when the pushes ended before the kill
+        self.totals.node_kills += 1
+        self.node.start()
+        if in_flight:
+            self._trio(self._resolve, list(in_flight))
+
     def _step_restart(self) -> None:
         self.node.stop()
         self.totals.restarts += 1
@@ -491,12 +503,15 @@ class Soak:
 
     # -- helpers ----------------------------------------------------------
 
-    async def _push(self, batch: list[tuple[str, WakuMessage]], legacy: bool) -> None:
+    async def _push(self, batch: list[tuple[str, WakuMessage]], legacy: bool,
+                    in_flight: list | None = None) -> None:
         from wakustore.node.client_cli import StoreClient
         from wakustore.protocols.lightpush import LightpushStatus
 
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
             for pubsub, message in batch:
+                if in_flight is not None:
+                    in_flight[:] = [(pubsub, message)]
                 deadline = trio.current_time() + RECOVERY_TIMEOUT_S
                 while True:
                     if legacy:
@@ -514,6 +529,43 @@ class Soak:
                 self.model.add(pubsub, message)
                 self.sent.append((pubsub, message))
                 self.totals.pushed += 1
+                if in_flight is not None:
+                    in_flight.clear()
+
+    async def _push_until_killed(self, batch: list[tuple[str, WakuMessage]], delay_s: float,
+                                 in_flight: list) -> None:
+        """Push ``batch`` while the node is SIGKILLed after ``delay_s``."""
+        kill_sent = False
+
+        async def killer() -> None:
+            nonlocal kill_sent
+            await trio.sleep(delay_s)
+            kill_sent = True
+            await trio.to_thread.run_sync(self.node.kill)
+
+        async def pusher() -> None:
+            try:
+                await self._push(batch, legacy=self.rng.random() < 0.3, in_flight=in_flight)
+            except BaseException as exc:
+                mismatch, _ = exc.split(Mismatch) if isinstance(exc, BaseExceptionGroup) else (
+                    (exc, None) if isinstance(exc, Mismatch) else (None, exc))
+                if mismatch is not None or not kill_sent or isinstance(exc, trio.Cancelled):
+                    raise
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(killer)
+            nursery.start_soon(pusher)
+
+    async def _resolve(self, in_flight: list[tuple[str, WakuMessage]]) -> None:
+        """A message in flight at the kill may or may not be stored: ask."""
+        from wakustore.node.client_cli import StoreClient
+
+        hashes = {message_hash(p, m): (p, m) for p, m in in_flight}
+        async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
+            response = await self._answered(
+                lambda: client.query(HistoryQuery(message_hashes=tuple(hashes), limit=100, include_data=False)))
+        for found in response.messages:
+            self.model.add(*hashes[found.message_hash])
 
     async def _relay(self, batch: list[tuple[str, WakuMessage]]) -> None:
         """Publish on relay; relay has no acknowledgement, so a message
@@ -655,6 +707,9 @@ def run_soak(args: argparse.Namespace) -> int:
     if (work / "node").exists():
         raise UsageError(f"--work-dir: {work / 'node'} exists; the soak starts from an empty node")
     work.mkdir(parents=True, exist_ok=True)
+    from wakustore.node.client_cli import quiet_libp2p
+
+    quiet_libp2p()  # the node is killed mid-request on purpose: no dial errors on stderr
     soak = Soak(work, seed, report=lambda line: print(line, flush=True), verbose=args.verbose)
     deadline = time.monotonic() + args.minutes * 60
     try:

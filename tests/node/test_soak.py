@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 # Every kind of step early, around pushes, then random steps.
 SCHEDULE = ["push", "relay", "kill", "push", "kill_engine", "relay", "flush", "maintain",
-            "push", "replace", "relay", "restart", "push", "kill", "push"]
+            "push", "replace", "relay", "restart", "kill_mid_push", "push", "kill"]
 
 
 def test_schedule_covers_every_kind_of_step():
