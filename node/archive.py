@@ -1,6 +1,5 @@
 """Community history archives on a node: export and seeding on the control
-node, fetch and hydration on a member, the ``wakustore archive`` commands
-and the scheduler ``serve`` runs.
+node, fetch and hydration on a member, and the scheduler ``serve`` runs.
 
 Control node, under the archive directory (status-go's layout of files):
 
@@ -11,7 +10,9 @@ Control node, under the archive directory (status-go's layout of files):
                              window (s), last magnet clock (ms) and link,
                              end of the last seeded export (s)
 
-The ``wakustore archive`` commands are in :mod:`wakustore.node.archive_cli`.
+The ``wakustore archive`` commands are in :mod:`wakustore.cli.archive`;
+asking a store node for magnet links and checking an archive set, in
+:mod:`wakustore.clients.archive`.
 
 Member, under its data directory: ``archives/<community id>/{data,index}``
 (only the pieces fetched) and ``archives/<community id>.json``: imported
@@ -35,7 +36,7 @@ from wakustore.node import torrent
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import ArchiveWriter, IndexEntry, Layout, MagnetLink, Window
 from wakustore.protocols.crypto import private_key_from_bytes
-from wakustore.protocols.errors import ArchiveError, ProtocolError
+from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
 from wakustore.storage.rows import Row
@@ -241,6 +242,26 @@ def _mark_seeded(settings: ArchiveSettings) -> None:
     state.save(settings.state_path)
 
 
+def archive_settings(config) -> ArchiveSettings:
+    """The control-node archive settings of ``config`` (a NodeConfig with
+    archive_key_file set); UsageError for an unreadable or malformed key."""
+    from wakustore.node.usage import UsageError, parse_hex
+
+    try:
+        key = parse_hex(Path(config.archive_key_file).read_text().strip(), "archive_key_file")
+    except OSError as exc:
+        raise UsageError(f"archive_key_file: {exc}") from None
+    if len(key) != 32:
+        raise UsageError("archive_key_file must hold a 32-byte private key in hex")
+    return ArchiveSettings(
+        community_key=key,
+        chat_ids=tuple(config.archive_chat_ids) or ("",),
+        archive_dir=config.archives,
+        layout=config.archive_layout,
+        listen=config.archive_listen,
+    )
+
+
 def keep_from_ns(settings: ArchiveSettings | None) -> int | None:
     """The archive guard retention takes (``keep_from_ns``) on a node with
     these control-node settings, now: history from the end of the last
@@ -419,22 +440,6 @@ def magnets_in_store(store, community_public_key: bytes, pubsub_topic: str) -> l
         query = dataclasses.replace(query, cursor=page.next_cursor.message_hash)
 
 
-async def magnets_from_peer(peer: str, community_public_key: bytes, pubsub_topic: str, timeout_s: float = 20.0) -> list[bytes]:
-    """The same, asked of a store node by Store v3 (``peer``: a multiaddr
-    with ``/p2p/<peer id>``)."""
-    from wakustore.node.client_cli import StoreClient
-
-    query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
-                         forward=True, limit=MAX_PAGE_SIZE)
-    payloads = []
-    async with StoreClient.connect(peer, timeout_s) as client:
-        async for response in client.pages(query):
-            if response.status_code != 200:
-                raise ArchiveError(f"store query refused: {response.status_code} {response.status_desc}")
-            payloads += [e.message.payload for e in response.messages if e.message is not None]
-    return payloads
-
-
 def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: str, *,
                    clock: int | None = None, selection: Selection = Selection(),
                    layout: Layout = archive.DEFAULT_LAYOUT, peers: Sequence[tuple[str, int]] = (),
@@ -555,41 +560,3 @@ def _import_window(store, data, layout: Layout, group: list[IndexEntry], default
     result.windows.append((first.start_ns // archive.NS_PER_S, first.end_ns // archive.NS_PER_S))
     result.messages += written
     report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S}: {written} messages")
-
-
-# --- verify -----------------------------------------------------------------------------
-
-
-def verify_archive_set(community_dir: Path, layout: Layout | None = None) -> tuple[list[str], str]:
-    """Problems with a community's data, index and torrent (offsets, sizes,
-    padding, index keys, archive contents, piece hashes), and a summary."""
-    cid = community_dir.name
-    state_path = community_dir.parent / f"{cid}.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    layout = layout or Layout(state.get("layout", archive.DEFAULT_LAYOUT.value))
-    try:
-        keys = channel_keys(bytes.fromhex(cid[2:]), state.get("chat_ids", []))
-    except (ValueError, ProtocolError):
-        keys = {}
-    data_path, index_path = community_dir / "data", community_dir / "index"
-    torrent_path = community_dir.parent / f"{cid}.torrent"
-    missing = [str(p) for p in (data_path, index_path, torrent_path) if not p.is_file()]
-    if missing:
-        return [f"missing: {', '.join(missing)}"], ""
-    problems = []
-    try:
-        entries = archive.parse_index(layout, index_path.read_bytes(), data_path.stat().st_size)
-    except ArchiveError as exc:
-        entries, problems = [], [f"index: {exc}"]
-    messages = 0
-    with open(data_path, "rb") as data:
-        for entry in entries:
-            data.seek(entry.offset)
-            try:
-                messages += len(archive.read_archive(layout, entry, data.read(entry.size), "", None, keys).messages)
-            except ArchiveError as exc:
-                problems.append(str(exc))
-    problems += torrent.check_torrent(community_dir.parent, torrent_path.read_bytes(), cid, archive.PIECE_LENGTH)
-    summary = (f"{cid}: {len(entries)} archive(s), {messages} messages, "
-               f"{data_path.stat().st_size // archive.PIECE_LENGTH} data pieces, {layout.value} layout")
-    return problems, summary

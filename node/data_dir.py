@@ -25,7 +25,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from wakustore.node.cli import UsageError
+from wakustore.node.usage import UsageError
 
 LOCK_FILE = "LOCK"
 

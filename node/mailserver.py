@@ -9,7 +9,7 @@ that pings the peer. Behaviour follows status-go (``waku/v1/peer.go``,
 
 :func:`open_session` is the shared trio glue over the sans-IO
 :mod:`~wakustore.protocols.rlpx`; the client in
-:mod:`wakustore.node.mailserver_cli` uses it too.
+:mod:`wakustore.clients.mailserver` uses it too.
 """
 
 from __future__ import annotations

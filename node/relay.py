@@ -258,7 +258,7 @@ class Relay:
         self.host = host
         self.ingest = ingest
         self.topics = sorted(ingest.pubsub_topics)
-        self.peer_infos = [_peer_info(addr) for addr in config.relay_peers]
+        self.peer_infos = [peer_info(addr) for addr in config.relay_peers]
         self.router = WakuGossipSub()
         self.pubsub = WakuPubsub(host, self.router, self.topics,
                                  max_rpc_size=config.max_message_size + RPC_OVERHEAD)
@@ -402,35 +402,9 @@ async def running_relay(host: IHost, config: NodeConfig, ingest: Ingest):
             nursery.cancel_scope.cancel()
 
 
-def _peer_info(addr: str) -> PeerInfo:
+def peer_info(addr: str) -> PeerInfo:
+    """PeerInfo of a multiaddr ending in ``/p2p/<peer id>``; HostError otherwise."""
     try:
         return info_from_p2p_addr(multiaddr.Multiaddr(addr))
     except Exception as exc:
         raise HostError(f"relay peer {addr!r} is not a multiaddr ending in /p2p/<peer id>: {exc}") from None
-
-
-@asynccontextmanager
-async def relay_publisher(peer: str, topics: list[str], max_rpc_size: int = 4 * 1024 * 1024):
-    """A bare relay peer of ``peer`` (a multiaddr with ``/p2p/``): our
-    gossipsub classes without validators, so it sends whatever it is given.
-    Yields (pubsub, host, peer id) once ``peer`` is subscribed to ``topics``."""
-    from libp2p import new_host
-    from libp2p.crypto.secp256k1 import create_new_key_pair
-
-    from wakustore.node.host import stop_auto_dialing
-
-    info = _peer_info(peer)
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
-    router = WakuGossipSub()
-    pubsub = WakuPubsub(host, router, topics, max_rpc_size=max_rpc_size)
-    async with host.run(listen_addrs=[]):
-        await stop_auto_dialing(host)
-        async with background_trio_service(pubsub), background_trio_service(router):
-            await pubsub.wait_until_ready()
-            for topic in topics:
-                await pubsub.subscribe(topic)
-            await host.connect(info)
-            await pubsub.wait_for_peer(info.peer_id, timeout=10)
-            for topic in topics:
-                await pubsub.wait_for_subscription(info.peer_id, topic, timeout=10)
-            yield pubsub, host, info.peer_id

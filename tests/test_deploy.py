@@ -4,6 +4,7 @@ import configparser
 import json
 import pathlib
 import re
+import tomllib
 
 import yaml
 
@@ -54,6 +55,15 @@ def test_containerfiles_copy_existing_paths():
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (root / source).exists(), source
+
+
+def test_containerfile_copies_every_package_folder():
+    """`pip install .` in the image needs every folder pyproject.toml maps."""
+    root = DEPLOY.parent
+    folders = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = {line.split()[1] for line in (DEPLOY / "container" / "Containerfile").read_text().splitlines()
+              if line.startswith("COPY ")}
+    assert folders <= copied, sorted(folders - copied)
 
 
 def test_grafana_dashboard_uses_only_metrics_the_node_exports():

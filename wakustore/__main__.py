@@ -1,3 +1,3 @@
-from wakustore.cli import main
+from wakustore.cli.main import main
 
 raise SystemExit(main())

@@ -1,9 +1,10 @@
 """A store node running in a background thread, for tests that talk to it
 over real TCP from their own trio loop (or from a subprocess).
 
-The node thread runs ``running_store`` (on the session's shared engine) and
-``running_host`` with the Store/lightpush/metadata handlers, exactly as
-``wakustore serve`` does, on a system-chosen loopback port.
+The node thread runs :func:`~wakustore.node.running.running_node`, as
+``wakustore serve`` does, on the session's shared engine and a
+system-chosen loopback port, without the mailserver, the metrics listener
+and (unless a subclass asks for it) the relay.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from pathlib import Path
 import trio
 
 from wakustore.node.config import NodeConfig
-from wakustore.node.host import running_host
-from wakustore.node.store_protocols import RateLimits, StoreProtocols
-from wakustore.node.store_service import running_store
+from wakustore.node.running import running_node
+from wakustore.node.store_protocols import RateLimits
 
 CLUSTER_ID = 42
 SHARDS = [0, 5]
@@ -40,9 +40,11 @@ def node_config(data_dir: Path, **overrides) -> NodeConfig:
 class NodeThread:
     """Start with :meth:`start`, stop with :meth:`stop` (commits the buffer)."""
 
+    with_relay = False
+
     def __init__(self, config: NodeConfig, engine, rate_limits: RateLimits = RateLimits(),
                  **protocol_options):
-        """``protocol_options`` go to :class:`StoreProtocols` (its timeouts)."""
+        """``protocol_options`` go to :func:`running_node` (the protocols' timeouts)."""
         self.config = config
         self.engine = engine
         self.rate_limits = rate_limits
@@ -50,6 +52,7 @@ class NodeThread:
         self.multiaddrs: list[str] = []
         self.peer_id = ""
         self.service = None
+        self.relay = None
         self._ready = threading.Event()
         self._token = None
         self._stop = None
@@ -94,11 +97,13 @@ class NodeThread:
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
-        async with running_store(self.config, engine=self.engine) as service:
-            self.service = service
-            protocols = StoreProtocols(service, self.config, self.rate_limits, **self.protocol_options)
-            async with running_host(self.config, protocols.handlers()) as (_host, info):
-                self.multiaddrs = info.multiaddrs
-                self.peer_id = info.peer_id
-                self._ready.set()
-                await self._stop.wait()
+        async with running_node(
+            self.config, engine=self.engine, rate_limits=self.rate_limits,
+            mailserver=False, metrics=False, relay=self.with_relay, **self.protocol_options,
+        ) as node:
+            self.service = node.service
+            self.relay = node.relay
+            self.multiaddrs = node.info.multiaddrs
+            self.peer_id = node.info.peer_id
+            self._ready.set()
+            await self._stop.wait()

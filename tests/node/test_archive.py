@@ -17,9 +17,11 @@ import pytest
 import trio
 
 from wakustore.node import archive as node_archive
-from wakustore.node import archive_cli, torrent
+from wakustore.cli import archive as archive_cli
+from wakustore.clients import archive as archive_client
+from wakustore.node import torrent
 from wakustore.node.archive import ArchiveSettings, Selection
-from wakustore.node.cli import _Parser
+from wakustore.cli.main import _Parser
 from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import open_store
 from wakustore.protocols import archive, topics, waku_v1
@@ -208,7 +210,7 @@ def test_an_unfinished_export_is_cut_off_and_redone(tmp_path, make_store):
     put_days(store, [8])
     node_archive.export_community(store, control, T0 + 14 * DAY)
     assert data.read_bytes()[: len(before)] == before
-    problems, _ = node_archive.verify_archive_set(tmp_path / "out" / CID)
+    problems, _ = archive_client.verify_archive_set(tmp_path / "out" / CID)
     assert problems == []
 
 
@@ -365,8 +367,8 @@ def test_fetch_cli_uses_the_newest_signed_link_in_the_local_store_and_ignores_fo
 
 SEED_CLI = """
 import sys
-from wakustore.node import archive_cli
-from wakustore.node.cli import _Parser
+from wakustore.cli import archive as archive_cli
+from wakustore.cli.main import _Parser
 parser = _Parser(prog="wakustore")
 archive_cli.register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
 args = parser.parse_args(["archive", *sys.argv[1:]])
@@ -521,7 +523,7 @@ def test_fetch_cli_finds_the_magnet_link_on_a_store_node(tmp_path, engine, cli_s
 @pytest.mark.slow
 def test_bench_archive_reports_export_memory_and_hydrate_rate(tmp_path, capsys):
 
-    from wakustore.node.cli import build_parser
+    from wakustore.cli.main import build_parser
 
     out = tmp_path / "bench.json"
     args = build_parser().parse_args(["bench", "archive", "--messages", "400", "--days", "14", "--json", str(out)])

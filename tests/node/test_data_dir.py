@@ -19,7 +19,7 @@ import pytest
 from wakustore.node import data_dir
 from wakustore.protocols.message import WakuMessage, message_hash
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from test_serve import CLUSTER_ID, PUBSUB_TOPIC, STOP_TIMEOUT_S, ServeProcess, wakustore  # noqa: E402
 
 CONTENT_TOPIC = "/data-dir/1/test/proto"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from wakustore.node.client_cli import StoreClient
+from wakustore.clients.store import StoreClient
 from wakustore.node.store_protocols import RateLimits
 from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.message import WakuMessage, message_hash

@@ -19,14 +19,16 @@ import coincurve
 import pytest
 import trio
 
-from wakustore.node import cli, mailserver_cli
+from wakustore.cli import main as cli
+from wakustore.cli import mailserver as mailserver_cli
 from wakustore.node.config import NodeConfig
 from wakustore.node.mailserver import (
     DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverSettings, PeerStatus, decode_status,
     encode_status, envelope_problem, load_or_create_node_key, run_mailserver,
     running_mailserver,
 )
-from wakustore.node.mailserver_cli import MailserverClient, MailserverError, parse_enode, seal_envelope
+from wakustore.node.usage import UsageError
+from wakustore.clients.mailserver import MailserverClient, MailserverError, parse_enode, seal_envelope
 from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.waku_v1 import (
@@ -346,9 +348,9 @@ def test_cli_posts_an_envelope_and_requests_it_back(fresh, capsys):
         assert "1 envelopes in 1 requests; next cursor none" in err
         assert wakustore("mailserver", "request", "--enode", server.enode, "--password", "wrong") == 1
         assert "failed to decrypt p2p request" in capsys.readouterr().err
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(UsageError):
         wakustore("mailserver", "post", "--enode", server.enode, "--topic", "0102", "--payload", "00")
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(UsageError):
         wakustore("mailserver", "request", "--enode", "enode://nothex@127.0.0.1:1")
 
 
@@ -518,7 +520,7 @@ def test_unreachable_mailserver_is_an_error():
 
 @pytest.mark.slow
 def test_bench_mailserver_reports_envelopes_per_second(engine, tmp_path, capsys):
-    from wakustore.node import bench_mailserver
+    from wakustore.bench import mailserver as bench_mailserver
 
     out = tmp_path / "bench.json"
     args = cli.build_parser().parse_args(["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)])

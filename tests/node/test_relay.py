@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from wakustore.node.client_cli import StoreClient
+from wakustore.clients.relay import relay_publisher
+from wakustore.clients.store import StoreClient
 from wakustore.node.config import ConfigError, load
-from wakustore.node.host import running_host
-from wakustore.node.relay import PROTOCOL_ID, relay_publisher, running_relay
-from wakustore.node.store_protocols import RateLimits, StoreProtocols
-from wakustore.node.store_service import running_store
+from wakustore.node.relay import PROTOCOL_ID
+from wakustore.node.store_protocols import RateLimits
 from wakustore.protocols.dos_protection import ProtectedTopic, sign_message
 from wakustore.protocols.lightpush import LightpushStatus
 from wakustore.protocols.message import WakuMessage, message_hash
@@ -46,22 +45,7 @@ POLL_S = 0.1
 class RelayNode(NodeThread):
     """A store node with relay, wired as ``wakustore serve`` wires it."""
 
-    relay = None
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with running_store(self.config, engine=self.engine) as service:
-            self.service = service
-            protocols = StoreProtocols(service, self.config, self.rate_limits)
-            async with running_host(self.config, protocols.handlers()) as (host, info), \
-                    running_relay(host, self.config, protocols.ingest) as relay:
-                protocols.relay = relay
-                self.relay = relay
-                self.multiaddrs = info.multiaddrs
-                self.peer_id = info.peer_id
-                self._ready.set()
-                await self._stop.wait()
+    with_relay = True
 
     def rejected(self, reason: str) -> float:
         value = self.service.metrics.registry.get_sample_value(

@@ -18,7 +18,7 @@ import pytest
 import trio
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
-from wakustore.node.client_cli import StoreClient
+from wakustore.clients.store import StoreClient
 from wakustore.node.store_protocols import PeerBuckets, RateLimit, RateLimits, read_frame
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.framing import (

@@ -1,8 +1,9 @@
-"""The ``wakustore bench`` command: one parser, one verb per benchmark.
+"""What the benchmarks share: the options every ``wakustore bench`` verb
+takes (seed, JSON output, data directory, node configuration, engine),
+argument types, and running clients in a process of their own.
 
-Each benchmark module adds its verb with ``register_verb(verbs)``; the
-options every benchmark shares (seed, JSON output, data directory, node
-configuration, engine) are added here once.
+The ``bench`` command itself is :mod:`wakustore.cli.bench`; each benchmark
+module adds its verb with ``register_verb(verbs)``.
 """
 
 from __future__ import annotations
@@ -46,12 +47,3 @@ def add_common_arguments(verb: argparse.ArgumentParser, data_dir_help: str) -> N
     verb.add_argument("--data-dir", type=Path, help=data_dir_help)
     verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
     verb.add_argument("--engine", help="'embedded' or sc://host:port")
-
-
-def register(commands: argparse._SubParsersAction) -> None:
-    from wakustore.node import bench_archive, bench_mailserver, bench_store, bench_wire
-
-    bench = commands.add_parser("bench", help="benchmarks")
-    verbs = bench.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-    for module in (bench_store, bench_wire, bench_mailserver, bench_archive):
-        module.register_verb(verbs)

@@ -1,5 +1,6 @@
 """``wakustore archive``: export, seed, fetch and verify community history
-archives (the work is in :mod:`wakustore.node.archive`).
+archives (the work is in :mod:`wakustore.node.archive` and
+:mod:`wakustore.clients.archive`).
 
 ``export`` prints progress on stderr and the magnet link on its last
 stdout line; ``seed`` prints the magnet link and seeds until SIGINT or
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from wakustore.clients.archive import magnets_from_peer, verify_archive_set
 from wakustore.node import torrent
 from wakustore.node.archive import (
     DEFAULT_PUBSUB_TOPIC,
@@ -29,11 +31,10 @@ from wakustore.node.archive import (
     Selection,
     export_community,
     fetch_archives,
-    magnets_from_peer,
     magnets_in_store,
     newest_magnet,
-    verify_archive_set,
 )
+from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.crypto import private_key_from_bytes
@@ -111,8 +112,6 @@ def _torrent_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from wakustore.node.cli import UsageError, parse_hex
-
     try:
         key = parse_hex(args.community_key.read_text().strip(), "--community-key")
     except OSError as exc:
@@ -136,8 +135,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_seed(args: argparse.Namespace) -> int:
-    from wakustore.node.cli import parse_hex
-
     cid = topics.community_id(parse_hex(args.community_pubkey, "--community-pubkey"))
     path = args.archive_dir / f"{cid}.torrent"
     if not path.exists():
@@ -167,8 +164,6 @@ async def _seed_main(args: argparse.Namespace, torrent_bytes: bytes) -> None:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from wakustore.node.cli import UsageError, parse_hex
-
     public_key = parse_hex(args.community_pubkey, "--community-pubkey")
     cid = topics.community_id(public_key)
     if (args.from_s is None) != (args.to_s is None):

@@ -7,7 +7,7 @@ What it measures:
    :meth:`EnvelopeStore.put` and :meth:`EnvelopeStore.flush` in batches of
    the configured flush size, as the mailserver archives them.
 2. Serving: a :class:`~wakustore.node.mailserver.Mailserver` on loopback
-   and a :class:`~wakustore.node.mailserver_cli.MailserverClient` dialing
+   and a :class:`~wakustore.clients.mailserver.MailserverClient` dialing
    it from another process (ECIES handshake, Hellos, snappy, waku/1
    status). Each of
    ``--requests`` requests asks for ``--page`` envelopes (1000, the
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node.bench_cli import add_common_arguments, positive_int, run_client_process
+from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
 from wakustore.node import config as node_config
-from wakustore.node.cli import UsageError
+from wakustore.node.usage import UsageError
 
 DEFAULT_ENVELOPES = 5000
 DEFAULT_REQUESTS = 20
@@ -74,7 +74,7 @@ def _say(text: str) -> None:
 def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
     """Run the benchmark; on ``engine`` (started, left running) when given,
     else on a new engine as configured."""
-    from wakustore.node.bench_store import percentile
+    from wakustore.bench.store import percentile
     from wakustore.node.mailserver import open_envelope_store
     from wakustore.storage.engine import Engine
 
@@ -214,7 +214,7 @@ async def _serve_and_request(store, rows: list, args) -> dict:
 def _run_client_process(enode: str, requests: list, password: str) -> list[tuple[float, int, int]]:
     """Run the requests from a fresh interpreter (arguments and result pickled over its pipes)."""
     job = (enode, [request for _, request in requests], password)
-    return run_client_process("wakustore.node.bench_mailserver", job, CLIENT_TIMEOUT_S)
+    return run_client_process("wakustore.bench.mailserver", job, CLIENT_TIMEOUT_S)
 
 
 def client_main() -> None:
@@ -228,7 +228,7 @@ def client_main() -> None:
 
 
 async def _client_requests(enode: str, requests: list, key: bytes) -> list[tuple[float, int, int]]:
-    from wakustore.node.mailserver_cli import MailserverClient
+    from wakustore.clients.mailserver import MailserverClient
 
     samples = []
     async with MailserverClient.connect(enode) as client:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
-from wakustore.node.cli import UsageError, parse_hex
+from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage import maintenance
 
@@ -165,12 +165,10 @@ def _retention(args) -> int:
 def _archive_guard(config: node_config.NodeConfig) -> Callable[[], int | None]:
     """Retention's ``keep_from_ns`` as ``serve`` computes it for this
     configuration (a control node keeps what its archives do not hold yet)."""
-    from wakustore.node.archive import keep_from_ns
+    from wakustore.node.archive import archive_settings, keep_from_ns
 
     if not config.archive_key_file:
         return lambda: None
-    from wakustore.node.serve import archive_settings
-
     settings = archive_settings(config)
     return lambda: keep_from_ns(settings)
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from wakustore.node import bench_wire
-from wakustore.node.cli import UsageError, build_parser
+from wakustore.bench import wire as bench_wire
+from wakustore.cli.main import build_parser
+from wakustore.node.usage import UsageError
 
 
 def parse(*argv):

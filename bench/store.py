@@ -1,6 +1,6 @@
 """``wakustore bench store``: the storage benchmark.
 
-What it measures, on a seeded dataset (:mod:`wakustore.node.bench_dataset`):
+What it measures, on a seeded dataset (:mod:`wakustore.bench.dataset`):
 
 1. Ingest into Delta end to end, durable, as the node does it:
    :meth:`MessageStore.put` (hashes, write-ahead log fsync) in batches of
@@ -15,7 +15,7 @@ What it measures, on a seeded dataset (:mod:`wakustore.node.bench_dataset`):
    queries; then lookups by 1 and by 20 message hashes. The Spark Connect
    round-trip floor (``SELECT 1``) is measured beside them.
 3. The same data and the same queries on nwaku's PostgreSQL and SQLite
-   archives (:mod:`wakustore.node.bench_sql`), and a cross-check that
+   archives (:mod:`wakustore.bench.sql`), and a cross-check that
    every query returns the same set of message hashes on every backend.
 
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
@@ -44,11 +44,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from wakustore.node import bench_dataset
-from wakustore.node.bench_cli import add_common_arguments, positive_int
+from wakustore.bench import dataset as bench_dataset
+from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.node import config as node_config
-from wakustore.node.bench_dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
-from wakustore.node.cli import UsageError
+from wakustore.bench.dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
+from wakustore.node.usage import UsageError
 from wakustore.protocols.store_query import HistoryQuery, Page, validate_v3
 
 BACKENDS = ("postgres", "sqlite")
@@ -516,7 +516,7 @@ def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tu
 def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Expected, batch_size: int) -> bool:
     """Load (same batches as the node), query and cross-check one SQL
     backend; False when it failed."""
-    from wakustore.node import bench_sql
+    from wakustore.bench import sql as bench_sql
 
     directory = Path(tempfile.mkdtemp(prefix=f"wakustore-bench-{name}-"))
     if name == "postgres":

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from wakustore.node.backoff import Backoff, BackoffPolicy
-from wakustore.node.client_cli import StoreClient
+from wakustore.clients.backoff import Backoff, BackoffPolicy
+from wakustore.clients.store import StoreClient
 from wakustore.node.store_protocols import RateLimits
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from store_node_harness import PUBSUB_TOPIC, NodeThread, node_config  # noqa: E402
 
 CLI_TIMEOUT_S = 120

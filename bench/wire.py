@@ -3,7 +3,7 @@
 What it measures:
 
 1. Loading: ``--messages`` slots of the storage benchmark's dataset
-   (:mod:`wakustore.node.bench_dataset`: 1,000 content topics on 8 shards
+   (:mod:`wakustore.bench.dataset`: 1,000 content topics on 8 shards
    of cluster 16, 30 days ending now, a tenth re-sends) go straight
    through :meth:`MessageStore.put` and :meth:`MessageStore.flush` in
    batches of the configured flush size, then a compaction and a
@@ -17,7 +17,7 @@ What it measures:
    and yamux), all in one client process of their own so that their
    decoding does not share the server's interpreter. Closed loop: a
    client sends its next query as soon as the previous answer is read.
-   The query mix is the storage benchmark's (``bench_store.page_specs``):
+   The query mix is the storage benchmark's (:func:`wakustore.bench.store.page_specs`):
    Store v3 pages of 20 messages, 1-3 content topics of one shard, time
    ranges of one hour, one day and seven days anywhere in the data and the
    last hour (``now-1h``, what a client catching up asks most), forward
@@ -51,10 +51,10 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node.bench_cli import add_common_arguments, positive_int, run_client_process
-from wakustore.node import bench_dataset
+from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
+from wakustore.bench import dataset as bench_dataset
 from wakustore.node import config as node_config
-from wakustore.node.cli import UsageError
+from wakustore.node.usage import UsageError
 
 DEFAULT_MESSAGES = 1_000_000
 DEFAULT_CLIENTS = (1, 4)
@@ -187,27 +187,28 @@ def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None
 async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
     from libp2p.crypto.secp256k1 import create_new_key_pair
 
-    from wakustore.node.bench_store import page_specs
-    from wakustore.node.host import running_host
-    from wakustore.node.store_protocols import RateLimits, StoreProtocols
-    from wakustore.node.store_service import running_store
+    from wakustore.bench.store import page_specs
+    from wakustore.node.running import running_node
+    from wakustore.node.store_protocols import RateLimits
 
-    async with running_store(config, engine=engine) as service:
-        protocols = StoreProtocols(service, config, RateLimits.parse(["0/1s"]))
-        async with running_host(config, protocols.handlers(), create_new_key_pair()) as (_host, info):
-            peer = next(a for a in info.multiaddrs if "/ws/" not in a)
-            report.update(await _direct(service, spec, args.seed))
-            report["levels"] = []
-            for index, clients in enumerate(args.clients):
-                plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
-                _say(f"wire bench: {clients} client(s), {args.queries} queries")
-                wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
-                report["levels"].append(_level_summary(clients, wall_s, samples))
+    # The Store protocols alone: no relay, mailserver or metrics listener
+    # competing for the CPU, no rate limit, a throwaway identity.
+    async with running_node(config, engine=engine, rate_limits=RateLimits.parse(["0/1s"]),
+                            key_pair=create_new_key_pair(), mailserver=False, metrics=False,
+                            relay=False, archives=False) as node:
+        peer = next(a for a in node.info.multiaddrs if "/ws/" not in a)
+        report.update(await _direct(node.service, spec, args.seed))
+        report["levels"] = []
+        for index, clients in enumerate(args.clients):
+            plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
+            _say(f"wire bench: {clients} client(s), {args.queries} queries")
+            wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
+            report["levels"].append(_level_summary(clients, wall_s, samples))
 
 
 async def _direct(service, spec, seed: int) -> dict:
     """First pages straight on the store service (no libp2p)."""
-    from wakustore.node.bench_store import page_specs, percentile
+    from wakustore.bench.store import page_specs, percentile
 
     times = []
     for page_spec in _take(page_specs(spec, seed), DIRECT_PAGES):
@@ -225,7 +226,7 @@ def _plans(specs, clients: int, queries: int) -> list[tuple[list, int]]:
 
 
 def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, float, int]]]) -> dict:
-    from wakustore.node.bench_store import percentile
+    from wakustore.bench.store import percentile
 
     flat = [s for per_client in samples for s in per_client]
     latencies = [ms for _, ms, _ in flat]
@@ -248,7 +249,7 @@ def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, fl
 def _run_client_process(peer: str, plans: list) -> tuple[float, list]:
     """Run one level's clients in a fresh interpreter (arguments and result
     pickled over its pipes)."""
-    return run_client_process("wakustore.node.bench_wire", (peer, plans), CLIENT_TIMEOUT_S)
+    return run_client_process("wakustore.bench.wire", (peer, plans), CLIENT_TIMEOUT_S)
 
 
 def client_main() -> None:
@@ -262,7 +263,7 @@ def client_main() -> None:
 async def _clients(peer: str, plans: list) -> tuple[float, list]:
     from contextlib import AsyncExitStack
 
-    from wakustore.node.client_cli import StoreClient
+    from wakustore.clients.store import StoreClient
 
     samples: list[list] = [[] for _ in plans]
     async with AsyncExitStack() as stack:

@@ -1,26 +1,14 @@
-"""``wakustore query`` and ``wakustore push``: a Store v3 and lightpush client.
-
-:class:`StoreClient` runs its own short-lived libp2p host (a fresh key each
-time), dials one node and speaks the request/response protocols: one
-stream per request, the request frame written and the write side closed,
-the response frame read, the stream closed.
+"""``wakustore query`` and ``wakustore push``, over :class:`~wakustore.clients.store.StoreClient`.
 
 ``query`` prints one line per message (``--json``: one JSON object with
 ``hash``, ``pubsub_topic``, ``content_topic``, ``payload`` and ``meta`` in
 hex, ``timestamp`` in ns and ``version``, the shape ``db import`` reads);
 progress goes to stderr. ``push`` sends by lightpush v3 (``--legacy``:
 v2beta1) and prints one JSON status line per message; ``--rate`` paces it.
-Both wait out the node's rate limit (429) through :mod:`~wakustore.node.backoff`.
+Both wait out the node's rate limit (429) through :mod:`~wakustore.clients.backoff`.
 
 Every failure is one line on stderr: a refused request, an unreachable or
 wrong peer, a node that goes away mid-command exit 1; bad input exits 2.
-The client's libp2p host runs its connection in a nursery, so a failure
-arrives wrapped in exception groups; :meth:`StoreClient.connect` takes the
-meaningful exception out of them. An exception of a kind no failure mode
-raises still propagates with its traceback.
-
-py-libp2p is imported when a command runs, not when the parser is built:
-every ``wakustore`` command builds the whole parser.
 """
 
 from __future__ import annotations
@@ -28,228 +16,32 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import math
-import os
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
-from wakustore.node.backoff import Backoff, BackoffPolicy
-from wakustore.node.cli import UsageError, parse_hex
-from wakustore.node.db_cli import iter_jsonl, message_to_json
-from wakustore.node.failures import describe_failure, leaves
-from wakustore.protocols import lightpush, metadata, store_v2, store_v3
-from wakustore.protocols.errors import FramingError, ProtocolError
-from wakustore.protocols.framing import (
-    LIGHTPUSH_MAX_RESPONSE_SIZE,
-    METADATA_MAX_SIZE,
-    STORE_MAX_RESPONSE_SIZE,
-    encode_frame,
+from wakustore.cli.db import iter_jsonl, message_to_json
+from wakustore.clients.backoff import Backoff
+from wakustore.clients.store import (
+    DEFAULT_TIMEOUT_S,
+    LIGHTPUSH_BACKOFF,
+    STORE_BACKOFF,
+    ClientError,
+    StoreClient,
+    parse_peer,
+    quiet_libp2p,
 )
+from wakustore.node.usage import UsageError, parse_hex
+from wakustore.protocols import lightpush, store_v3
+from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.lightpush import LightpushStatus
 from wakustore.protocols.message import HASH_SIZE, WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 
-# Dialing, the Noise handshake and identify take ~0.1 s on loopback; 20 s
-# covers a slow peer across the world.
-DEFAULT_TIMEOUT_S = 20.0
-
-# A 429 is retried after a pause doubling from about one token's refill
-# time up to the limit's period (a token bucket is full again one period
-# after it emptied), for at most a minute of pauses in a row. The periods are
-# the defaults of nwaku and wakustore (node/store_protocols.py
-# DEFAULT_STORE_RATE 60/2s, DEFAULT_LIGHTPUSH_RATE 5/1s); a node limiting
-# over a longer period is still retried every few seconds within the minute.
-STORE_BACKOFF = BackoffPolicy(first_s=0.05, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=2.0)
-LIGHTPUSH_BACKOFF = BackoffPolicy(first_s=0.2, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=1.0)
-
 EXIT_REFUSED = 1
-
-
-class ClientError(Exception):
-    """The node could not be reached or answered something unusable."""
-
-
-def _connection_failures() -> tuple[type[BaseException], ...]:
-    """What dialing, a stream or a connection dying raises: sockets, trio's
-    closed streams, and every libp2p error (dial, security handshake,
-    multiselect, muxer)."""
-    from libp2p.exceptions import BaseLibp2pError
-
-    return (OSError, EOFError, trio.BrokenResourceError, trio.ClosedResourceError, BaseLibp2pError)
-
-
-class StoreClient:
-    """Requests to one node over one connection; see :meth:`connect`."""
-
-    def __init__(self, host, peer_id, timeout_s: float):
-        self.host = host
-        self.peer_id = peer_id
-        self.timeout_s = timeout_s
-
-    @classmethod
-    @asynccontextmanager
-    async def connect(cls, peer: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        """Dial ``peer`` (a multiaddr ending in ``/p2p/<peer id>``, TCP or
-        ``/ws``) from a fresh host; yield the client. Raises
-        :class:`UsageError` for a malformed address, :class:`ClientError`
-        when the node cannot be reached within ``timeout_s`` seconds or the
-        connection fails later. Exceptions leave unwrapped from the host's
-        exception groups: the body's own first, then a connection failure
-        as ClientError; a group holding neither is re-raised as it is."""
-        from libp2p import new_host
-        from libp2p.crypto.secp256k1 import create_new_key_pair
-
-        from wakustore.node.host import stop_auto_dialing
-
-        info = parse_peer(peer)
-        host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX", enable_websocket=True)
-        try:
-            async with host.run(listen_addrs=[]):
-                await stop_auto_dialing(host)
-                try:
-                    with trio.fail_after(timeout_s):
-                        await host.connect(info)
-                except trio.TooSlowError:
-                    raise ClientError(f"no connection to {peer} within {timeout_s:g} s") from None
-                except _connection_failures() as exc:
-                    raise ClientError(f"cannot connect to {peer}: {describe_failure(exc)}") from None
-                yield cls(host, info.peer_id, timeout_s)
-        except BaseExceptionGroup as group:
-            # host.run's nurseries wrap whatever ends the run, the caller's
-            # own ClientError included.
-            meaningful = _meaningful_error(group, peer)
-            if meaningful is None:
-                raise
-            raise meaningful from None
-
-    async def exchange(self, protocol: str, data: bytes, max_response: int) -> bytes | None:
-        """Open a stream, write ``data`` as given (no framing added), close
-        the write side and read one response frame; None when the node
-        closed the stream without answering."""
-        from libp2p.custom_types import TProtocol
-
-        from wakustore.node.store_protocols import read_frame
-
-        try:
-            with trio.fail_after(self.timeout_s):
-                stream = await self.host.new_stream(self.peer_id, [TProtocol(protocol)])
-                try:
-                    await stream.write(data)
-                    await stream.close_write()
-                    return await read_frame(stream, max_response)
-                finally:
-                    await stream.close()
-        except trio.TooSlowError:
-            raise ClientError(f"{protocol}: no answer within {self.timeout_s:g} s") from None
-        except FramingError as exc:
-            raise ClientError(f"{protocol}: malformed answer: {exc}") from None
-        except _connection_failures() as exc:
-            raise ClientError(f"{protocol}: {describe_failure(exc)}") from None
-
-    async def request(self, protocol: str, body: bytes, max_response: int) -> bytes:
-        """One framed request and its answer; ClientError when there is none."""
-        answer = await self.exchange(protocol, encode_frame(body), max_response)
-        if answer is None:
-            raise ClientError(f"{protocol}: the node closed the stream without answering")
-        return answer
-
-    async def query(self, query: HistoryQuery, request_id: str | None = None) -> store_v3.StoreResponse:
-        """One Store v3 page; raises StoreError (300) for an unusable response."""
-        raw = await self.request(
-            store_v3.PROTOCOL_ID, store_v3.encode_request(request_id or _request_id(), query),
-            STORE_MAX_RESPONSE_SIZE,
-        )
-        return store_v3.decode_response(raw)
-
-    async def query_patiently(self, query: HistoryQuery, backoff: Backoff) -> store_v3.StoreResponse:
-        """One Store v3 page, sent again while the node answers 429."""
-        return await backoff.call(
-            lambda: self.query(query), lambda r: r.status_code == StatusCode.TOO_MANY_REQUESTS
-        )
-
-    async def pages(self, query: HistoryQuery, backoff: Backoff | None = None) -> AsyncIterator[store_v3.StoreResponse]:
-        """Store v3 pages following the response cursor until there is none,
-        each page waiting out a 429 through ``backoff`` (default: the
-        :data:`STORE_BACKOFF` policy).
-
-        Stops after a non-200 page (yielded). Raises ClientError when the
-        node hands back a cursor it already gave (it would never end).
-        """
-        backoff = backoff or Backoff(STORE_BACKOFF)
-        seen: set[bytes] = set()
-        while True:
-            response = await self.query_patiently(query, backoff)
-            yield response
-            if response.status_code != StatusCode.OK or response.cursor is None:
-                return
-            if response.cursor in seen:
-                raise ClientError(f"the node repeated cursor {response.cursor.hex()}")
-            seen.add(response.cursor)
-            query = dataclasses.replace(query, cursor=response.cursor)
-
-    async def query_legacy(self, **request) -> store_v2.HistoryResult:
-        """One legacy Store v2 page; ``request`` as :func:`store_v2.encode_request`."""
-        raw = await self.request(
-            store_v2.PROTOCOL_ID, store_v2.encode_request(_request_id(), **request), STORE_MAX_RESPONSE_SIZE
-        )
-        return store_v2.decode_response(raw)
-
-    async def push(self, pubsub_topic: str | None, message: WakuMessage) -> lightpush.PushResponseV3:
-        """Lightpush v3; raises LightpushError (500) for an unusable response."""
-        raw = await self.request(
-            lightpush.PROTOCOL_ID_V3, lightpush.encode_request_v3(_request_id(), pubsub_topic, message),
-            LIGHTPUSH_MAX_RESPONSE_SIZE,
-        )
-        return lightpush.decode_response_v3(raw)
-
-    async def push_legacy(self, pubsub_topic: str, message: WakuMessage) -> lightpush.PushResponseV2:
-        """Lightpush v2beta1."""
-        raw = await self.request(
-            lightpush.PROTOCOL_ID_V2, lightpush.encode_request_v2(_request_id(), pubsub_topic, message),
-            LIGHTPUSH_MAX_RESPONSE_SIZE,
-        )
-        return lightpush.decode_response_v2(raw)
-
-    async def metadata(self, ours: metadata.Metadata) -> metadata.Metadata:
-        raw = await self.request(metadata.PROTOCOL_ID, metadata.encode_request(ours), METADATA_MAX_SIZE)
-        return metadata.decode_response(raw)
-
-
-def _meaningful_error(group: BaseExceptionGroup, peer: str) -> BaseException | None:
-    """The exception a caller of :meth:`StoreClient.connect` should see for
-    what ended the host's run: its own error first (trio.Cancelled leaves
-    are only the siblings a failure cancelled), else a connection failure
-    as ClientError; None for anything else."""
-    found = leaves(group)
-    for kind in (KeyboardInterrupt, UsageError, ClientError, ProtocolError):
-        for leaf in found:
-            if isinstance(leaf, kind):
-                return leaf
-    for leaf in found:
-        if isinstance(leaf, (trio.TooSlowError, *_connection_failures())):
-            return ClientError(f"connection to {peer} lost: {describe_failure(leaf)}")
-    return None
-
-
-def parse_peer(peer: str):
-    """PeerInfo of a ``.../p2p/<peer id>`` multiaddr; UsageError otherwise."""
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
-
-    try:
-        return info_from_p2p_addr(multiaddr.Multiaddr(peer))
-    except Exception as exc:
-        raise UsageError(f"--peer: not a multiaddr with /p2p/<peer id>: {peer!r} ({exc})") from None
-
-
-# --- command line ---------------------------------------------------------------
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -314,16 +106,6 @@ def run_push(args: argparse.Namespace) -> int:
     parse_peer(args.peer)
     quiet_libp2p()
     return trio.run(_push_main, args, messages)
-
-
-def quiet_libp2p() -> None:
-    """Keep stderr to the command's own lines. libp2p logs every failed dial
-    attempt as an error; its logger has no handler unless LIBP2P_DEBUG is
-    set, so Python's last-resort handler would print them."""
-    import libp2p  # noqa: F401  (importing it configures its logger)
-
-    if not os.environ.get("LIBP2P_DEBUG"):
-        logging.getLogger("libp2p").addHandler(logging.NullHandler())
 
 
 def _query_from_args(args: argparse.Namespace) -> HistoryQuery:
@@ -464,10 +246,6 @@ def _format_entry(entry: store_v3.ResponseEntry, as_json: bool) -> str:
 
 async def _one(awaitable):
     yield await awaitable
-
-
-def _request_id() -> str:
-    return str(uuid.uuid4())
 
 
 def _fail(text: str) -> None:

@@ -36,11 +36,11 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from wakustore.node.bench_cli import add_common_arguments, positive_int
+from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.node import archive as node_archive
 from wakustore.node import config as node_config
 from wakustore.node import torrent
-from wakustore.node.bench_store import RssSampler, _proc_memory
+from wakustore.bench.store import RssSampler, _proc_memory
 from wakustore.protocols import archive, topics, waku_v1
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.crypto import keccak256, sign_recoverable

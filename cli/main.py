@@ -1,4 +1,5 @@
-"""The ``wakustore`` command line.
+"""The ``wakustore`` command line: the parser, ``message`` and ``topic``,
+and :func:`main` (the console entry point).
 
 Usage errors (bad hex, wrong key length, unknown flag) print one line on
 stderr and exit with status 2; nothing else is printed.
@@ -10,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import topics
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.message import WakuMessage, message_hash, muid
@@ -17,24 +19,9 @@ from wakustore.protocols.message import WakuMessage, message_hash, muid
 EXIT_USAGE = 2
 
 
-class UsageError(Exception):
-    """Bad command-line input; reported on one line, exit status 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse calls this on bad flags
         raise UsageError(message)
-
-
-def parse_hex(text: str, what: str) -> bytes:
-    """Hex with or without a 0x prefix; raises UsageError on anything else."""
-    digits = text[2:] if text[:2] in ("0x", "0X") else text
-    if len(digits) % 2:
-        raise UsageError(f"{what}: odd number of hex digits")
-    try:
-        return bytes.fromhex(digits)
-    except ValueError:
-        raise UsageError(f"{what}: not hexadecimal: {text!r}") from None
 
 
 def _nonnegative_int(text: str) -> int:
@@ -128,17 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands that live beside their implementation (imported lazily so
-    that `wakustore message hash` does not load the engine stack)."""
-    from wakustore.node import archive_cli, bench_cli, client_cli, db_cli, mailserver_cli, serve, soak
+    """The other commands, one module each in this package (imported lazily
+    so that `wakustore message hash` does not load the engine stack).
+    Registration goes one way: this module imports them, never the reverse."""
+    from wakustore.cli import archive, bench, db, mailserver, query, serve, soak
 
     return [
         serve.register,
-        db_cli.register,
-        client_cli.register,
-        mailserver_cli.register,
-        archive_cli.register,
-        bench_cli.register,
+        db.register,
+        query.register,
+        mailserver.register,
+        archive.register,
+        bench.register,
         soak.register,
     ]
 

@@ -4,8 +4,11 @@ import json
 
 import pytest
 
-from wakustore.node import bench_dataset, bench_sql, bench_store
-from wakustore.node.cli import UsageError, build_parser
+from wakustore.bench import dataset as bench_dataset
+from wakustore.bench import sql as bench_sql
+from wakustore.bench import store as bench_store
+from wakustore.cli.main import build_parser
+from wakustore.node.usage import UsageError
 from wakustore.protocols.message import muid
 
 

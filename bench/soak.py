@@ -436,7 +436,7 @@ class Soak:
                             ordering=Ordering.DIGEST if v2 else Ordering.MESSAGE_HASH)
 
     async def _compare_v3(self, query: HistoryQuery) -> None:
-        from wakustore.node.client_cli import StoreClient
+        from wakustore.clients.store import StoreClient
 
         expected = self.model.v3_pages(query)
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
@@ -458,7 +458,7 @@ class Soak:
                     cursor = response.cursor
 
     async def _compare_v2(self, query: HistoryQuery) -> None:
-        from wakustore.node.client_cli import StoreClient
+        from wakustore.clients.store import StoreClient
         from wakustore.protocols.store_v2 import HistoryError
 
         expected = self.model.v2_pages(query)
@@ -505,7 +505,7 @@ class Soak:
 
     async def _push(self, batch: list[tuple[str, WakuMessage]], legacy: bool,
                     in_flight: list | None = None) -> None:
-        from wakustore.node.client_cli import StoreClient
+        from wakustore.clients.store import StoreClient
         from wakustore.protocols.lightpush import LightpushStatus
 
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
@@ -558,7 +558,7 @@ class Soak:
 
     async def _resolve(self, in_flight: list[tuple[str, WakuMessage]]) -> None:
         """A message in flight at the kill may or may not be stored: ask."""
-        from wakustore.node.client_cli import StoreClient
+        from wakustore.clients.store import StoreClient
 
         hashes = {message_hash(p, m): (p, m) for p, m in in_flight}
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
@@ -570,8 +570,8 @@ class Soak:
     async def _relay(self, batch: list[tuple[str, WakuMessage]]) -> None:
         """Publish on relay; relay has no acknowledgement, so a message
         counts as acknowledged once a hash lookup finds it."""
-        from wakustore.node.client_cli import StoreClient
-        from wakustore.node.relay import relay_publisher
+        from wakustore.clients.store import StoreClient
+        from wakustore.clients.relay import relay_publisher
         from wakustore.protocols.message_codec import encode_message
 
         awaited = {}
@@ -690,24 +690,15 @@ def _describe(entries: list) -> str:
 # --- command line -------------------------------------------------------------
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    soak = commands.add_parser("soak", help="model-based crash test against a real node")
-    soak.add_argument("--minutes", type=float, default=30.0, help="how long to run (default 30)")
-    soak.add_argument("--seed", type=int, help="random seed (default: from the clock, printed)")
-    soak.add_argument("--work-dir", type=Path, help="where the node's data goes (default: a temporary dir)")
-    soak.add_argument("--verbose", action="store_true", help="one line per step")
-    soak.set_defaults(handler=run_soak)
-
-
 def run_soak(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
-    from wakustore.node.cli import UsageError
+    from wakustore.node.usage import UsageError
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="wakustore-soak-"))
     if (work / "node").exists():
         raise UsageError(f"--work-dir: {work / 'node'} exists; the soak starts from an empty node")
     work.mkdir(parents=True, exist_ok=True)
-    from wakustore.node.client_cli import quiet_libp2p
+    from wakustore.clients.store import quiet_libp2p
 
     quiet_libp2p()  # the node is killed mid-request on purpose: no dial errors on stderr
     soak = Soak(work, seed, report=lambda line: print(line, flush=True), verbose=args.verbose)

@@ -1,4 +1,4 @@
-"""The model-based crash test (node/soak.py) in a bounded budget: a real
+"""The model-based crash test (bench/soak.py) in a bounded budget: a real
 node in a child process, killed and restarted, compared page by page with
 the reference model after every step."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from wakustore.node.soak import STEPS, Soak
+from wakustore.bench.soak import STEPS, Soak
 
 pytestmark = pytest.mark.slow
 

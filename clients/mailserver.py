@@ -1,34 +1,29 @@
-"""``wakustore mailserver request|post``: a Waku v1 mailserver client over devp2p RLPx.
+"""A Waku v1 mailserver client over devp2p RLPx (``wakustore mailserver
+request|post`` run it: :mod:`wakustore.cli.mailserver`).
 
 :class:`MailserverClient` dials an ``enode://`` URL with a fresh node key,
 exchanges Hellos and waku/1 status (announcing a light node with an empty
 bloom, so a relaying mailserver pushes it nothing) and then:
 
-- ``request``: sends P2P Request (0x7e) envelopes encrypted with the key of
-  a password, in status-go's payload layout unless told otherwise, signed
-  by the client key as status-go's client does, and collects the P2P
-  Message (0x7f) bundles up to the P2P Request Complete (0x7d); with
-  ``--all`` it follows cursors to the end. One line per envelope on stdout
-  (``--json``: ``hash``, ``topic``, ``expiry``, ``ttl``, ``sent``,
-  ``nonce``, ``data`` and ``raw``, hex or integers), a summary on stderr.
-- ``post``: seals an envelope (payload encrypted with the password's key
-  when one is given) to the PoW the mailserver asks for and sends it in a
-  Messages (1) packet, then waits for a Ping round trip so that the
-  mailserver has handled it; prints the envelope hash.
+- :meth:`~MailserverClient.request` sends a P2P Request (0x7e) envelope
+  encrypted with the key of a password, in status-go's payload layout
+  unless told otherwise, signed by the client key as status-go's client
+  does, and collects the P2P Message (0x7f) bundles up to the P2P Request
+  Complete (0x7d); :meth:`~MailserverClient.pages` follows cursors to the
+  end, waiting out "rate limit exceeded" through
+  :mod:`~wakustore.clients.backoff`, as the Store and lightpush clients do.
+- :meth:`~MailserverClient.post` sends sealed envelopes in a Messages (1)
+  packet, then waits for a Ping round trip so that the mailserver has
+  handled them.
 
-A refused request, an unreachable mailserver, a refused handshake or a
-connection lost midway prints one line on stderr and exits 1; bad input
-exits 2. "rate limit exceeded" is waited out through
-:mod:`~wakustore.node.backoff`, as the Store and lightpush clients do.
+An unreachable mailserver, a refused handshake or a connection lost midway
+is a :class:`MailserverError` (one line); a malformed enode URL a UsageError.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,17 +32,16 @@ from dataclasses import dataclass
 import coincurve
 import trio
 
-from wakustore.node.backoff import Backoff, BackoffPolicy
-from wakustore.node.cli import UsageError, parse_hex
-from wakustore.node.failures import describe_failure
-from wakustore.node.mailserver import DEFAULT_PASSWORD, SessionClosed, encode_status, open_session
+from wakustore.clients.backoff import Backoff, BackoffPolicy
+from wakustore.clients.failures import describe_failure
+from wakustore.node.mailserver import SessionClosed, encode_status, open_session
+from wakustore.node.usage import UsageError
 from wakustore.protocols import ecies
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import RLPxError, WakuV1Error
 from wakustore.protocols.waku_v1 import (
-    BLOOM_SIZE, DEFAULT_MAX_MESSAGE_SIZE, MAX_UINT32, TOPIC_SIZE, Envelope, bloom_for_topics,
-    decode_envelope_list, encode_envelope_list, encrypt_symmetric, envelope_hash, full_bloom,
-    key_from_password, seal,
+    BLOOM_SIZE, DEFAULT_MAX_MESSAGE_SIZE, TOPIC_SIZE, Envelope, decode_envelope_list, encode_envelope_list,
+    encrypt_symmetric, envelope_hash, seal,
 )
 
 # Dialing and both handshakes take milliseconds on loopback; a 1000-envelope
@@ -69,12 +63,6 @@ SEAL_MAX_ITERATIONS = 2**24
 # default value to take the period from.
 RATE_LIMIT_BACKOFF = BackoffPolicy(first_s=1.0, max_s=30.0, max_retries=6, max_wait_s=61.0)
 RATE_LIMIT_ERROR = "rate limit exceeded"
-# Default request window: the last day (status-go's limit on the range of
-# its oldest request form, mailserver.go maxQueryRange).
-DEFAULT_WINDOW_S = 24 * 3600
-
-EXIT_REFUSED = 1
-
 
 class MailserverError(Exception):
     """The mailserver could not be reached or answered something unusable."""
@@ -248,16 +236,6 @@ def seal_envelope(
     return seal(envelope, pow_target, SEAL_MAX_ITERATIONS)
 
 
-def envelope_to_json(raw: bytes) -> dict:
-    """The JSON line ``request --json`` prints for one raw envelope."""
-    envelope = Envelope.decode(raw)
-    return {
-        "hash": envelope_hash(raw).hex(), "topic": envelope.topic.hex(),
-        "expiry": envelope.expiry, "ttl": envelope.ttl, "sent": envelope.timestamp,
-        "nonce": envelope.nonce, "data": envelope.data.hex(), "raw": raw.hex(),
-    }
-
-
 def parse_enode(url: str) -> tuple[bytes, str, int]:
     """(64-byte public key, host, TCP port) of an enode URL; ValueError otherwise.
 
@@ -278,147 +256,3 @@ def parse_enode(url: str) -> tuple[bytes, str, int]:
     if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"enode address needs host:port, got {address!r}")
     return public_key, host.strip("[]"), int(port_text)
-
-
-# --- command line ---------------------------------------------------------------
-
-def register(commands: argparse._SubParsersAction) -> None:
-    mailserver = commands.add_parser("mailserver", help="legacy Waku v1 mailserver client (devp2p RLPx)")
-    verbs = mailserver.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-
-    request = verbs.add_parser("request", help="request archived envelopes")
-    _connection_arguments(request)
-    request.add_argument("--password", default=DEFAULT_PASSWORD,
-                         help=f"the mailserver's request password (default {DEFAULT_PASSWORD!r})")
-    request.add_argument("--topic", action="append", dest="topics", default=[], help="4-byte topic, hex; repeatable")
-    request.add_argument("--bloom", help="64-byte bloom filter, hex (default: all topics; --topic wins)")
-    request.add_argument("--from", dest="lower", type=_uint32, help="Unix s, inclusive (default: a day ago)")
-    request.add_argument("--to", dest="upper", type=_uint32, default=0,
-                         help="Unix s, inclusive (default 0: the mailserver's now + 60 s)")
-    request.add_argument("--limit", type=_uint32, default=0, help="envelopes per request (0: the maximum, 1000)")
-    request.add_argument("--cursor", help="continue after this cursor (hex, from a previous answer)")
-    request.add_argument("--all", action="store_true", help="follow cursors to the end")
-    request.add_argument("--layout", choices=(wms.LAYOUT_STATUS_GO, wms.LAYOUT_SPEC, wms.LAYOUT_DIRECT),
-                         default=wms.LAYOUT_STATUS_GO, help="request payload layout (default status-go)")
-    request.add_argument("--no-sign", action="store_true", help="do not sign the request envelope")
-    request.add_argument("--json", action="store_true", help="one JSON object per envelope")
-    request.set_defaults(handler=run_request)
-
-    post = verbs.add_parser("post", help="send one envelope to be archived")
-    _connection_arguments(post)
-    post.add_argument("--topic", required=True, help="4-byte topic, hex")
-    post.add_argument("--payload", required=True, help="hex")
-    post.add_argument("--password", help="encrypt the payload with this password's key (default: send it as it is)")
-    post.add_argument("--ttl", type=_uint32, default=POST_TTL_S, help=f"seconds (default {POST_TTL_S})")
-    post.set_defaults(handler=run_post)
-
-
-def _connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--enode", required=True, help="enode://<node id>@host:port")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per answer")
-
-
-def _uint32(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= MAX_UINT32:
-        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_UINT32}]: {text}")
-    return value
-
-
-def _topic(text: str) -> bytes:
-    topic = parse_hex(text, "--topic")
-    if len(topic) != TOPIC_SIZE:
-        raise UsageError(f"--topic: must be {TOPIC_SIZE} bytes, got {len(topic)}")
-    return topic
-
-
-def run_request(args: argparse.Namespace) -> int:
-    topics = [_topic(t) for t in args.topics]
-    bloom = full_bloom()
-    if args.bloom:
-        bloom = parse_hex(args.bloom, "--bloom")
-        if len(bloom) != BLOOM_SIZE:
-            raise UsageError(f"--bloom: must be {BLOOM_SIZE} bytes, got {len(bloom)}")
-    elif topics:
-        bloom = bloom_for_topics(topics)
-    cursor = parse_hex(args.cursor, "--cursor") if args.cursor else b""
-    if cursor and len(cursor) != wms.CURSOR_SIZE:
-        raise UsageError(f"--cursor: must be {wms.CURSOR_SIZE} bytes, got {len(cursor)}")
-    lower = args.lower if args.lower is not None else max(0, int(time.time()) - DEFAULT_WINDOW_S)
-    if args.upper and lower > args.upper:
-        raise UsageError("--from is after --to")
-    request = wms.MessagesRequest(
-        lower=lower, upper=args.upper, bloom=bloom, topics=topics, limit=args.limit, cursor=cursor,
-        layout=args.layout,
-    )
-    return trio.run(_request_main, args, request)
-
-
-async def _request_main(args: argparse.Namespace, request: wms.MessagesRequest) -> int:
-    key = key_from_password(args.password)
-    sign = not args.no_sign
-    answers: list[RequestAnswer] = []
-    backoff = Backoff(RATE_LIMIT_BACKOFF)
-    try:
-        async with MailserverClient.connect(args.enode, timeout_s=args.timeout) as client:
-            if args.all:
-                async for answer in client.pages(request, key, sign=sign, backoff=backoff):
-                    answers.append(answer)
-                    _print_envelopes(answer, args.json)
-            else:
-                answers.append(await backoff.call(
-                    lambda: client.request(request, key, sign=sign),
-                    lambda a: a.complete.error == RATE_LIMIT_ERROR,
-                ))
-                _print_envelopes(answers[-1], args.json)
-    except MailserverError as exc:
-        print(f"wakustore: error: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    last = answers[-1].complete
-    if last.error is not None:
-        waited = (f" (still after backing off up to {RATE_LIMIT_BACKOFF.max_wait_s:g} s)"
-                  if last.error == RATE_LIMIT_ERROR else "")
-        print(f"wakustore: error: the mailserver refused the request: {last.error}{waited}", file=sys.stderr)
-        return EXIT_REFUSED
-    total = sum(len(a.envelopes) for a in answers)
-    cursor = last.cursor.hex() if last.cursor else "none"
-    print(f"mailserver: {total} envelopes in {len(answers)} requests; next cursor {cursor}", file=sys.stderr)
-    return 0
-
-
-def _print_envelopes(answer: RequestAnswer, as_json: bool) -> None:
-    for raw in answer.envelopes:
-        line = envelope_to_json(raw)
-        if as_json:
-            print(json.dumps(line))
-        else:
-            print(f"{line['hash']} topic={line['topic']} sent={line['sent']} ttl={line['ttl']} bytes={len(raw)}")
-    sys.stdout.flush()
-
-
-def run_post(args: argparse.Namespace) -> int:
-    topic = _topic(args.topic)
-    payload = parse_hex(args.payload, "--payload")
-    if args.ttl == 0:
-        raise UsageError("--ttl: must be positive")
-    key = key_from_password(args.password) if args.password is not None else None
-    return trio.run(_post_main, args, topic, payload, key)
-
-
-async def _post_main(args: argparse.Namespace, topic: bytes, payload: bytes, key: bytes | None) -> int:
-    try:
-        async with MailserverClient.connect(args.enode, timeout_s=args.timeout) as client:
-            try:
-                envelope = seal_envelope(payload, topic, symmetric_key=key, ttl=args.ttl, pow_target=client.pow_target)
-            except WakuV1Error as exc:
-                raise UsageError(f"cannot seal the envelope: {exc}") from None
-            raw = envelope.encode()
-            await client.post([raw])
-    except MailserverError as exc:
-        print(f"wakustore: error: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    print(envelope_hash(raw).hex())
-    return 0

@@ -1,0 +1,102 @@
+"""``wakustore serve``: run a node until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from wakustore.node import config as node_config
+from wakustore.node import data_dir
+from wakustore.node.usage import UsageError
+
+log = logging.getLogger("wakustore")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="run a store node")
+    serve.add_argument("--config", type=Path, help="TOML configuration file")
+    serve.add_argument("--data-dir", type=Path)
+    serve.add_argument("--engine", help="'embedded' or sc://host:port")
+    serve.add_argument("--tcp-port", type=int)
+    serve.add_argument("--ws-port", type=int)
+    serve.add_argument("--metrics-port", type=int)
+    serve.add_argument("--mailserver-port", type=int)
+    serve.add_argument("--cluster-id", type=int)
+    serve.add_argument("--shard", type=int, action="append", dest="shards")
+    serve.add_argument("--retention", help="e.g. time:2592000;capacity:1000000;size:50GB")
+    serve.add_argument("--listen-host", help="address the libp2p listeners bind (default 0.0.0.0)")
+    serve.add_argument("--relay-peer", action="append", dest="relay_peers",
+                       help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; repeatable")
+    serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
+                       help="do not run relay (lightpush and the store protocols only)")
+    serve.add_argument(
+        "--rate-limit", action="append", dest="rate_limits", default=[],
+        help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
+             "e.g. store:60/2s (the default) or lightpush:0/1s (no limit); repeatable",
+    )
+    serve.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from wakustore.node.host import HostError
+    from wakustore.node.store_protocols import RateLimits
+
+    overrides = {k: getattr(args, k, None) for k in (
+        "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
+        "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers",
+    )}
+    config = node_config.load(args.config, overrides)
+    try:
+        rate_limits = RateLimits.parse(args.rate_limits)
+    except ValueError as exc:
+        raise UsageError(f"--rate-limit: {exc}") from None
+    logging.basicConfig(
+        level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    # Held until the node has committed and stopped (or the process dies).
+    with data_dir.lock(config.data_dir):
+        try:
+            trio.run(_serve, config, rate_limits)
+        except HostError as exc:
+            print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
+    """Run the node (:func:`~wakustore.node.running.running_node`) until
+    SIGINT or SIGTERM: then the host stops first (no new requests), then
+    the store commits and stops."""
+    from wakustore.node.host import write_node_info
+    from wakustore.node.running import running_node
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with running_node(config, rate_limits=rate_limits) as node:
+            info, service, mailserver = node.info, node.service, node.mailserver
+            write_node_info(
+                config.data_dir, info,
+                engine=config.engine, table=config.messages_uri, pid=os.getpid(),
+                cluster_id=config.cluster_id, shards=config.shards,
+                enode=mailserver.enode, metrics_port=node.metrics_port,
+            )
+            log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
+                     info.peer_id, config.messages_uri, config.engine, service.store.pending)
+            log.info("rate limits per peer: store %s, lightpush %s",
+                     rate_limits.store, rate_limits.lightpush)
+            for addr in info.multiaddrs:
+                print(addr, flush=True)
+            print(mailserver.enode, flush=True)
+            print(f"metrics and health on http://{config.listen_host}:{node.metrics_port}/", flush=True)
+            if node.seeder is not None:
+                print(f"seeding community archives on port {node.seeder.port}", flush=True)
+            print("wakustore node ready; table " + config.messages_uri, flush=True)
+            async for signum in signals:
+                log.info("signal %s: committing and stopping", signal.Signals(signum).name)
+                break

@@ -1,0 +1,136 @@
+"""One running node: :func:`running_node` assembles the services.
+
+The order is what a clean start and stop need: listen ports are checked
+and the node key read before the engine starts (a taken port or a bad key
+fails fast); then the store (engine, table, write-ahead log), the metrics
+and health listener, the mailserver on the same engine, the libp2p host
+serving the Store, lightpush and metadata protocols, the relay on that
+host, and the archive scheduler and member tasks. On exit the relay, the
+host and the mailserver stop first (no new requests), then the archive
+tasks and the metrics listener, and last the store commits its buffer and
+stops.
+
+``wakustore serve``, the benchmarks and the tests all run a node through
+it; what they leave out (mailserver, metrics, relay, archives) or set
+differently (a shared engine, rate limits, stream timeouts, a key) are
+its parameters.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
+
+from wakustore.node.config import NodeConfig
+from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
+from wakustore.node.mailserver import MailserverInfo, running_mailserver
+from wakustore.node.metrics import serve_http
+from wakustore.node.relay import Relay, running_relay
+from wakustore.node.store_protocols import RateLimits, StoreProtocols
+from wakustore.node.store_service import StoreService, running_store
+from wakustore.storage.engine import Engine
+
+@dataclass
+class RunningNode:
+    """What :func:`running_node` started; the parts left out are None."""
+
+    config: NodeConfig
+    service: StoreService
+    protocols: StoreProtocols
+    host: IHost
+    info: HostInfo
+    relay: Relay | None
+    mailserver: MailserverInfo | None
+    metrics_port: int | None
+    seeder: Any = None  # the archive torrent.Seeder of a control node
+
+
+@asynccontextmanager
+async def running_node(
+    config: NodeConfig,
+    *,
+    engine: Engine | None = None,
+    rate_limits: RateLimits = RateLimits(),
+    key_pair: KeyPair | None = None,
+    mailserver: bool = True,
+    metrics: bool = True,
+    relay: bool = True,
+    archives: bool = True,
+    **protocol_options: Any,
+):
+    """Run a node on ``config`` until the block exits; yield a :class:`RunningNode`.
+
+    ``engine``: a started engine to share (it stays running afterwards),
+    else the store starts its own. ``key_pair``: the libp2p identity, else
+    ``<data_dir>/node.key``. ``mailserver``, ``metrics``, ``relay`` and
+    ``archives`` leave those parts out when false (``relay`` and the
+    archives also follow ``config``). ``protocol_options`` go to
+    :class:`StoreProtocols` (its clock and stream timeouts). Raises
+    :class:`~wakustore.node.host.HostError` for a taken port or a bad key
+    before the engine starts.
+    """
+    ports = LIBP2P_PORTS + (("metrics_port",) if metrics else ()) + (("mailserver_port",) if mailserver else ())
+    check_ports_free(config, ports)
+    if key_pair is None:
+        key_pair = load_or_create_key(config.data_dir)
+    async with running_store(config, engine=engine) as service, trio.open_nursery() as nursery:
+        metrics_port = None
+        if metrics:
+            metrics_port = await nursery.start(
+                serve_http, config.metrics_port, config.listen_host, service.metrics, service.health
+            )
+        protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
+        async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
+                running_host(config, protocols.handlers(), key_pair) as (host, info), \
+                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay:
+            protocols.relay = the_relay
+            seeder = None
+            if archives and config.archive_key_file:
+                seeder = await nursery.start(_run_archives, config, service, the_relay)
+            if archives:
+                for pubkey in config.archive_follow:
+                    nursery.start_soon(_follow_community, config, service, pubkey)
+            yield RunningNode(
+                config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
+                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder,
+            )
+        nursery.cancel_scope.cancel()
+
+
+async def _run_archives(config, service, relay, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The archive scheduler; it also tells retention what may leave the store."""
+    from wakustore.node.archive import archive_settings, keep_from_ns, run_archive_scheduler
+
+    settings = archive_settings(config)
+    service.keep_from = lambda: keep_from_ns(settings)
+
+    async def publish(pubsub_topic, message) -> None:
+        await service.put([(pubsub_topic, message, time.time_ns())], source="archive")
+        if relay is not None:
+            await relay.publish(pubsub_topic, message)
+
+    await run_archive_scheduler(
+        config, service.store, settings, limiter=service.limiter, publish=publish, task_status=task_status
+    )
+
+
+async def _follow_community(config, service, pubkey_hex: str) -> None:
+    """Member mode for one community (see node/archive_member.py)."""
+    from wakustore.node.archive_member import MemberSettings, parse_peers, run_archive_member
+    from wakustore.protocols import topics
+
+    settings = MemberSettings(
+        community_public_key=bytes.fromhex(pubkey_hex.removeprefix("0x")),
+        data_dir=config.data_dir,
+        pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0]),
+        chat_ids=tuple(config.archive_chat_ids),
+        layout=config.archive_layout,
+        peers=parse_peers(config.archive_seed_peers),
+    )
+    await run_archive_member(service.store, settings, limiter=service.limiter)
