@@ -273,10 +273,15 @@ class Fetch:
         return self.handle.torrent_file()
 
     def wait_index(self, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> int:
-        """Fetch the index file (all other pieces skipped); returns its size."""
+        """Fetch the index file (all other pieces skipped); returns its size
+        once the file is on disk."""
         layout = self.wait_metadata().layout()
         size = layout.file_size(INDEX_FILE)
         self._wait(lambda: self.handle.file_progress()[INDEX_FILE] >= size, stall_timeout_s, "index")
+        # Progress counts a piece once it passed its hash check, which can
+        # be before the disk thread wrote it (seen under load: the index
+        # file did not exist yet when read).
+        self.flush()
         return size
 
     def download(self, pieces: Iterable[int], stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
