@@ -29,16 +29,21 @@ MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
 def register(commands: argparse._SubParsersAction) -> None:
     db = commands.add_parser("db", help="table maintenance and bulk load")
     verbs = db.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-    for verb, handler in (
-        ("stats", _stats), ("compact", _compact), ("vacuum", _vacuum), ("retention", _retention),
-        ("import", _import), ("export", _export),
+    for verb, handler, summary in (
+        ("stats", _stats, "row count, files, bytes and time range of the table"),
+        ("compact", _compact, "merge the table's small files"),
+        ("vacuum", _vacuum, "delete files no longer referenced by the table"),
+        ("retention", _retention, "delete messages outside the retention policy"),
+        ("import", _import, "load messages from a JSONL file (duplicates are skipped)"),
+        ("export", _export, "write messages to a JSONL file"),
     ):
-        sub = verbs.add_parser(verb)
+        sub = verbs.add_parser(verb, help=summary)
         sub.add_argument("--data-dir", type=Path, required=True)
-        sub.add_argument("--config", type=Path)
-        sub.add_argument("--engine")
+        sub.add_argument("--config", type=Path, help="node TOML configuration")
+        sub.add_argument("--engine", help="'embedded' or sc://host:port (default: from the configuration)")
         if verb == "vacuum":
-            sub.add_argument("--retention-hours", type=int, default=maintenance.DEFAULT_VACUUM_HOURS)
+            sub.add_argument("--retention-hours", type=int, default=maintenance.DEFAULT_VACUUM_HOURS,
+                             help="keep unreferenced files this recent")
         if verb == "retention":
             sub.add_argument("--policy", help="default: the node's configured policy")
         if verb == "import":

@@ -8,6 +8,7 @@ stderr and exit with status 2; nothing else is printed.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
@@ -19,7 +20,27 @@ from wakustore.protocols.message import WakuMessage, message_hash, muid
 EXIT_USAGE = 2
 
 
+_NO_DEFAULT = (None, False, [], (), argparse.SUPPRESS)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless there is none to show (None, False,
+    an empty list) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        if "default" in help_text or action.default in _NO_DEFAULT:
+            return help_text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return help_text
+        return (help_text + " (default: %(default)s)").lstrip()
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse calls this on bad flags
         raise UsageError(message)
 
@@ -73,8 +94,17 @@ def _cmd_topic_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject's ``version``)."""
+    try:
+        return importlib.metadata.version("wakustore")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="wakustore", description="A history node for Waku networks.")
+    parser.add_argument("--version", action="version", version=f"wakustore {version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     message = commands.add_parser("message", help="message hash and MUID")
@@ -83,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("hash", _cmd_message_hash, True),
         ("muid", _cmd_message_muid, False),
     ):
-        sub = message_verbs.add_parser(verb)
+        sub = message_verbs.add_parser(verb, help={
+            "hash": "the deterministic message hash (14/WAKU2-MESSAGE), hex",
+            "muid": "the Waku Message UID (waku-message-uid-adr), the table's key, hex",
+        }[verb])
         sub.add_argument("--pubsub-topic", required=True)
         sub.add_argument("--content-topic", required=True)
         sub.add_argument("--payload", required=True, help="hex")
@@ -99,19 +132,36 @@ def build_parser() -> argparse.ArgumentParser:
         ("channel", _cmd_topic_channel),
         ("magnet", _cmd_topic_magnet),
     ):
-        sub = topic_verbs.add_parser(verb)
+        sub = topic_verbs.add_parser(verb, help=f"a community's {verb} content topic")
         sub.add_argument("--pubkey", required=True, help="33- or 65-byte public key, hex")
         if verb == "channel":
             sub.add_argument("--chat-id", required=True)
         sub.set_defaults(handler=handler)
-    shard = topic_verbs.add_parser("shard")
+    shard = topic_verbs.add_parser("shard", help="the pubsub topic of a static shard")
     shard.add_argument("--cluster", type=_nonnegative_int, required=True)
     shard.add_argument("--index", type=_nonnegative_int, required=True)
     shard.set_defaults(handler=_cmd_topic_shard)
 
     for register in _extra_commands():
         register(commands)
+    _document(parser)
     return parser
+
+
+def _document(parser: argparse.ArgumentParser) -> None:
+    """Every command's one-line help (shown in its parent's list) is also
+    its own description (shown by its ``--help``), and a flag without help
+    still shows its default (argparse prints nothing for it otherwise)."""
+    for action in parser._actions:
+        if action.help is None and action.default not in _NO_DEFAULT and action.option_strings:
+            action.help = "(default: %(default)s)"
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, sub in action.choices.items():
+            if sub.description is None and helps.get(name):
+                sub.description = helps[name][:1].upper() + helps[name][1:] + "."
+            _document(sub)
 
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:

@@ -19,26 +19,35 @@ log = logging.getLogger("wakustore")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser("serve", help="run a store node")
-    serve.add_argument("--config", type=Path, help="TOML configuration file")
-    serve.add_argument("--data-dir", type=Path)
-    serve.add_argument("--engine", help="'embedded' or sc://host:port")
-    serve.add_argument("--tcp-port", type=int)
-    serve.add_argument("--ws-port", type=int)
-    serve.add_argument("--metrics-port", type=int)
-    serve.add_argument("--mailserver-port", type=int)
-    serve.add_argument("--cluster-id", type=int)
-    serve.add_argument("--shard", type=int, action="append", dest="shards")
-    serve.add_argument("--retention", help="e.g. time:2592000;capacity:1000000;size:50GB")
-    serve.add_argument("--listen-host", help="address the libp2p listeners bind (default 0.0.0.0)")
+    # Flags default to None so that an unset flag leaves the file's or the
+    # environment's value in place; the help shows NodeConfig's default.
+    d = node_config.NodeConfig()
+    serve = commands.add_parser("serve", help="run a store node until SIGINT or SIGTERM")
+    serve.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
+    serve.add_argument("--data-dir", type=Path, help=f"tables, log, key and node-info.json (default: {os.path.join('.', d.data_dir)})")
+    serve.add_argument("--engine", help=f"'embedded' or sc://host:port (default: {d.engine})")
+    serve.add_argument("--tcp-port", type=int, help=f"libp2p TCP port, 0: any (default: {d.tcp_port})")
+    serve.add_argument("--ws-port", type=int, help=f"libp2p WebSocket port, 0: any (default: {d.ws_port})")
+    serve.add_argument("--metrics-port", type=int,
+                       help=f"Prometheus metrics and /health, 0: any (default: {d.metrics_port})")
+    serve.add_argument("--mailserver-port", type=int,
+                       help=f"Waku v1 mailserver (devp2p RLPx), 0: any (default: {d.mailserver_port})")
+    serve.add_argument("--cluster-id", type=int, help=f"(default: {d.cluster_id})")
+    serve.add_argument("--shard", type=int, action="append", dest="shards",
+                       help=f"shard to serve; repeatable (default: {' '.join(map(str, d.shards))})")
+    serve.add_argument("--retention",
+                       help=f"e.g. time:2592000;capacity:1000000;size:50GB (default: {d.retention})")
+    serve.add_argument("--listen-host", help=f"address the listeners bind (default: {d.listen_host})")
     serve.add_argument("--relay-peer", action="append", dest="relay_peers",
-                       help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; repeatable")
+                       help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; "
+                            "repeatable (default: none)")
     serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
-                       help="do not run relay (lightpush and the store protocols only)")
+                       help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
         "--rate-limit", action="append", dest="rate_limits", default=[],
         help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
-             "e.g. store:60/2s (the default) or lightpush:0/1s (no limit); repeatable",
+             "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
+             "(default: store:60/2s, lightpush:5/1s)",
     )
     serve.set_defaults(handler=run_serve)
 
