@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
+# `make run ARGS="--tcp-port 0 --shard 1"`: flags passed on to `wakustore serve`
+ARGS ?=
 
 .PHONY: install run test bench fuzz soak protos clean
 
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/wakustore serve --data-dir $(DATA_DIR)
+	$(BIN)/wakustore serve --data-dir $(DATA_DIR) $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
