@@ -2,6 +2,9 @@
 
 import argparse
 import importlib.metadata
+import itertools
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -61,3 +64,43 @@ def test_vacuum_help_shows_an_argparse_default():
     result = run("db", "vacuum", "--help")
     assert result.returncode == 0, result.stderr
     assert "(default: 168)" in " ".join(result.stdout.split())
+
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_synopsis():
+    """{command path: flags} from the README's "Command line" block; a
+    line may continue with a backslash, ``a|b`` in the command names
+    stands for both, and ``  #`` starts a comment."""
+    text = README.read_text().split("## Command line", 1)[1]
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    flags: dict[tuple[str, ...], set[str]] = {}
+    for line in block.replace("\\\n", " ").splitlines():
+        words = line.split("  #", 1)[0].split()
+        assert words and words[0] == "wakustore", line
+        names = []
+        for word in words[1:]:
+            if word.startswith(("-", "[")) or word == "..." or word.isupper():
+                break
+            names.append(word.split("|"))
+        for path in itertools.product(*names):
+            flags.setdefault(path, set()).update(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line))
+    return flags
+
+
+def test_readme_synopsis_matches_the_real_flags():
+    parser = build_parser()
+    commands = {path: sub for path, sub, _ in _commands(parser)}
+    leaves = {path: sub for path, sub in commands.items()
+              if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)}
+    synopsis = _readme_synopsis()
+    for path, flags in synopsis.items():
+        command = parser if path == () else leaves.get(path)
+        assert command is not None, f"README names no such command: {' '.join(path)}"
+        real = {option for action in command._actions for option in action.option_strings}
+        assert flags <= real, (path, flags - real)
+    for path, command in leaves.items():
+        real = {option for action in command._actions for option in action.option_strings}
+        assert path in synopsis, f"README lacks {' '.join(path)}"
+        assert real - {"-h", "--help"} <= synopsis[path], (path, real - synopsis[path] - {"-h", "--help"})
