@@ -13,7 +13,6 @@ import trio
 
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
-from wakustore.node.usage import UsageError
 
 log = logging.getLogger("wakustore")
 
@@ -44,7 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
                        help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
-        "--rate-limit", action="append", dest="rate_limits", default=[],
+        "--rate-limit", action="append", dest="rate_limits",
         help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
              "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
              "(default: store:60/2s, lightpush:5/1s)",
@@ -58,13 +57,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
-        "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers",
+        "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers", "rate_limits",
     )}
     config = node_config.load(args.config, overrides)
-    try:
-        rate_limits = RateLimits.parse(args.rate_limits)
-    except ValueError as exc:
-        raise UsageError(f"--rate-limit: {exc}") from None
+    rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
     logging.basicConfig(
         level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',

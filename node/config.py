@@ -56,6 +56,10 @@ class NodeConfig:
     # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
     protected_topics: list[ProtectedTopic] = field(default_factory=list)
+    # Per-peer limits in nwaku's --rate-limit format,
+    # "[store|lightpush:]volume/period<h|m|s|ms>"; later entries win, none:
+    # the defaults of node.store_protocols (store 60/2s, lightpush 5/1s).
+    rate_limits: list[str] = field(default_factory=list)
 
     # Control node of a community: export 7-day archives and seed them.
     # archive_key_file holds the community's 32-byte private key in hex.
@@ -116,6 +120,15 @@ class NodeConfig:
         if self.flush_interval_s <= 0 or self.flush_max_messages <= 0:
             raise ConfigError("flush interval and size must be positive")
         self.protected_topics = parse_protected_topics(self.protected_topics)
+        if self.rate_limits:
+            # imported here: the protocol layer pulls in libp2p, which
+            # commands that never serve need not load
+            from wakustore.node.store_protocols import RateLimits
+
+            try:
+                RateLimits.parse(self.rate_limits)
+            except ValueError as exc:
+                raise ConfigError(f"rate_limits: {exc}") from None
         return self
 
 
@@ -181,7 +194,7 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
-    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers"):
+    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers", "rate_limits"):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):
