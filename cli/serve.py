@@ -40,6 +40,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--relay-peer", action="append", dest="relay_peers",
                        help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; "
                             "repeatable (default: none)")
+    serve.add_argument("--ext-multiaddr", action="append", dest="ext_multiaddrs",
+                       help="multiaddr the node is reached at from outside (NAT, proxy), printed and "
+                            "written to node-info.json with the listen addresses; repeatable (default: none)")
     serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
                        help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
@@ -58,6 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
         "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers", "rate_limits",
+        "ext_multiaddrs",
     )}
     config = node_config.load(args.config, overrides)
     rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
@@ -72,6 +76,10 @@ def run_serve(args: argparse.Namespace) -> int:
         except HostError as exc:
             print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
             return 1
+    # After the commit and the lock's release: another process may take the
+    # data dir from here on.
+    log.info("node stopped")
+    print("wakustore node stopped", flush=True)
     return 0
 
 

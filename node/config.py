@@ -60,6 +60,10 @@ class NodeConfig:
     # "[store|lightpush:]volume/period<h|m|s|ms>"; later entries win, none:
     # the defaults of node.store_protocols (store 60/2s, lightpush 5/1s).
     rate_limits: list[str] = field(default_factory=list)
+    # Multiaddrs the node is reached at from outside (NAT, proxy), printed
+    # and written to node-info.json after the listen addresses; nwaku's
+    # --ext-multiaddr.
+    ext_multiaddrs: list[str] = field(default_factory=list)
 
     # Control node of a community: export 7-day archives and seed them.
     # archive_key_file holds the community's 32-byte private key in hex.
@@ -120,6 +124,14 @@ class NodeConfig:
         if self.flush_interval_s <= 0 or self.flush_max_messages <= 0:
             raise ConfigError("flush interval and size must be positive")
         self.protected_topics = parse_protected_topics(self.protected_topics)
+        for addr in self.ext_multiaddrs:
+            import multiaddr  # py-libp2p's, loaded only when used
+            import multiaddr.exceptions
+
+            try:
+                multiaddr.Multiaddr(addr)
+            except (ValueError, multiaddr.exceptions.Error) as exc:
+                raise ConfigError(f"ext_multiaddrs: {addr!r} is not a multiaddr ({exc})") from None
         if self.rate_limits:
             # imported here: the protocol layer pulls in libp2p, which
             # commands that never serve need not load
@@ -194,7 +206,8 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
-    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers", "rate_limits"):
+    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers", "rate_limits",
+                "ext_multiaddrs"):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):

@@ -13,6 +13,7 @@ as 64 hex digits (mode 0600) and reused, so the peer id survives restarts.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -151,7 +152,7 @@ async def running_host(
         host.set_stream_handler(TProtocol(protocol), handler)
     async with host.run(listen_addrs=addrs):
         await stop_auto_dialing(host)
-        yield host, host_info(host)
+        yield host, host_info(host, config.ext_multiaddrs)
 
 
 def service_connection_config() -> ConnectionConfig:
@@ -172,13 +173,56 @@ async def stop_auto_dialing(host: IHost) -> None:
     await host.get_network().auto_connector.stop()
 
 
-def host_info(host: IHost) -> HostInfo:
-    """The peer id and the listen multiaddrs (with ``/p2p/<peer id>``), TCP first."""
+def host_info(host: IHost, ext_multiaddrs: list[str] | tuple[str, ...] = ()) -> HostInfo:
+    """The peer id and the addresses to dial it on (with ``/p2p/<peer id>``),
+    TCP first: see :func:`dialable_addrs`."""
     peer_id = host.get_id().to_base58()
-    suffix = multiaddr.Multiaddr(f"/p2p/{peer_id}")
-    addrs = sorted((str(a.encapsulate(suffix)) for a in host.get_transport_addrs()),
-                   key=lambda text: "/ws/" in text)
-    return HostInfo(peer_id=peer_id, multiaddrs=addrs)
+    listening = sorted((str(a) for a in host.get_transport_addrs()), key=lambda text: text.endswith("/ws"))
+    return HostInfo(peer_id=peer_id, multiaddrs=dialable_addrs(listening, peer_id, ext_multiaddrs))
+
+
+def interface_addresses(family: str) -> list[str]:
+    """This machine's addresses of ``family`` (``ip4`` or ``ip6``),
+    loopback first; IPv6 link-local ones are left out (they need a zone
+    to be dialed)."""
+    import psutil
+
+    kind = socket.AF_INET if family == "ip4" else socket.AF_INET6
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family != kind:
+                continue
+            ip = ipaddress.ip_address(addr.address.split("%", 1)[0])
+            if not ip.is_link_local:
+                found.add(ip)
+    return [str(ip) for ip in sorted(found, key=lambda ip: (not ip.is_loopback, ip))]
+
+
+def dialable_addrs(
+    listening: list[str],
+    peer_id: str,
+    ext_multiaddrs: list[str] | tuple[str, ...] = (),
+    interfaces: Callable[[str], list[str]] = interface_addresses,
+) -> list[str]:
+    """What a peer can dial: each listen multiaddr, one per interface
+    address when it is bound to the unspecified address (0.0.0.0 or ::,
+    which nobody can dial), then the announced ``ext_multiaddrs`` (nwaku's
+    ``--ext-multiaddr``: an address the node is reached at from outside,
+    behind NAT or a proxy). Each ends in ``/p2p/<peer id>``."""
+    suffix = f"/p2p/{peer_id}"
+    out: list[str] = []
+    for addr in listening:
+        _, family, host, *rest = addr.split("/")
+        expanded = [addr]
+        if family in ("ip4", "ip6") and ipaddress.ip_address(host).is_unspecified:
+            expanded = ["/".join(["", family, ip, *rest]) for ip in interfaces(family)] or expanded
+        out.extend(a + suffix for a in expanded if a + suffix not in out)
+    for addr in ext_multiaddrs:
+        full = addr if "/p2p/" in addr else addr.rstrip("/") + suffix
+        if full not in out:
+            out.append(full)
+    return out
 
 
 def write_node_info(data_dir: Path, info: HostInfo, **extra: Any) -> Path:

@@ -65,3 +65,15 @@ def test_every_configuration_key_is_in_the_readme_table():
             for cell in row.split("|")[1].replace(",", " ").split()}
     assert {f.name for f in dataclasses.fields(NodeConfig)} <= keys, \
         {f.name for f in dataclasses.fields(NodeConfig)} - keys
+
+
+def test_ext_multiaddrs_from_the_file_the_flag_and_the_environment(tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text('ext_multiaddrs = ["/ip4/203.0.113.5/tcp/60000"]\n')
+    assert load(path, {}, environ={}).ext_multiaddrs == ["/ip4/203.0.113.5/tcp/60000"]
+    assert load(path, {"ext_multiaddrs": ["/dns4/a.example/tcp/443/wss"]}, environ={}).ext_multiaddrs == [
+        "/dns4/a.example/tcp/443/wss"]
+    env = {"WAKUSTORE_EXT_MULTIADDRS": "/ip4/203.0.113.6/tcp/1,/ip4/203.0.113.7/tcp/2"}
+    assert load(path, {}, environ=env).ext_multiaddrs == ["/ip4/203.0.113.6/tcp/1", "/ip4/203.0.113.7/tcp/2"]
+    with pytest.raises(ConfigError, match="ext_multiaddrs: 'nowhere'"):
+        load(None, {"ext_multiaddrs": ["nowhere"]}, environ={})
