@@ -36,14 +36,14 @@ def wakustore(*args, **kwargs):
 
 
 class ServeProcess:
-    def __init__(self, data_dir, *extra):
-        env = {**os.environ, "WAKUSTORE_LOG_LEVEL": "WARNING"}
+    def __init__(self, data_dir, *extra, log_level="WARNING", stderr=subprocess.PIPE):
+        env = {**os.environ, "WAKUSTORE_LOG_LEVEL": log_level}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wakustore", "serve", "--data-dir", str(data_dir),
              "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
              "--listen-host", "127.0.0.1",
              "--cluster-id", str(CLUSTER_ID), "--shard", "3", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -52,6 +52,13 @@ class ServeProcess:
         for line in self.proc.stdout:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
+
+    def rest(self) -> list[str]:
+        """The lines printed after the ready line, once stdout has closed."""
+        lines = []
+        while (line := self.lines.get(timeout=STOP_TIMEOUT_S)) is not None:
+            lines.append(line)
+        return lines
 
     def wait_ready(self) -> list[str]:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -67,7 +74,8 @@ class ServeProcess:
                 return printed
             printed.append(line)
         self.proc.kill()
-        raise AssertionError(f"serve did not start: {printed}\n{self.proc.stderr.read()[-3000:]}")
+        stderr = self.proc.stderr.read()[-3000:] if self.proc.stderr else ""
+        raise AssertionError(f"serve did not start: {printed}\n{stderr}")
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +166,7 @@ def test_push_and_query_commands_round_trip_then_sigterm_commits(served, tmp_pat
 
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(STOP_TIMEOUT_S) == 0
+    assert server.rest()[-1:] == ["wakustore node stopped"]
     table = deltalake.DeltaTable(str(data_dir / "tables" / "messages")).to_pyarrow_table()
     assert table.num_rows == 6
 
@@ -249,3 +258,43 @@ def test_serve_on_fixed_ports_binds_every_listener_once(tmp_path):
     finally:
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=60) == 0
+
+
+def test_serve_on_every_interface_prints_dialable_addresses_and_a_stopped_line(tmp_path):
+    """Listening on 0.0.0.0, the node prints (and writes to node-info.json)
+    one multiaddr per interface address, then the announced ones; the rate
+    limits come from the configuration file; SIGINT ends with a last line."""
+    from wakustore.node.host import interface_addresses
+
+    config = tmp_path / "node.toml"
+    config.write_text('rate_limits = ["store:7/1s", "lightpush:3/1m"]\n'
+                      'ext_multiaddrs = ["/dns4/node.example.org/tcp/443/wss"]\n')
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        server = ServeProcess(tmp_path / "data", "--config", str(config), "--listen-host", "0.0.0.0",
+                              log_level="INFO", stderr=log)
+        try:
+            printed = server.wait_ready()
+            info = json.loads((tmp_path / "data" / "node-info.json").read_text())
+            multiaddrs = [line for line in printed if line.startswith("/")]
+            assert multiaddrs == info["multiaddrs"]
+            assert not any("/0.0.0.0/" in addr for addr in multiaddrs)
+            suffix = "/p2p/" + info["peer_id"]
+            tcp = [a for a in multiaddrs if a.startswith("/ip4/") and "/ws/" not in a]
+            ws = [a for a in multiaddrs if a.startswith("/ip4/") and "/ws/" in a]
+            hosts = interface_addresses("ip4")
+            assert [a.split("/")[2] for a in tcp] == hosts == [a.split("/")[2] for a in ws]
+            assert multiaddrs == [*tcp, *ws, "/dns4/node.example.org/tcp/443/wss" + suffix]
+            # every printed interface address is dialable
+            for peer in tcp:
+                result = wakustore("query", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC,
+                                   "--content-topic", CONTENT_TOPIC)
+                assert result.returncode == 0, (peer, result.stderr)
+        finally:
+            server.proc.send_signal(signal.SIGINT)
+            status = server.proc.wait(STOP_TIMEOUT_S)
+    assert status == 0
+    assert server.rest()[-1:] == ["wakustore node stopped"]
+    logged = log_path.read_text()
+    assert '"msg":"rate limits per peer: store 7/1s, lightpush 3/60s"' in logged
+    assert '"msg":"node stopped"' in logged
