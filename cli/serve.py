@@ -56,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from wakustore.node.host import HostError
-    from wakustore.node.store_protocols import RateLimits
+    from wakustore.node.rate_limits import RateLimits
 
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",

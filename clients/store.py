@@ -50,7 +50,7 @@ DEFAULT_TIMEOUT_S = 20.0
 # A 429 is retried after a pause doubling from about one token's refill
 # time up to the limit's period (a token bucket is full again one period
 # after it emptied), for at most a minute of pauses in a row. The periods are
-# the defaults of nwaku and wakustore (node/store_protocols.py
+# the defaults of nwaku and wakustore (node/rate_limits.py
 # DEFAULT_STORE_RATE 60/2s, DEFAULT_LIGHTPUSH_RATE 5/1s); a node limiting
 # over a longer period is still retried every few seconds within the minute.
 STORE_BACKOFF = BackoffPolicy(first_s=0.05, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=2.0)

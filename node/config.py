@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wakustore.node.rate_limits import RateLimits
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols import topics
@@ -58,7 +59,7 @@ class NodeConfig:
     protected_topics: list[ProtectedTopic] = field(default_factory=list)
     # Per-peer limits in nwaku's --rate-limit format,
     # "[store|lightpush:]volume/period<h|m|s|ms>"; later entries win, none:
-    # the defaults of node.store_protocols (store 60/2s, lightpush 5/1s).
+    # the defaults of node.rate_limits (store 60/2s, lightpush 5/1s).
     rate_limits: list[str] = field(default_factory=list)
     # Multiaddrs the node is reached at from outside (NAT, proxy), printed
     # and written to node-info.json after the listen addresses; nwaku's
@@ -133,10 +134,6 @@ class NodeConfig:
             except (ValueError, multiaddr.exceptions.Error) as exc:
                 raise ConfigError(f"ext_multiaddrs: {addr!r} is not a multiaddr ({exc})") from None
         if self.rate_limits:
-            # imported here: the protocol layer pulls in libp2p, which
-            # commands that never serve need not load
-            from wakustore.node.store_protocols import RateLimits
-
             try:
                 RateLimits.parse(self.rate_limits)
             except ValueError as exc:
