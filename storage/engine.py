@@ -31,6 +31,7 @@ import re
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -83,6 +84,11 @@ STOP_TIMEOUT_S = 5.0
 # blip: 3 retries ride out ~1 s. One spark.sql(...).collect() makes two
 # ExecutePlan calls, each retried, so a dead remote fails in ~2-3 s.
 CLIENT_RETRIES_EMBEDDED = 2
+# pyspark warns when its client gives up retrying; the engine handles that
+# itself (reconnects, restarts a dead child, reports EngineUnavailable on
+# one line), and the warning would land on a command's stderr after its
+# own last line.
+warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
 CLIENT_RETRIES_REMOTE = 3
 CLIENT_INITIAL_BACKOFF_MS = 50
 CLIENT_BACKOFF_MULTIPLIER = 4.0
