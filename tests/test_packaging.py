@@ -24,7 +24,9 @@ def test_make_run_passes_args_to_serve():
     # -n: print the commands without running them (the install step, if
     # due, is printed too; serve is the last command)
     result = subprocess.run(
-        ["make", "-n", "run", "ARGS=--tcp-port 0 --shard 1"], cwd=ROOT,
+        # --no-print-directory: under `make test` this make is a sub-make,
+        # which would print "Entering/Leaving directory" lines.
+        ["make", "--no-print-directory", "-n", "run", "ARGS=--tcp-port 0 --shard 1"], cwd=ROOT,
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
