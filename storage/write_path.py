@@ -121,7 +121,8 @@ class WritePath(Generic[R]):
         self.flush_interval_s = flush_interval_s
         self.flush_max_rows = flush_max_rows
         self._wal = WriteAheadLog(wal_dir)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # buffer, in-flight rows, recent keys
+        self._put_lock = threading.Lock()  # one put at a time
         self._flush_lock = threading.Lock()
         self._buffer: dict[bytes, R] = {}
         self._buffer_last_seq = 0
@@ -181,36 +182,43 @@ class WritePath(Generic[R]):
     def put_new(self, rows: Sequence[R]) -> set[bytes]:
         """As :meth:`put`, in one log write; returns the keys that were new.
 
-        In owned mode, keys that the table may already hold are looked up
-        first (outside the lock, one engine call for the batch)."""
-        with self._lock:
-            if len(self._buffer) + len(self._inflight) >= self.max_pending:
-                raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
-            candidates = self._unseen(rows)
-        unresolved: list[bytes] = []
-        if self.key_filter is not None and candidates:
-            maybe, days = self._maybe(candidates)
-            try:
-                known = self._lookup(maybe, days)
-            except Exception as exc:
-                # The engine is down (restarting): writes pause, they do not
-                # fail. The rows are made durable and decided at commit;
-                # until then no query shows them.
-                log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
-                         len(maybe), exc)
-                known, unresolved = set(), maybe
-            for key in known:
-                del candidates[key]
-        with self._lock:
-            # Another put, a commit or a window replace may have run meanwhile.
-            fresh = self._unseen(candidates.values())
-            self.duplicates += len(rows) - len(fresh)
+        One put at a time (its own lock). In owned mode, keys that the table
+        may already hold are looked up first (one engine call for the
+        batch). The log's fsync happens outside the lock that readers of the
+        pending rows take: queries never wait for the disk."""
+        with self._put_lock:
+            with self._lock:
+                if len(self._buffer) + len(self._inflight) >= self.max_pending:
+                    raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
+                candidates = self._unseen(rows)
+            unresolved: list[bytes] = []
+            if self.key_filter is not None and candidates:
+                maybe, days = self._maybe(candidates)
+                try:
+                    known = self._lookup(maybe, days)
+                except Exception as exc:
+                    # The engine is down (restarting): writes pause, they do
+                    # not fail. The rows are made durable and decided at
+                    # commit; until then no query shows them.
+                    log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
+                             len(maybe), exc)
+                    known, unresolved = set(), maybe
+                for key in known:
+                    del candidates[key]
+            with self._lock:
+                # A commit or a window replace may have run meanwhile.
+                fresh = self._unseen(candidates.values())
+                self.duplicates += len(rows) - len(fresh)
             if fresh:
-                self._buffer_last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
-                for key, row in fresh.items():
-                    self._buffer[key] = row
-                    self._recent.add(key)
-                self._unresolved.update(k for k in unresolved if k in fresh)
+                # A flush meanwhile takes the buffer without these rows and
+                # trims the log only up to the sequence it took: safe.
+                last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
+                with self._lock:
+                    self._buffer_last_seq = last_seq
+                    for key, row in fresh.items():
+                        self._buffer[key] = row
+                        self._recent.add(key)
+                    self._unresolved.update(k for k in unresolved if k in fresh)
         return set(fresh)
 
     def is_unresolved(self, key: bytes) -> bool:

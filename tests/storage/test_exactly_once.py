@@ -198,3 +198,36 @@ def test_puts_that_need_the_engine_pause_while_it_is_down_and_are_decided_at_com
     assert store.hot.timestamp_of(Row.build(PUBSUB, lucky, later).message_hash) == later
     assert store.table.count() == 4
     store.close()
+
+
+def test_queries_do_not_wait_for_the_log_fsync_of_a_put(engine, tmp_path):
+    import threading
+
+    # No hot tier: the query reads the table and the pending rows.
+    store = open_store(engine, tmp_path, hot_tier_bytes=0)
+    store.put([(PUBSUB, msg(0, now_ns()), now_ns())])
+    wal = store.writes._wal
+    in_fsync, release = threading.Event(), threading.Event()
+    real_append = wal.append
+
+    def slow_append(records):
+        in_fsync.set()
+        release.wait(30)  # a disk that takes its time
+        return real_append(records)
+
+    wal.append = slow_append
+    putter = threading.Thread(target=store.put, args=([(PUBSUB, msg(1, now_ns()), now_ns())],))
+    putter.start()
+    assert in_fsync.wait(30)
+    answered = []
+    reader = threading.Thread(target=lambda: answered.append(page_all(store)))
+    reader.start()
+    reader.join(10)
+    finished_first = not reader.is_alive()
+    release.set()
+    putter.join(30)
+    reader.join(30)
+    assert finished_first, "a query waited for another put's fsync"
+    assert [m.message.payload for m in answered[0]] == [b"payload-0"], "the row in flight is not shown before its put returns"
+    assert [m.message.payload for m in page_all(store)] == [b"payload-0", b"payload-1"]
+    store.close()
