@@ -103,14 +103,6 @@ class DayKeyFilter:
         self._all = KeyFilter(capacity, DEFAULT_FPP)
         self._lock = threading.Lock()
 
-    @property
-    def count(self) -> int:
-        return self._all.count
-
-    @property
-    def nbytes(self) -> int:
-        return self._all.bits // 8 + sum(f.bits // 8 for f in list(self._days.values()))
-
     def add(self, keys: Sequence[bytes], days: Sequence[dt.date]) -> None:
         """Record that each key has a row on the day beside it."""
         by_day: dict[dt.date, list[bytes]] = {}

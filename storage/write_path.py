@@ -135,8 +135,6 @@ class WritePath(Generic[R]):
         self._uncertain: set[bytes] = set()
         self._unresolved: set[bytes] = set()
         self._decided: list[R] = []
-        self.lookups = 0
-        self.lookup_keys = 0
         self.max_pending = max_pending
         self.appended_rows = 0
         self.merged_rows = 0
@@ -259,8 +257,6 @@ class WritePath(Generic[R]):
         # each IN list a small request.
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[start:start + LOOKUP_CHUNK]
-            self.lookups += 1
-            self.lookup_keys += len(chunk)
             found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
         return found
 

@@ -10,8 +10,6 @@ from deltalake import DeltaTable
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import validate_v3
 from wakustore.storage import staging
-from wakustore.storage.message_store import MessageStore
-from wakustore.storage.table import DeltaTableRef
 
 PUBSUB = "/waku/2/rs/16/32"
 TOPIC = "/app/1/import/proto"
@@ -25,14 +23,6 @@ def msg(i, ts=None, payload=None):
 
 def triples(messages):
     return [(PUBSUB, m, m.timestamp) for m in messages]
-
-
-@pytest.fixture
-def store(engine, tmp_path):
-    s = MessageStore(DeltaTableRef(engine, str(tmp_path / "messages")), tmp_path / "wal")
-    s.open()
-    yield s
-    s.close()
 
 
 def commits(store) -> list[str]:

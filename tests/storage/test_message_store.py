@@ -25,14 +25,6 @@ def triples(messages):
     return [(PUBSUB, m, T0) for m in messages]
 
 
-@pytest.fixture
-def store(engine, tmp_path):
-    s = MessageStore(DeltaTableRef(engine, str(tmp_path / "messages")), tmp_path / "wal")
-    s.open()
-    yield s
-    s.close()
-
-
 def query(**kw):
     base = dict(pubsub_topic=PUBSUB, content_topics=["/app/1/chat/proto"], time_start=None, time_end=None,
                 message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
