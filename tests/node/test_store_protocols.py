@@ -449,6 +449,11 @@ def test_peer_over_its_rate_gets_429_and_other_peers_do_not(engine, tmp_path):
         assert not legacy_push.is_success and "too many requests" in legacy_push.info
         fresh = with_client(limited.tcp_addr, lambda c: c.query(query))
         assert fresh.status_code == 200
+        # Each query is counted under the status its answer carries.
+        queries = limited.service.metrics.queries
+        assert {status: queries.labels("store-v3", status)._value.get() for status in ("200", "429")} == {
+            "200": 4, "429": 1}
+        assert queries.labels("store-v2", "429")._value.get() == 1
     finally:
         limited.stop()
 
