@@ -34,6 +34,7 @@ from wakustore.node.metrics import serve_http
 from wakustore.node.relay import Relay, running_relay
 from wakustore.node.store_protocols import RateLimits, StoreProtocols
 from wakustore.node.store_service import StoreService, running_store
+from wakustore.node.sync import SyncService
 from wakustore.storage.engine import Engine
 
 @dataclass
@@ -49,6 +50,7 @@ class RunningNode:
     mailserver: MailserverInfo | None
     metrics_port: int | None
     seeder: Any = None  # the archive torrent.Seeder of a control node
+    sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
 
 
 @asynccontextmanager
@@ -86,10 +88,12 @@ async def running_node(
                 serve_http, config.metrics_port, config.listen_host, service.metrics, service.health
             )
         protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
+        syncing = SyncService(service, config, protocols.ingest)
         async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
-                running_host(config, protocols.handlers(), key_pair) as (host, info), \
+                running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair) as (host, info), \
                 (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay:
             protocols.relay = the_relay
+            nursery.start_soon(syncing.run, host)
             seeder = None
             if archives and config.archive_key_file:
                 seeder = await nursery.start(_run_archives, config, service, the_relay)
@@ -98,7 +102,7 @@ async def running_node(
                     nursery.start_soon(_follow_community, config, service, pubkey)
             yield RunningNode(
                 config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
-                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder,
+                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, sync=syncing,
             )
         nursery.cancel_scope.cancel()
 
