@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from wakustore.cli.progress import Stages
 from wakustore.clients.archive import magnets_from_peer, verify_archive_set
 from wakustore.node import torrent
 from wakustore.node.archive import (
@@ -124,7 +125,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         trackers=() if args.no_trackers else tuple(args.trackers or torrent.DEFAULT_TRACKERS),
     )
     try:
-        result = export_community(config.store, settings, args.now if args.now is not None else int(time.time()), _stderr)
+        with Stages() as stages:
+            result = export_community(config.store, settings, args.now if args.now is not None else int(time.time()),
+                                      stages.line, progress=stages.count)
     finally:
         stop()
     _stderr(f"{len(result.archives)} new archive(s), {result.messages} messages, {result.dropped} dropped "
@@ -190,13 +193,14 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         chat_ids = args.chat_ids or []
         allowed = [topics.channel_content_topic(public_key, c) for c in chat_ids] if chat_ids else None
         try:
-            result = fetch_archives(
-                config.store, config.data_dir, public_key, magnet, clock=clock,
-                selection=Selection(mode, args.from_s, args.to_s), layout=Layout(args.layout), peers=peers,
-                session=torrent.open_session(f"{args.listen_host}:{args.port}", args.isolated),
-                default_pubsub_topic=pubsub_topic, allowed_topics=allowed, chat_ids=chat_ids,
-                stall_timeout_s=args.timeout, report=_stderr,
-            )
+            with Stages() as stages:
+                result = fetch_archives(
+                    config.store, config.data_dir, public_key, magnet, clock=clock,
+                    selection=Selection(mode, args.from_s, args.to_s), layout=Layout(args.layout), peers=peers,
+                    session=torrent.open_session(f"{args.listen_host}:{args.port}", args.isolated),
+                    default_pubsub_topic=pubsub_topic, allowed_topics=allowed, chat_ids=chat_ids,
+                    stall_timeout_s=args.timeout, report=stages.line, progress=stages.count,
+                )
         except (torrent.TorrentError, ArchiveError, ProtocolError) as exc:
             _stderr(f"wakustore: error: {exc}")
             return 1

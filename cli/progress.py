@@ -147,3 +147,42 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Stages:
+    """Lines and counts of a job in stages (download pieces, then import
+    windows): one bar per stage, each line kept above the bar.
+
+    ``line`` and ``count`` fit the ``report`` and ``progress`` callbacks of
+    :mod:`wakustore.node.archive`.
+    """
+
+    def __init__(self, stream: TextIO | None = None, terminal: bool | None = None, clock=time.monotonic):
+        self._stream = stream if stream is not None else sys.stderr
+        self._terminal = is_terminal(self._stream) if terminal is None else terminal
+        self._clock = clock
+        self._bar: Progress | None = None
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if self._bar is not None:
+            if exc_type is None:
+                self._bar.close()
+            else:
+                self._bar.abandon()
+
+    def line(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.note(text)
+        else:
+            self._stream.write(text + "\n")
+            self._stream.flush()
+
+    def count(self, what: str, done: int, total: int) -> None:
+        if self._bar is None or self._bar.label != what:
+            if self._bar is not None:
+                self._bar.close()
+            self._bar = Progress(what, total=total, stream=self._stream, terminal=self._terminal, clock=self._clock)
+        self._bar.set(done, total)

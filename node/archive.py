@@ -58,6 +58,9 @@ EMPTY_RECHECK_S = 3600.0
 EXPORT_RETRY_S = 300.0
 
 Report = Callable[[str], None]
+# Work done so far: (what is counted, done, total), e.g. ("pieces", 40, 120);
+# a command draws it as a bar, a node does not ask for it.
+Progress = Callable[[str, int, int], None]
 
 
 def _quiet(text: str) -> None:
@@ -171,7 +174,7 @@ class ExportResult:
 
 
 def export_community(store, settings: ArchiveSettings, now_s: int, report: Report = _quiet, *,
-                     stop: threading.Event | None = None) -> ExportResult:
+                     stop: threading.Event | None = None, progress: Progress | None = None) -> ExportResult:
     """Archive every window from the end of the last one (or the oldest
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
@@ -196,7 +199,9 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
     with open(community_dir / "data", "ab") as data:
-        for window in windows:
+        for done, window in enumerate(windows):
+            if progress is not None:
+                progress("windows", done, len(windows))
             chunker = archive.Chunker()
             before = len(writer.new_entries)
             _check(stop)
@@ -214,6 +219,8 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
                 result.messages += len(last)
             result.dropped += chunker.dropped
             report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
+        if progress is not None and windows:
+            progress("windows", len(windows), len(windows))
         data.flush()
         os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
@@ -493,7 +500,7 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
                    allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
                    metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
                    stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                   report: Report = _quiet) -> FetchResult:
+                   report: Report = _quiet, progress: Progress | None = None) -> FetchResult:
     """Fetch the index of ``magnet``, then the pieces of the selected
     archives not imported yet; check each archive and replace its window
     (its content topics) in ``store`` in one Delta transaction per window.
@@ -506,7 +513,8 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     the same in a trio task.
     """
     job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
-                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report)
+                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
+                        progress)
     if job.result.ignored:
         return job.result
     job.start(session or torrent.open_session())
@@ -526,7 +534,7 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
                                allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
                                metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
                                stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                               report: Report = _quiet) -> FetchResult:
+                               report: Report = _quiet, progress: Progress | None = None) -> FetchResult:
     """:func:`fetch_archives` in a trio task on ``session`` (the caller's,
     kept open). The download waits poll libtorrent from this task, so a
     cancel ends them at once and removes the torrent from the session;
@@ -535,7 +543,8 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
     table whole or not at all, and the record lists only the whole ones.
     """
     job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
-                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report)
+                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
+                        progress)
     if job.result.ignored:
         return job.result
     job.start(session)
@@ -554,7 +563,8 @@ class _ArchiveFetch:
     def __init__(self, data_dir: Path, community_public_key: bytes, magnet: str, clock: int | None,
                  selection: Selection, layout: Layout, peers: Sequence[tuple[str, int]],
                  default_pubsub_topic: str, allowed_topics: Iterable[str] | None, chat_ids: Sequence[str],
-                 metadata_timeout_s: float, stall_timeout_s: float, report: Report):
+                 metadata_timeout_s: float, stall_timeout_s: float, report: Report,
+                 progress: Progress | None = None):
         self.cid = topics.community_id(community_public_key)
         self.save_path = data_dir / "archives"
         self.record_path = self.save_path / f"{self.cid}.json"
@@ -563,6 +573,7 @@ class _ArchiveFetch:
         self.default_pubsub_topic, self.allowed_topics = default_pubsub_topic, allowed_topics
         self.keys = channel_keys(community_public_key, chat_ids)
         self.metadata_timeout_s, self.stall_timeout_s, self.report = metadata_timeout_s, stall_timeout_s, report
+        self.progress = progress
         self.result = FetchResult()
         self.groups: list[list[IndexEntry]] = []
         self.job: torrent.Fetch | None = None
@@ -571,7 +582,7 @@ class _ArchiveFetch:
 
     def start(self, session) -> None:
         self.save_path.mkdir(parents=True, exist_ok=True)
-        self.job = torrent.Fetch(session, self.magnet, self.save_path, self.peers, self.report)
+        self.job = torrent.Fetch(session, self.magnet, self.save_path, self.peers, self.report, self.progress)
         self.started = time.monotonic()
 
     def download(self) -> torrent.Steps[None]:
@@ -600,7 +611,8 @@ class _ArchiveFetch:
 
     def hydrate(self, store, stop: threading.Event | None = None) -> None:
         hydrate(store, self.save_path / self.cid / "data", self.layout, self.groups, self.default_pubsub_topic,
-                self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop)
+                self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop,
+                progress=self.progress)
         if self.clock is not None:
             self.record.last_clock, self.record.last_magnet = self.clock, self.magnet
         self.record.save(self.record_path)
@@ -609,7 +621,7 @@ class _ArchiveFetch:
 def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
             allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
             record_path: Path, result: FetchResult, report: Report = _quiet, *,
-            stop: threading.Event | None = None) -> None:
+            stop: threading.Event | None = None, progress: Progress | None = None) -> None:
     """Check the archives of each window (as :func:`archive_windows` groups
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
@@ -617,10 +629,14 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     ``stop``, once set, ends it with :class:`Stopped` before the next window."""
     started = time.monotonic()
     with open(data_path, "rb") as data:
-        for group in groups:
+        for done, group in enumerate(groups):
             _check(stop)
+            if progress is not None:
+                progress("windows imported", done, len(groups))
             _import_window(store, data, layout, group, default_pubsub_topic, allowed_topics, keys, record, result, report)
             record.save(record_path)
+        if progress is not None and groups:
+            progress("windows imported", len(groups), len(groups))
     result.hydrate_s += time.monotonic() - started
 
 

@@ -298,10 +298,13 @@ class Fetch:
     """
 
     def __init__(self, session: lt.session, magnet: str, save_path: Path,
-                 peers: Sequence[tuple[str, int]] = (), report: Callable[[str], None] | None = None):
+                 peers: Sequence[tuple[str, int]] = (), report: Callable[[str], None] | None = None,
+                 progress: Callable[[str, int, int], None] | None = None):
         self.session = session
         self.peers = list(peers)
         self.report = report or (lambda text: None)
+        # (what, done, total) for a bar; without it, counts go to report as lines.
+        self.progress = progress
         self.downloaded: set[int] = set()
         self.hash_failures: set[int] = set()
         try:
@@ -369,7 +372,10 @@ class Fetch:
             count = sum(1 for i in wanted if have[i])
             if count != reported[0]:
                 reported[0] = count
-                self.report(f"pieces {count}/{len(wanted)}")
+                if self.progress is not None:
+                    self.progress("pieces", count, len(wanted))
+                else:
+                    self.report(f"pieces {count}/{len(wanted)}")
             return count == len(wanted)
 
         yield from self._wait(done, stall_timeout_s, "archive pieces")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from wakustore.cli.progress import PLAIN_EVERY_S, REDRAW_S, Progress
+from wakustore.cli.progress import PLAIN_EVERY_S, REDRAW_S, Progress, Stages
 
 
 class Clock:
@@ -130,3 +130,34 @@ def test_db_import_draws_a_bar_on_a_terminal_and_plain_lines_in_a_pipe(tmp_path)
     assert piped.returncode == 0, piped.stderr
     assert "\r" not in piped.stderr and "\x1b" not in piped.stderr
     assert any(line.startswith("staging 50 messages") for line in piped.stderr.splitlines())
+
+
+def test_stages_draw_one_bar_per_stage_and_keep_lines_above_it():
+    out, clock = io.StringIO(), Clock()
+    with Stages(stream=out, terminal=True, clock=clock) as stages:
+        stages.line("index: 4 archive(s); fetching 4 in 2 window(s)")
+        stages.count("pieces", 0, 8)
+        clock.now += REDRAW_S
+        stages.count("pieces", 8, 8)
+        stages.count("windows imported", 0, 2)
+        stages.line("window 1..2: 40 messages")
+        clock.now += REDRAW_S
+        stages.count("windows imported", 2, 2)
+    finals = [line.rsplit("\r\x1b[K", 1)[-1] for line in out.getvalue().split("\n")]
+    assert finals[0] == "index: 4 archive(s); fetching 4 in 2 window(s)"
+    assert finals[1].startswith("pieces [") and "8/8 100%" in finals[1]  # the stage's bar, left complete
+    assert finals[2] == "window 1..2: 40 messages"
+    assert finals[3].startswith("windows imported [") and "2/2 100%" in finals[3]
+    assert finals[4:] == [""]
+
+
+def test_stages_without_a_terminal_give_one_line_per_stage_when_quick():
+    out = io.StringIO()
+    with Stages(stream=out, terminal=False) as stages:
+        stages.count("pieces", 3, 8)
+        stages.count("pieces", 8, 8)
+        stages.line("window 1..2: 40 messages")
+        stages.count("windows imported", 1, 1)
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "window 1..2: 40 messages", "pieces 8/8 100%", "windows imported 1/1 100%"]
