@@ -29,6 +29,7 @@ from libp2p.crypto.keys import KeyPair
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
+from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.node.mailserver import MailserverInfo, running_mailserver
 from wakustore.node.metrics import serve_http
 from wakustore.node.relay import Relay, running_relay
@@ -49,6 +50,7 @@ class RunningNode:
     mailserver: MailserverInfo | None
     metrics_port: int | None
     seeder: Any = None  # the archive torrent.Seeder of a control node
+    gatekeeper: Gatekeeper | None = None  # the connection and stream caps
 
 
 @asynccontextmanager
@@ -83,11 +85,13 @@ async def running_node(
         metrics_port = None
         if metrics:
             metrics_port = await nursery.start(
-                serve_http, config.metrics_port, config.listen_host, service.metrics, service.health
+                serve_http, config.metrics_port, config.metrics_host, service.metrics, service.health
             )
         protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
+        gatekeeper = Gatekeeper(ConnectionLimits.from_config(config),
+                                on_refused=lambda reason: service.metrics.refused.labels(reason).inc())
         async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
-                running_host(config, protocols.handlers(), key_pair) as (host, info), \
+                running_host(config, protocols.handlers(), key_pair, gatekeeper) as (host, info), \
                 (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay:
             protocols.relay = the_relay
             seeder = None
@@ -98,7 +102,7 @@ async def running_node(
                     nursery.start_soon(_follow_community, config, service, pubkey)
             yield RunningNode(
                 config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
-                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder,
+                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, gatekeeper=gatekeeper,
             )
         nursery.cancel_scope.cancel()
 
