@@ -23,8 +23,9 @@ enforced as early as py-libp2p lets us:
   requests being served at once per protocol
   (``max_requests_in_flight``), and a deadline for the whole request and
   response once the request's first byte has arrived
-  (``request_timeout_s``). Past a cap the stream is reset, which js-waku
-  answers by opening a fresh one; the connection's other streams carry on.
+  (``request_timeout_s``). Past a cap a stream is reset (for idle streams:
+  the connection's oldest idle one), which js-waku answers by opening a
+  fresh one; the connection's other streams carry on.
 
 The address of the connection a request came on is published to the
 handler through :data:`wakustore.node.rate_limits.REMOTE_ADDRESS`, which is
@@ -142,7 +143,8 @@ class Gatekeeper:
         self.handshakes = 0
         self.per_address: collections.Counter[str] = collections.Counter()
         self._streams: collections.Counter[int] = collections.Counter()
-        self._idle: collections.Counter[int] = collections.Counter()
+        # Per connection: its request streams not yet written, oldest first.
+        self._idle: dict[int, dict[Any, None]] = {}
         self.in_flight: collections.Counter[str] = collections.Counter()
 
     # --- connections ------------------------------------------------------
@@ -240,45 +242,54 @@ class Gatekeeper:
         return gated
 
     def guard(self, protocol: str, handler: Callable[[Any], Awaitable[None]]):
-        """``handler`` under the idle, in-flight and whole-request limits."""
+        """``handler`` under the idle, in-flight and whole-request limits.
+
+        A connection keeps at most ``max_idle_streams_per_connection``
+        request streams that have not been written: a new one resets the
+        oldest, so a peer hoarding streams loses its own old ones while its
+        new requests still get through."""
         limits = self.limits
 
         async def guarded(stream: Any) -> None:
             conn = id(getattr(stream, "muxed_conn", stream))
-            if limits.max_idle_streams_per_connection and \
-                    self._idle[conn] >= limits.max_idle_streams_per_connection:
+            idle = self._idle.setdefault(conn, {})
+            cap = limits.max_idle_streams_per_connection
+            while cap and len(idle) >= cap:
+                # The oldest idle stream's handler waits in a read that a
+                # local reset does not always wake: cancel it too.
+                oldest, oldest_scope = next(iter(idle.items()))
+                del idle[oldest]
                 self._refuse("idle_streams")
-                await _quietly(stream.reset)
-                return
-            state = _RequestState()
-            self._idle[conn] += 1
-            state.idle = True
+                oldest_scope.cancel()
+                await _quietly(oldest.reset)
+            in_flight = False
 
             def first_byte() -> None:
-                self._idle[conn] -= 1
-                state.idle = False
+                nonlocal in_flight
+                idle.pop(stream, None)
                 if limits.max_requests_in_flight and \
                         self.in_flight[protocol] >= limits.max_requests_in_flight:
                     self._refuse("in_flight")
                     raise StreamRefused(f"{protocol}: {limits.max_requests_in_flight} requests in flight")
                 self.in_flight[protocol] += 1
-                state.in_flight = True
+                in_flight = True
                 if limits.request_timeout_s:
                     scope.deadline = trio.current_time() + limits.request_timeout_s
 
             REMOTE_ADDRESS.set(_address_of(stream))
             try:
                 with trio.CancelScope() as scope:
+                    idle[stream] = scope
                     await handler(_FirstByteStream(stream, first_byte))
                 if scope.cancelled_caught:
-                    self._refuse("request_timeout")
+                    if in_flight:
+                        self._refuse("request_timeout")
                     await _quietly(stream.reset)
             finally:
-                if state.idle:
-                    self._idle[conn] -= 1
-                if self._idle[conn] <= 0:
+                idle.pop(stream, None)
+                if not idle and self._idle.get(conn) is idle:
                     del self._idle[conn]
-                if state.in_flight:
+                if in_flight:
                     self.in_flight[protocol] -= 1
 
         return guarded
@@ -290,18 +301,10 @@ class Gatekeeper:
             "handshakes": self.handshakes,
             "addresses": len(self.per_address),
             "streams": sum(self._streams.values()),
-            "idle_streams": sum(self._idle.values()),
+            "idle_streams": sum(len(streams) for streams in self._idle.values()),
             "in_flight": sum(self.in_flight.values()),
             "refused": dict(self.refused),
         }
-
-
-class _RequestState:
-    __slots__ = ("idle", "in_flight")
-
-    def __init__(self) -> None:
-        self.idle = False
-        self.in_flight = False
 
 
 class _FirstByteStream:

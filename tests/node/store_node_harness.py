@@ -56,6 +56,7 @@ class NodeThread:
         self.peer_id = ""
         self.service = None
         self.relay = None
+        self.gatekeeper = None
         self._ready = threading.Event()
         self._token = None
         self._stop = None
@@ -106,6 +107,8 @@ class NodeThread:
         ) as node:
             self.service = node.service
             self.relay = node.relay
+            self.gatekeeper = node.gatekeeper
+            self.host = node.host
             self.multiaddrs = node.info.multiaddrs
             self.peer_id = node.info.peer_id
             self._ready.set()
