@@ -312,3 +312,41 @@ def test_rate_limiter_memory_stays_bounded_under_churn():
     assert not buckets.allow("c", "2001:db8::ffff")
     assert buckets.allow("d", "2001:db8:0:1::1")
     assert address_key("::ffff:10.0.0.1") == "10.0.0.1"
+
+
+# --- relay -----------------------------------------------------------------------
+
+
+class RelayNodeThread(NodeThread):
+    with_relay = True
+
+
+def test_relay_peer_flooding_invalid_messages_is_pruned_graylisted_and_disconnected(engine, tmp_path):
+    from libp2p.peer.id import ID
+
+    from wakustore.clients.relay import relay_publisher
+
+    node = RelayNodeThread(node_config(tmp_path), engine, RateLimits.parse(["0/1s"])).start()
+    try:
+        async def scenario():
+            async with relay_publisher(node.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, host, _peer):
+                me: ID = host.get_id()
+                with trio.fail_after(WAIT_S):  # grafted at a heartbeat
+                    while me not in node.relay.router.mesh.get(PUBSUB_TOPIC, ()):
+                        await trio.sleep(0.05)
+                for i in range(30):
+                    await pubsub.publish(PUBSUB_TOPIC, b"\xff" * 8 + i.to_bytes(2, "big"))
+                with trio.fail_after(WAIT_S):
+                    while not node.relay.scores.is_graylisted(me):
+                        await trio.sleep(0.05)
+                with trio.fail_after(WAIT_S):
+                    while node.host.get_network().connections.get(me):
+                        await trio.sleep(0.05)
+                return me
+
+        me = trio.run(scenario)
+        assert me not in node.relay.router.mesh.get(PUBSUB_TOPIC, ())
+        assert me in node.relay.pubsub.blacklisted_peers
+        assert trio.run(try_client, "127.0.0.3", node.tcp_addr, one_query) == ("ok", 200)
+    finally:
+        node.stop()
