@@ -29,7 +29,7 @@ import trio
 DIALERS_PER_HOST = 6
 QUERIES_PER_CONNECTION = 5
 HOARDED_STREAMS = 12
-STALLED_SOCKETS_PER_HOST = 4
+STALLED_SOCKETS_PER_HOST = 2
 STOP_POLL_S = 0.2
 # multistream-select's greeting: gets a connection into the handshake.
 MULTISTREAM_GREETING = b"\x13/multistream/1.0.0\n"
