@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from wakustore.protocols.message import WakuMessage, message_hash
+from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery, Page, StoredMessage, unknown_cursor
 
 NS_PER_HOUR = 3_600 * 1_000_000_000
@@ -61,16 +62,66 @@ class BackendError(RuntimeError):
 # --- shared page logic -------------------------------------------------------
 
 
-def _page(rows: list[StoredMessage], query: HistoryQuery) -> Page:
-    """``rows`` in query order (descending when backward), up to limit + 1."""
-    more = len(rows) > query.limit
-    page = rows[: query.limit]
-    if not query.forward:
-        page.reverse()
-    next_cursor = None
-    if more and page:
-        next_cursor = page[-1] if query.forward else page[0]
-    return Page(messages=page, next_cursor=next_cursor)
+# nwaku's column names for the columns of a query's description.
+_COLUMNS = {
+    store_query.PUBSUB_TOPIC: "pubsubTopic",
+    store_query.CONTENT_TOPIC: "contentTopic",
+    store_query.MESSAGE_HASH: "messageHash",
+    store_query.TIMESTAMP: "timestamp",
+}
+
+
+def _filter_and_order(
+    query: HistoryQuery, key: tuple[int, bytes] | None, mark: str, value: Callable[[str, object], object]
+) -> tuple[str, list]:
+    """The WHERE (if any) and ORDER BY clauses of ``query`` from ``key``,
+    in nwaku's form, and their parameters: ``mark`` is the driver's
+    placeholder, ``value(column, v)`` a value as the schema stores it."""
+    preds, after = store_query.predicates(query, key)
+    clauses: list[str] = []
+    params: list = []
+    if after is not None:
+        if after.column != store_query.MESSAGE_HASH:
+            raise BackendError("nwaku's archives order by message hash only")
+        clauses.append(f"(timestamp, messageHash) {'>' if after.forward else '<'} ({mark}, {mark})")
+        params += [after.timestamp, value(store_query.MESSAGE_HASH, after.key)]
+    for p in preds:
+        column = _COLUMNS[p.column]
+        if p.op == store_query.EQ:
+            clauses.append(f"{column} = {mark}")
+            params.append(value(p.column, p.value))
+        elif p.op == store_query.IN:
+            clauses.append(f"{column} IN ({', '.join([mark] * len(p.value))})")
+            params += [value(p.column, v) for v in p.value]
+        elif p.op == store_query.GE:
+            clauses.append(f"{column} >= {mark}")
+            params.append(value(p.column, p.value))
+        elif p.op == store_query.LT:
+            # nwaku's end bound is inclusive: the last admitted timestamp.
+            clauses.append(f"{column} <= {mark}")
+            params.append(value(p.column, p.value - 1))
+        else:
+            raise BackendError(f"unknown predicate operator {p.op!r}")
+    direction = "ASC" if query.forward else "DESC"
+    order_by = _COLUMNS.get(store_query.order_column(query.ordering))
+    if order_by is None:
+        raise BackendError("nwaku's archives order by message hash only")
+    sql = " WHERE " + " AND ".join(clauses) if clauses else ""
+    return sql + f" ORDER BY timestamp {direction}, {order_by} {direction}", params
+
+
+def _sqlite_value(column: str, value: object) -> object:
+    """Topics are BLOBs in nwaku's SQLite schema, hashes raw bytes."""
+    if column in (store_query.PUBSUB_TOPIC, store_query.CONTENT_TOPIC):
+        return value.encode()
+    return value
+
+
+def _postgres_value(column: str, value: object) -> object:
+    """Hashes are hex VARCHARs in nwaku's PostgreSQL schema."""
+    if column == store_query.MESSAGE_HASH:
+        return value.hex()
+    return value
 
 
 def _stored(hash_: bytes, pubsub: str, content: str, payload: bytes, version: int,
@@ -154,39 +205,20 @@ class SqliteBackend:
 
     def query(self, query: HistoryQuery) -> Page:
         db = self._db
-        clauses: list[str] = []
-        params: list = []
+        key = None
         if query.cursor is not None:
             found = db.execute("SELECT timestamp FROM Message WHERE messageHash = (?)", (query.cursor,)).fetchone()
             if found is None:
                 raise unknown_cursor()
-            clauses.append("(timestamp, messageHash) " + (">" if query.forward else "<") + " (?, ?)")
-            params += [found[0], query.cursor]
-        if query.pubsub_topic is not None:
-            clauses.append("pubsubTopic = (?)")
-            params.append(query.pubsub_topic.encode())
-        if query.content_topics:
-            clauses.append("contentTopic IN (" + ", ".join("?" * len(query.content_topics)) + ")")
-            params += [t.encode() for t in query.content_topics]
-        if query.time_start is not None:
-            clauses.append("timestamp >= (?)")
-            params.append(query.time_start)
-        if query.time_end is not None:
-            clauses.append("timestamp <= (?)")
-            params.append(query.time_end - 1)
-        if query.message_hashes:
-            clauses.append("messageHash IN (" + ", ".join("?" * len(query.message_hashes)) + ")")
-            params += list(query.message_hashes)
-        order = "ASC" if query.forward else "DESC"
-        sql = "SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM Message"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
-        sql += f" ORDER BY timestamp {order}, messageHash {order} LIMIT {query.limit + 1};"
+            key = (found[0], query.cursor)
+        where, params = _filter_and_order(query, key, "?", _sqlite_value)
+        sql = ("SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM Message"
+               f"{where} LIMIT {query.limit + 1};")
         rows = [
             _stored(h, p.decode(), c.decode(), payload, v, ts, meta, query.include_data)
             for h, p, c, payload, v, ts, meta in db.execute(sql, params)
         ]
-        return _page(rows, query)
+        return store_query.finish_page(query, rows)
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
@@ -422,47 +454,29 @@ class PostgresBackend:
         return {"analyze_s": time.perf_counter() - started}
 
     def query(self, query: HistoryQuery) -> Page:
-        if (query.message_hashes and query.cursor is None and query.pubsub_topic is None
-                and not query.content_topics and query.time_start is None and query.time_end is None):
-            return self._by_hashes(query)
+        preds, _after = store_query.predicates(query, None)
+        if query.cursor is None and [p.column for p in preds] == [store_query.MESSAGE_HASH]:
+            # Hashes alone: nwaku's getMessagesByMessageHashes.
+            return self._by_hashes(query, preds[0].value)
         return self._arbitrary(query)
 
     def _arbitrary(self, query: HistoryQuery) -> Page:
         cur = self._conn.cursor()
-        statements: list[str] = []
-        args: list = []
+        key = None
         if query.cursor is not None:
-            hash_hex = query.cursor.hex()
-            found = cur.execute("SELECT timestamp FROM messages_lookup WHERE messageHash = %s", (hash_hex,)).fetchone()
+            found = cur.execute("SELECT timestamp FROM messages_lookup WHERE messageHash = %s",
+                                (query.cursor.hex(),)).fetchone()
             if found is None:
                 raise unknown_cursor()
-            statements.append("(timestamp, messageHash) " + (">" if query.forward else "<") + " (%s,%s)")
-            args += [found[0], hash_hex]
-        if query.content_topics:
-            statements.append("contentTopic IN (" + ",".join(["%s"] * len(query.content_topics)) + ")")
-            args += list(query.content_topics)
-        if query.message_hashes:
-            statements.append("messageHash IN (" + ",".join(["%s"] * len(query.message_hashes)) + ")")
-            args += [h.hex() for h in query.message_hashes]
-        if query.pubsub_topic is not None:
-            statements.append("pubsubTopic = %s")
-            args.append(query.pubsub_topic)
-        if query.time_start is not None:
-            statements.append("timestamp >= %s")
-            args.append(query.time_start)
-        if query.time_end is not None:
-            statements.append("timestamp <= %s")
-            args.append(query.time_end - 1)
-        sql = "SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM messages "
-        if statements:
-            sql += " WHERE " + " AND ".join(statements)
-        direction = "ASC" if query.forward else "DESC"
-        sql += f" ORDER BY timestamp {direction}, messageHash {direction} LIMIT %s"
+            key = (found[0], query.cursor)
+        where, args = _filter_and_order(query, key, "%s", _postgres_value)
+        sql = ("SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM messages"
+               f"{where} LIMIT %s")
         args.append(query.limit + 1)
-        return _page(self._decode(cur.execute(sql, args).fetchall(), query), query)
+        return store_query.finish_page(query, self._decode(cur.execute(sql, args).fetchall(), query))
 
-    def _by_hashes(self, query: HistoryQuery) -> Page:
-        hashes = ",".join(f"'{h.hex()}'" for h in query.message_hashes[:MAX_HASHES_PER_QUERY])
+    def _by_hashes(self, query: HistoryQuery, message_hashes: tuple[bytes, ...]) -> Page:
+        hashes = ",".join(f"'{h.hex()}'" for h in message_hashes[:MAX_HASHES_PER_QUERY])
         sql = (
             "WITH min_timestamp AS (SELECT MIN(timestamp) AS min_ts FROM messages_lookup"
             f" WHERE messagehash IN ({hashes}))"
@@ -476,7 +490,7 @@ class PostgresBackend:
         rows = self._decode(self._conn.execute(sql).fetchall(), query)
         if query.forward:
             rows.reverse()
-        return _page(rows, query)
+        return store_query.finish_page(query, rows)
 
     @staticmethod
     def _decode(rows, query: HistoryQuery) -> list[StoredMessage]:

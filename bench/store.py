@@ -46,6 +46,7 @@ from pathlib import Path
 
 from wakustore.bench import dataset as bench_dataset
 from wakustore.bench.common import add_common_arguments, positive_int
+from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
 from wakustore.bench.dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
 from wakustore.node.usage import UsageError
@@ -384,6 +385,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             thread = threading.Thread(target=committer, name="bench-committer")
             began = time.perf_counter()
             thread.start()
+            ingesting = Progress("delta: ingested", total=spec.messages, unit="messages")
             try:
                 for batch in bench_dataset.stream(spec, batch_size):
                     while store.pending >= 4 * batch_size and not failure:
@@ -393,10 +395,9 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                     put_s += time.perf_counter() - started
                     offered += len(batch)
                     accepted += result.accepted
-                    if (offered // batch_size) % 10 == 0 or offered == spec.messages:
-                        _say(f"delta: ingested {offered}/{spec.messages} "
-                             f"({offered / (time.perf_counter() - began):,.0f} msg/s)")
+                    ingesting.set(offered)
             finally:
+                ingesting.close()
                 done.set()
                 thread.join()
             if failure:
@@ -486,7 +487,8 @@ def _delta_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tu
 def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
     timings = Timings()
     pages = []
-    executed = reported = 0
+    executed = 0
+    querying = Progress("delta: queries", total=args.queries)
     for page_spec in page_specs(spec, args.seed):
         if executed >= args.queries:
             break
@@ -500,9 +502,8 @@ def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tu
             executed += 1
             second = _hashes(page)
         pages.append((page_spec, _hashes(first), first.next_cursor is not None, second))
-        if executed - reported >= 50:
-            reported = executed
-            _say(f"delta: {executed}/{args.queries} queries")
+        querying.set(executed)
+    querying.close()
     pages_only = len(engine_ms)
     lookups = []
     for shape, query in hash_lookups(spec, args.seed, args.lookups):

@@ -62,6 +62,7 @@ import trio
 
 from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
 from wakustore.bench import dataset as bench_dataset
+from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
 from wakustore.node.usage import UsageError
 
@@ -173,16 +174,14 @@ def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None
 
     _, store = open_store(config, engine)
     try:
-        offered = accepted = batches = 0
+        offered = accepted = 0
         started = time.perf_counter()
-        for batch in bench_dataset.stream(spec, config.flush_max_messages):
-            accepted += store.put(batch).accepted
-            store.flush()
-            offered += len(batch)
-            batches += 1
-            if batches % 20 == 0 or offered == spec.messages:
-                elapsed = time.perf_counter() - started
-                _say(f"wire bench: loaded {offered:,}/{spec.messages:,} ({offered / elapsed:,.0f} msg/s)")
+        with Progress("wire bench: loaded", total=spec.messages, unit="messages") as loading:
+            for batch in bench_dataset.stream(spec, config.flush_max_messages):
+                accepted += store.put(batch).accepted
+                store.flush()
+                offered += len(batch)
+                loading.set(offered)
         load_s = time.perf_counter() - started
         started = time.perf_counter()
         maintenance.compact(store.table, today=dt.datetime.now(dt.timezone.utc).date())

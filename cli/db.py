@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
 from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage import maintenance
 
-IMPORT_PROGRESS_LINES = 100_000  # a progress line on stderr while a large file is staged
 # Commands that only read the committed table: no lock, they run beside a node.
 READ_ONLY_VERBS = frozenset({"stats", "export"})
 MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
@@ -277,7 +277,8 @@ def _import(args) -> int:
         raise UsageError(f"--from-jsonl: no such file {args.from_jsonl}")
     config, engine, store = _open(args)
     try:
-        new, already = store.import_rows(_staged_lines(args.from_jsonl))
+        with Progress("staging", unit="messages") as progress:
+            new, already = store.import_rows(_staged_lines(args.from_jsonl, progress))
     finally:
         store.close()
         engine.close()
@@ -298,11 +299,10 @@ def _storable(message: WakuMessage) -> None:
         raise ValueError(str(exc)) from None
 
 
-def _staged_lines(path: Path) -> Iterator[tuple[str, WakuMessage, int]]:
-    for count, (pubsub, message) in enumerate(iter_jsonl(path, _storable), 1):
+def _staged_lines(path: Path, progress: Progress) -> Iterator[tuple[str, WakuMessage, int]]:
+    for pubsub, message in iter_jsonl(path, _storable):
         yield pubsub, message, message.timestamp or time.time_ns()
-        if count % IMPORT_PROGRESS_LINES == 0:
-            print(f"staged {count} messages", file=sys.stderr, flush=True)
+        progress.advance()
 
 
 def _export(args) -> int:
@@ -314,12 +314,15 @@ def _export(args) -> int:
         s = maintenance.stats(table)
         start = args.start if args.start is not None else (s.oldest_ns or 0)
         end = args.end if args.end is not None else ((s.newest_ns or 0) + 1)
-        with open(args.to_jsonl, "w", encoding="utf-8") as out:
+        # The whole table's row count is the total when nothing narrows the window.
+        whole = args.start is None and args.end is None and not args.content_topics and args.pubsub_topic is None
+        with open(args.to_jsonl, "w", encoding="utf-8") as out, \
+                Progress("exporting", total=s.rows if whole else None, unit="messages") as progress:
             for day in table.window_days(start, end, args.content_topics, args.pubsub_topic):
                 for row in rows_from_arrow(day):
                     out.write(json.dumps(message_to_json(row.pubsub_topic, row.message)) + "\n")
                     written += 1
-                print(f"exported {written} messages", file=sys.stderr, flush=True)
+                progress.set(written)
         print(f"exported {written} messages", file=sys.stderr, flush=True)
         waiting = _in_log(config)
         if waiting:

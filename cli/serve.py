@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import trio
@@ -15,6 +16,15 @@ from wakustore.node import config as node_config
 from wakustore.node import data_dir
 
 log = logging.getLogger("wakustore")
+
+# After SIGINT or SIGTERM the node has this long (s) to stop in order; then
+# the process exits without waiting for what is left (a final commit stuck
+# on the engine, say: the write-ahead log keeps those messages for the next
+# start). Below the 10 s a service manager commonly allows before SIGKILL
+# (docker stop's default).
+STOP_DEADLINE_S = 8.0
+STOPPED_LINE = "wakustore node stopped"
+_deadline: list[threading.Timer] = []  # armed by a signal, disarmed by a stop in time
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -49,6 +59,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--ext-multiaddr", action="append", dest="ext_multiaddrs",
                        help="multiaddr the node is reached at from outside (NAT, proxy), printed and "
                             "written to node-info.json with the listen addresses; repeatable (default: none)")
+    serve.add_argument("--sync-peer", action="append", dest="sync_peers",
+                       help="multiaddr ending in /p2p/<peer id> of a store node to keep in sync with "
+                            "(Waku Sync) and to resume from at start; repeatable (default: none)")
     serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
                        help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
@@ -67,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
         "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers", "rate_limits",
-        "ext_multiaddrs", "metrics_host", "max_connections", "ip_colocation_limit",
+        "ext_multiaddrs", "metrics_host", "max_connections", "ip_colocation_limit", "sync_peers",
     )}
     config = node_config.load(args.config, overrides)
     rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
@@ -82,11 +95,30 @@ def run_serve(args: argparse.Namespace) -> int:
         except HostError as exc:
             print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
             return 1
+        finally:
+            for timer in _deadline:
+                timer.cancel()
     # After the commit and the lock's release: another process may take the
     # data dir from here on.
     log.info("node stopped")
-    print("wakustore node stopped", flush=True)
+    print(STOPPED_LINE, flush=True)
     return 0
+
+
+def _exit_if_not_stopped_by(deadline_s: float) -> None:
+    """From now on, the process ends within ``deadline_s`` whatever the
+    node is waiting for."""
+    def give_up() -> None:
+        log.error("not stopped after %g s: exiting now; the write-ahead log keeps what was not committed",
+                  deadline_s)
+        print(STOPPED_LINE, flush=True)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(deadline_s, give_up)
+    timer.daemon = True
+    _deadline.append(timer)
+    timer.start()
 
 
 async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
@@ -97,30 +129,44 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     from wakustore.node.running import running_node
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with running_node(config, rate_limits=rate_limits) as node:
-            info, service, mailserver = node.info, node.service, node.mailserver
-            write_node_info(
-                config.data_dir, info,
-                engine=config.engine, table=config.messages_uri, pid=os.getpid(),
-                cluster_id=config.cluster_id, shards=config.shards,
-                enode=mailserver.enode, metrics_port=node.metrics_port,
-            )
-            log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
-                     info.peer_id, config.messages_uri, config.engine, service.store.pending)
-            log.info("rate limits per peer and per address: store %s, lightpush %s",
-                     rate_limits.store, rate_limits.lightpush)
-            log.info("inbound connections: at most %d, %d per address (0: no cap)",
-                     config.max_connections, config.ip_colocation_limit)
-            for addr in info.multiaddrs:
-                print(addr, flush=True)
-            print(mailserver.enode, flush=True)
-            print(f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/", flush=True)
-            if node.seeder is not None:
-                print(f"seeding community archives on port {node.seeder.port}", flush=True)
-            print("wakustore node ready; table " + config.messages_uri, flush=True)
-            async for signum in signals:
-                log.info("signal %s: committing and stopping", signal.Signals(signum).name)
-                break
+        try:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    # Also while the node starts: a signal then stops the start.
+                    async for signum in signals:
+                        log.info("signal %s: committing and stopping", signal.Signals(signum).name)
+                        _exit_if_not_stopped_by(STOP_DEADLINE_S)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                async with running_node(config, rate_limits=rate_limits) as node:
+                    info, service, mailserver = node.info, node.service, node.mailserver
+                    write_node_info(
+                        config.data_dir, info,
+                        engine=config.engine, table=config.messages_uri, pid=os.getpid(),
+                        cluster_id=config.cluster_id, shards=config.shards,
+                        enode=mailserver.enode, metrics_port=node.metrics_port,
+                    )
+                    log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
+                             info.peer_id, config.messages_uri, config.engine, service.store.pending)
+                    log.info("rate limits per peer and per address: store %s, lightpush %s",
+                             rate_limits.store, rate_limits.lightpush)
+                    log.info("inbound connections: at most %d, %d per address (0: no cap)",
+                             config.max_connections, config.ip_colocation_limit)
+                    for addr in info.multiaddrs:
+                        print(addr, flush=True)
+                    print(mailserver.enode, flush=True)
+                    print(f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/", flush=True)
+                    if node.seeder is not None:
+                        print(f"seeding community archives on port {node.seeder.port}", flush=True)
+                    print("wakustore node ready; table " + config.messages_uri, flush=True)
+                    await trio.sleep_forever()
+        except BaseExceptionGroup as group:
+            # One failure (a taken port, a bad key): the caller reports it as it is.
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+                raise group.exceptions[0] from None
+            raise
 
 
 def _url_host(host: str) -> str:

@@ -22,9 +22,11 @@ archive ids (the index keys), last accepted magnet clock and link.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,8 +41,8 @@ from wakustore.protocols.crypto import private_key_from_bytes
 from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
+from wakustore.storage.archive_window import oldest_timestamp_ns
 from wakustore.storage.rows import Row
-from wakustore.storage.table import sql_string
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,31 @@ Report = Callable[[str], None]
 
 def _quiet(text: str) -> None:
     pass
+
+
+class Stopped(Exception):
+    """Blocking archive work was asked to stop (the node is stopping)."""
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Stopped("stopped")
+
+
+async def run_stoppable(fn: Callable, *args, limiter: trio.CapacityLimiter | None = None, **kwargs):
+    """``fn(*args, stop=event, **kwargs)`` in a worker thread. Cancelling
+    the caller returns at once: the thread is told to stop (``fn`` checks
+    ``stop`` between steps and raises :class:`Stopped`) and left to end its
+    current step alone, so a stopping node never waits for a long export or
+    window import. Steps are whole (a Delta transaction, an append the next
+    export cuts off if its index was not written), so stopping between
+    them loses nothing."""
+    stop = threading.Event()
+    try:
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args, stop=stop, **kwargs), limiter=limiter, abandon_on_cancel=True)
+    finally:
+        stop.set()
 
 
 # --- control node ------------------------------------------------------------------
@@ -143,11 +170,14 @@ class ExportResult:
     message: WakuMessage | None = None  # the magnet-link message, when the torrent changed
 
 
-def export_community(store, settings: ArchiveSettings, now_s: int, report: Report = _quiet) -> ExportResult:
+def export_community(store, settings: ArchiveSettings, now_s: int, report: Report = _quiet, *,
+                     stop: threading.Event | None = None) -> ExportResult:
     """Archive every window from the end of the last one (or the oldest
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
-    community's magnet topic. Blocking (Spark, file I/O)."""
+    community's magnet topic. Blocking (Spark, file I/O). ``stop``, once
+    set, ends the export with :class:`Stopped` before its next day of
+    messages (what was appended is cut off by the next export)."""
     layout, content_topics = Layout(settings.layout), settings.content_topics
     community_dir = settings.archive_dir / settings.community_id
     community_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +199,9 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         for window in windows:
             chunker = archive.Chunker()
             before = len(writer.new_entries)
+            _check(stop)
             for rows in store.stream_window(window.start_ns, window.end_ns, content_topics):
+                _check(stop)
                 for row in rows:
                     full = chunker.add(archive.encode_archived_message(
                         layout, row.pubsub_topic, row.message, row.arrival_time, keys.get(row.message.content_topic)))
@@ -236,6 +268,16 @@ def seed_latest(seeder: torrent.Seeder, settings: ArchiveSettings) -> bool:
     return True
 
 
+async def seed_latest_async(seeder: torrent.Seeder, settings: ArchiveSettings) -> bool:
+    """:func:`seed_latest` in a trio task, cancellable while libtorrent
+    checks the files."""
+    if not settings.torrent_path.exists():
+        return False
+    await seeder.seed_async(settings.torrent_path.read_bytes(), settings.archive_dir)
+    _mark_seeded(settings)
+    return True
+
+
 def _mark_seeded(settings: ArchiveSettings) -> None:
     state = ControlState.load(settings.state_path, Layout(settings.layout))
     state.seeded_end_s = state.last_end_s
@@ -288,6 +330,7 @@ def seeded_until_ns(archive_dir: Path, community_ids: Iterable[str]) -> int | No
 
 async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
                                 limiter: trio.CapacityLimiter | None = None,
+                                torrent_limiter: trio.CapacityLimiter | None = None,
                                 publish: Callable[[str, WakuMessage], object] | None = None,
                                 now: Callable[[], float] = time.time,
                                 task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -295,19 +338,27 @@ async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
     export and seed only the latest torrent; ``publish(pubsub_topic,
     message)`` (awaited) sends the new magnet-link message to the network.
     Seeds the existing torrent at start. ``task_status.started`` gets the
-    :class:`torrent.Seeder`. Runs until cancelled. ``config``: the node's
-    NodeConfig, whose first shard is the community's pubsub topic unless
-    ``settings`` name one; ``limiter``: the store's thread limiter."""
+    :class:`torrent.Seeder` once its session listens, before libtorrent
+    has checked the files. Runs until cancelled, and a cancel ends it at
+    once whatever it is doing (see :func:`run_stoppable`). ``config``: the
+    node's NodeConfig, whose first shard is the community's pubsub topic
+    unless ``settings`` name one; ``limiter``: the store's thread limiter;
+    ``torrent_limiter``: threads for torrent work (its own by default)."""
     if settings.pubsub_topic is None and config is not None and config.shards:
         settings = dataclasses.replace(
             settings, pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0]))
-    session = await trio.to_thread.run_sync(torrent.open_session, settings.listen, settings.isolated)
+    torrent_limiter = torrent_limiter or trio.CapacityLimiter(torrent.TORRENT_THREADS)
+    session = await trio.to_thread.run_sync(torrent.open_session, settings.listen, settings.isolated,
+                                            limiter=torrent_limiter, abandon_on_cancel=True)
     seeder = torrent.Seeder(session)
     try:
-        await trio.to_thread.run_sync(seed_latest, seeder, settings, limiter=limiter)
         task_status.started(seeder)
         log.info("archive scheduler for %s (%s layout), seeding on port %d",
                  settings.community_id, Layout(settings.layout).value, seeder.port)
+        try:
+            await seed_latest_async(seeder, settings)
+        except torrent.TorrentError as exc:  # the next export seeds a new torrent
+            log.error("cannot seed the existing archives of %s: %s", settings.community_id, exc)
         while True:
             state = ControlState.load(settings.state_path, Layout(settings.layout))
             due = now() if state.last_end_s is None else state.last_end_s + settings.interval_s
@@ -315,16 +366,16 @@ async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
                 await trio.sleep(min(SEED_POLL_S, max(due - now(), 0.0)))
                 seeder.poll()
             try:
-                result = await trio.to_thread.run_sync(export_community, store, settings, int(now()), limiter=limiter)
+                result = await run_stoppable(export_community, store, settings, int(now()), limiter=limiter)
                 if result.archives:
-                    await trio.to_thread.run_sync(seed_latest, seeder, settings, limiter=limiter)
+                    await seed_latest_async(seeder, settings)
                     log.info("archived %d messages in %d archive(s); magnet %s",
                              result.messages, len(result.archives), result.magnet)
                     if publish is not None and result.message is not None:
                         await publish(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message)
                 elif result.windows and seeder.handle is not None:
                     # Only empty windows: the seeded torrent still holds all history.
-                    await trio.to_thread.run_sync(_mark_seeded, settings)
+                    _mark_seeded(settings)
                 elif state.last_end_s is None and not result.windows:
                     await trio.sleep(EMPTY_RECHECK_S)
             except Exception as exc:  # engine down, disk full: the next attempt may do better
@@ -350,13 +401,8 @@ def _open_writer(community_dir: Path, layout: Layout) -> ArchiveWriter:
 
 def _oldest_second(store, content_topics: Sequence[str]) -> int | None:
     store.flush()
-    listed = ", ".join(sql_string(t).replace("{", "{{").replace("}", "}}") for t in content_topics)
-    try:
-        oldest = store.table.scalar(f"SELECT min(timestamp) FROM {{table}} WHERE content_topic IN ({listed})")
-    except Exception as exc:  # no table yet
-        log.debug("no oldest message: %s", exc)
-        return None
-    return None if oldest is None else int(oldest) // archive.NS_PER_S
+    oldest = oldest_timestamp_ns(store.table, content_topics)
+    return None if oldest is None else oldest // archive.NS_PER_S
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -456,59 +502,123 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     accepted one is ignored. ``chat_ids``: the channels' ids, whose keys
     rebuild messages a status-go archive holds decrypted. Archives that fail a check are reported in
     ``rejected`` and never reach the table. Raises TorrentError when the
-    torrent cannot be fetched. Blocking.
+    torrent cannot be fetched. Blocking; :func:`fetch_archives_async` is
+    the same in a trio task.
     """
-    layout = Layout(layout)
-    cid = topics.community_id(community_public_key)
-    save_path = data_dir / "archives"
-    record_path = save_path / f"{cid}.json"
-    record = MemberRecord.load(record_path)
-    if clock is not None and clock <= record.last_clock:
-        return FetchResult(ignored=f"magnet clock {clock} is not newer than {record.last_clock}")
-    save_path.mkdir(parents=True, exist_ok=True)
-    own_session = session is None
-    session = session or torrent.open_session()
-    job = torrent.Fetch(session, magnet, save_path, peers, report)
-    result = FetchResult()
-    started = time.monotonic()
+    job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
+                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report)
+    if job.result.ignored:
+        return job.result
+    job.start(session or torrent.open_session())
     try:
-        info = job.wait_metadata(metadata_timeout_s)
+        torrent.drive(job.download())
+    finally:
+        job.close()
+    job.hydrate(store)
+    return job.result
+
+
+async def fetch_archives_async(store, data_dir: Path, community_public_key: bytes, magnet: str, *,
+                               session, limiter: trio.CapacityLimiter | None = None,
+                               clock: int | None = None, selection: Selection = Selection(),
+                               layout: Layout = archive.DEFAULT_LAYOUT, peers: Sequence[tuple[str, int]] = (),
+                               default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
+                               allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
+                               metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
+                               stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
+                               report: Report = _quiet) -> FetchResult:
+    """:func:`fetch_archives` in a trio task on ``session`` (the caller's,
+    kept open). The download waits poll libtorrent from this task, so a
+    cancel ends them at once and removes the torrent from the session;
+    the import runs in a worker thread under ``limiter`` (the engine's)
+    and stops between windows (:func:`run_stoppable`): a window is in the
+    table whole or not at all, and the record lists only the whole ones.
+    """
+    job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
+                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report)
+    if job.result.ignored:
+        return job.result
+    job.start(session)
+    try:
+        await torrent.drive_async(job.download())
+    finally:
+        job.close()
+    await run_stoppable(job.hydrate, store, limiter=limiter)
+    return job.result
+
+
+class _ArchiveFetch:
+    """One fetch of :func:`fetch_archives`: the download (a wait on
+    libtorrent, :data:`torrent.Steps`), then the import (blocking)."""
+
+    def __init__(self, data_dir: Path, community_public_key: bytes, magnet: str, clock: int | None,
+                 selection: Selection, layout: Layout, peers: Sequence[tuple[str, int]],
+                 default_pubsub_topic: str, allowed_topics: Iterable[str] | None, chat_ids: Sequence[str],
+                 metadata_timeout_s: float, stall_timeout_s: float, report: Report):
+        self.cid = topics.community_id(community_public_key)
+        self.save_path = data_dir / "archives"
+        self.record_path = self.save_path / f"{self.cid}.json"
+        self.record = MemberRecord.load(self.record_path)
+        self.magnet, self.clock, self.selection, self.layout, self.peers = magnet, clock, selection, layout, peers
+        self.default_pubsub_topic, self.allowed_topics = default_pubsub_topic, allowed_topics
+        self.keys = channel_keys(community_public_key, chat_ids)
+        self.metadata_timeout_s, self.stall_timeout_s, self.report = metadata_timeout_s, stall_timeout_s, report
+        self.result = FetchResult()
+        self.groups: list[list[IndexEntry]] = []
+        self.job: torrent.Fetch | None = None
+        if clock is not None and clock <= self.record.last_clock:
+            self.result.ignored = f"magnet clock {clock} is not newer than {self.record.last_clock}"
+
+    def start(self, session) -> None:
+        self.save_path.mkdir(parents=True, exist_ok=True)
+        self.job = torrent.Fetch(session, self.magnet, self.save_path, self.peers, self.report)
+        self.started = time.monotonic()
+
+    def download(self) -> torrent.Steps[None]:
+        job, cid = self.job, self.cid
+        info = yield from job.wait_metadata(self.metadata_timeout_s)
         layout_files = info.layout()
         names = [layout_files.file_path(i).replace("\\", "/") for i in range(layout_files.num_files())]
         if info.name() != cid or names != [f"{cid}/{f}" for f in torrent.FILE_NAMES]:
             raise ArchiveError(f"torrent {info.name()!r} with files {names} is not community {cid}'s archive")
-        job.wait_index(stall_timeout_s)
-        index = (save_path / cid / "index").read_bytes()
+        yield from job.wait_index(self.stall_timeout_s)
+        index = (self.save_path / cid / "index").read_bytes()
         data_size = layout_files.file_size(torrent.DATA_FILE)
-        entries = archive.parse_index(layout, index, data_size, info.piece_length())
-        groups = _select(archive_windows(entries), set(record.imported), selection)
-        report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in groups)} in {len(groups)} window(s)")
-        job.download({p for g in groups for e in g for p in e.pieces(info.piece_length())}, stall_timeout_s)
-        job.flush()
-        result.downloaded_pieces = set(job.downloaded)
-    finally:
-        job.close()
-        if own_session:
-            del session
-    result.download_s = time.monotonic() - started
-    hydrate(store, save_path / cid / "data", layout, groups, default_pubsub_topic, allowed_topics,
-            channel_keys(community_public_key, chat_ids), record, record_path, result, report)
-    if clock is not None:
-        record.last_clock, record.last_magnet = clock, magnet
-    record.save(record_path)
-    return result
+        entries = archive.parse_index(self.layout, index, data_size, info.piece_length())
+        self.groups = _select(archive_windows(entries), set(self.record.imported), self.selection)
+        self.report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
+                    f"in {len(self.groups)} window(s)")
+        yield from job.download({p for g in self.groups for e in g for p in e.pieces(info.piece_length())},
+                                self.stall_timeout_s)
+        yield from job.flush()
+        self.result.downloaded_pieces = set(job.downloaded)
+        self.result.download_s = time.monotonic() - self.started
+
+    def close(self) -> None:
+        if self.job is not None:
+            self.job.close()
+
+    def hydrate(self, store, stop: threading.Event | None = None) -> None:
+        hydrate(store, self.save_path / self.cid / "data", self.layout, self.groups, self.default_pubsub_topic,
+                self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop)
+        if self.clock is not None:
+            self.record.last_clock, self.record.last_magnet = self.clock, self.magnet
+        self.record.save(self.record_path)
 
 
 def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
             allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
-            record_path: Path, result: FetchResult, report: Report = _quiet) -> None:
+            record_path: Path, result: FetchResult, report: Report = _quiet, *,
+            stop: threading.Event | None = None) -> None:
     """Check the archives of each window (as :func:`archive_windows` groups
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
-    fails a check is left alone and listed in ``result.rejected``."""
+    fails a check is left alone and listed in ``result.rejected``.
+    ``stop``, once set, ends it with :class:`Stopped` before the next window."""
     started = time.monotonic()
     with open(data_path, "rb") as data:
         for group in groups:
+            _check(stop)
             _import_window(store, data, layout, group, default_pubsub_topic, allowed_topics, keys, record, result, report)
             record.save(record_path)
     result.hydrate_s += time.monotonic() - started

@@ -9,7 +9,9 @@ done by :func:`newest_magnet`). A link
 is acted on only when it is signed by the control node, newer than the
 last one imported, and no newer link has appeared for a quiet period
 (status-go waits 20 s, since a control node may publish several links in
-a row after downtime). The fetch itself is ``wakustore archive fetch``'s.
+a row after downtime). The fetch itself is ``wakustore archive fetch``'s,
+run from the trio task (:func:`~wakustore.node.archive.fetch_archives_async`)
+on one libtorrent session the member keeps.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from pathlib import Path
 
 import trio
 
+from wakustore.node import torrent
 from wakustore.node.archive import (
     MemberRecord,
-    fetch_archives,
+    fetch_archives_async,
     magnets_in_store,
     newest_magnet,
 )
@@ -40,6 +43,12 @@ QUIET_PERIOD_S = 20.0
 POLL_INTERVAL_S = 5.0
 # After a failed fetch (no peer, stalled download), try again this much later.
 RETRY_AFTER_S = 300.0
+
+# What a look at the store concluded: no signed link; the newest link is
+# not newer than the last imported; a new link within its quiet period (or
+# before a retry is due); a fetch begins.
+LOOK_NO_LINK, LOOK_NOT_NEWER, LOOK_WAITING, LOOK_FETCHING = "no link", "not newer", "waiting", "fetching"
+LOOKS = (LOOK_NO_LINK, LOOK_NOT_NEWER, LOOK_WAITING, LOOK_FETCHING)
 
 
 @dataclass(frozen=True)
@@ -61,27 +70,50 @@ class MemberSettings:
 
 
 async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.CapacityLimiter | None = None,
+                             torrent_limiter: trio.CapacityLimiter | None = None,
                              clock: Callable[[], float] = time.monotonic,
-                             on_fetched: Callable[[object], None] | None = None) -> None:
-    """Run until cancelled; blocking work goes to worker threads."""
+                             on_fetched: Callable[[object], None] | None = None,
+                             on_look: Callable[[str], None] | None = None) -> None:
+    """Run until cancelled; a cancel ends it at once, a fetch included
+    (:func:`~wakustore.node.archive.fetch_archives_async`: its torrent
+    leaves the session and no window is half imported). ``limiter``: the
+    engine's threads (store reads, imports); ``torrent_limiter``: threads
+    for torrent work, its own by default. ``on_look`` gets what each look
+    at the store concluded, one of :data:`LOOKS`."""
+    looked = on_look or (lambda outcome: None)
+    torrent_limiter = torrent_limiter or trio.CapacityLimiter(torrent.TORRENT_THREADS)
+    factory = settings.session_factory or torrent.open_session
+    session = await trio.to_thread.run_sync(factory, limiter=torrent_limiter, abandon_on_cancel=True)
     pending_uri, pending_since = None, 0.0
     retry_at = 0.0
     while True:
         await trio.sleep(settings.poll_interval_s)
         payloads = await trio.to_thread.run_sync(
-            magnets_in_store, store, settings.community_public_key, settings.pubsub_topic, limiter=limiter
+            magnets_in_store, store, settings.community_public_key, settings.pubsub_topic,
+            limiter=limiter, abandon_on_cancel=True,  # a read: nothing to finish
         )
         link = newest_magnet(payloads, settings.community_public_key, report=log.info)
-        if link is None or link.clock <= MemberRecord.load(settings.record_path).last_clock:
+        if link is None:
+            looked(LOOK_NO_LINK)
+            continue
+        if link.clock <= MemberRecord.load(settings.record_path).last_clock:
+            looked(LOOK_NOT_NEWER)
             continue
         if link.magnet_uri != pending_uri:
             pending_uri, pending_since = link.magnet_uri, clock()  # start the quiet period
+            looked(LOOK_WAITING)
             continue
         if clock() - pending_since < settings.quiet_period_s or clock() < retry_at:
+            looked(LOOK_WAITING)
             continue
         log.info("fetching community archives from magnet clock %d", link.clock)
+        looked(LOOK_FETCHING)
         try:
-            result = await trio.to_thread.run_sync(_fetch, store, settings, link, limiter=limiter)
+            result = await fetch_archives_async(
+                store, settings.data_dir, settings.community_public_key, link.magnet_uri, session=session,
+                limiter=limiter, clock=link.clock, layout=settings.layout, peers=list(settings.peers),
+                default_pubsub_topic=settings.pubsub_topic, chat_ids=list(settings.chat_ids), report=log.info,
+            )
         except Exception as exc:  # no peers yet, stalled swarm: try later
             log.warning("archive fetch failed, retrying in %.0f s: %s", settings.retry_after_s, exc)
             retry_at = clock() + settings.retry_after_s
@@ -90,12 +122,3 @@ async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.C
                  len(result.imported), result.messages, len(result.rejected))
         if on_fetched is not None:
             on_fetched(result)
-
-
-def _fetch(store, settings: MemberSettings, link):
-    session = settings.session_factory() if settings.session_factory is not None else None
-    return fetch_archives(
-        store, settings.data_dir, settings.community_public_key, link.magnet_uri,
-        clock=link.clock, layout=settings.layout, peers=list(settings.peers), session=session,
-        default_pubsub_topic=settings.pubsub_topic, chat_ids=list(settings.chat_ids), report=log.info,
-    )

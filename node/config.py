@@ -103,6 +103,14 @@ class NodeConfig:
     # and written to node-info.json after the listen addresses; nwaku's
     # --ext-multiaddr.
     ext_multiaddrs: list[str] = field(default_factory=list)
+    # Waku Sync and Store Resume (node/sync.py): peers (multiaddrs ending in
+    # /p2p/<peer id>) to reconcile with every sync_interval_s over the last
+    # sync_range_s (nwaku's 5 min and 1 h), and to ask at start for what was
+    # missed while down, at most resume_max_s back (store-sync.md: 6 h).
+    sync_peers: list[str] = field(default_factory=list)
+    sync_interval_s: float = 300.0
+    sync_range_s: float = 3600.0
+    resume_max_s: float = 21600.0
 
     # Control node of a community: export 7-day archives and seed them.
     # archive_key_file holds the community's 32-byte private key in hex.
@@ -179,6 +187,16 @@ class NodeConfig:
                 multiaddr.Multiaddr(addr)
             except (ValueError, multiaddr.exceptions.Error) as exc:
                 raise ConfigError(f"ext_multiaddrs: {addr!r} is not a multiaddr ({exc})") from None
+        if self.sync_interval_s <= 0 or self.sync_range_s <= 0 or self.resume_max_s < 0:
+            raise ConfigError("sync_interval_s and sync_range_s must be positive, resume_max_s not negative")
+        for addr in self.sync_peers:
+            import multiaddr  # py-libp2p's, loaded only when used
+            from libp2p.peer.peerinfo import info_from_p2p_addr
+
+            try:
+                info_from_p2p_addr(multiaddr.Multiaddr(addr))
+            except Exception as exc:
+                raise ConfigError(f"sync_peers: {addr!r} is not a multiaddr ending in /p2p/<peer id> ({exc})") from None
         if self.rate_limits:
             try:
                 RateLimits.parse(self.rate_limits)
@@ -250,7 +268,7 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
     if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers", "rate_limits",
-                "ext_multiaddrs"):
+                "ext_multiaddrs", "sync_peers"):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):

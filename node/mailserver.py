@@ -17,9 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import math
 import os
-import struct
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,13 +27,13 @@ from typing import Callable
 import coincurve
 import trio
 
+from wakustore.node.flush_loop import FlushLoop
 from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
-from wakustore.protocols.crypto import keccak256
 from wakustore.protocols.errors import RLPxError, WakuV1Error
 from wakustore.protocols.waku_v1 import (
-    DEFAULT_MAX_MESSAGE_SIZE, MAX_UINT32, MAX_UINT64, TOPIC_SIZE, Envelope, decode_envelope_list,
-    decode_rlp, envelope_hash, full_bloom, key_from_password, rlp_encode, rlp_uint,
+    DEFAULT_MAX_MESSAGE_SIZE, PeerStatus, decode_envelope_list, decode_status, encode_status,
+    envelope_hash, envelope_problem, key_from_password,
 )
 from wakustore.storage.envelope_store import EnvelopeStore, StoredEnvelope
 
@@ -64,12 +62,6 @@ MAX_QUEUED_REQUESTS = 4
 # what an envelope adds (flags, size, 65-byte signature, padding to 256
 # bytes, GCM tag and nonce, RLP headers). Larger ones are dropped unread.
 MAX_REQUEST_PACKET_SIZE = wms.MAX_REQUEST_PAYLOAD_SIZE + 1024
-# status-go waku/common/const.go DefaultSyncAllowance (seconds): how far an
-# envelope may be stamped in the future; twice this past expiry is "very old".
-SYNC_ALLOWANCE_S = 10
-# status-go waku/common/const.go MaxTopicInterest (10,000 topics) plus room
-# for the other options: the RLP items a status packet may hold.
-MAX_STATUS_ITEMS = 10_000 + 64
 # status-go config/README.md: "The default password used by Status App and
 # our mailservers is status-offline-inbox".
 DEFAULT_PASSWORD = "status-offline-inbox"
@@ -84,7 +76,6 @@ DEFAULT_RATE_LIMIT_S = 0.0
 MAX_RATE_LIMITED_PEERS = 100_000
 # Blocking store work (Spark, write-ahead log fsync) in worker threads.
 STORE_THREADS = 4
-FLUSH_POLL_S = 0.05
 KEY_FILE = "mailserver.key"
 CLIENT_ID = "wakustore/mailserver"
 WAKU = rlpx.Capability(rlpx.WAKU_CAPABILITY_NAME, rlpx.WAKU_V1_VERSION)
@@ -205,18 +196,6 @@ def open_envelope_store(config, engine) -> EnvelopeStore:
     return store
 
 
-async def flush_envelopes(store: EnvelopeStore, limiter: trio.CapacityLimiter) -> None:
-    """Commit the store's buffer whenever its flush policy says so, forever."""
-    while True:
-        await trio.sleep(FLUSH_POLL_S)
-        if store.writes.flush_due():
-            try:
-                await trio.to_thread.run_sync(store.flush, limiter=limiter)
-            except Exception as exc:  # engine down: the batch stays in the log
-                log.warning("envelope flush failed, will retry: %s", exc)
-                await trio.sleep(1.0)
-
-
 def load_or_create_node_key(data_dir: Path) -> bytes:
     """The 32-byte secp256k1 node key in ``<data_dir>/mailserver.key`` (hex,
     mode 0600), created on first use. ValueError for an unusable file."""
@@ -270,6 +249,8 @@ class Mailserver:
         self.stats = MailserverStats()
         self._status = encode_status(self.settings.minimum_pow)
         self._port = 0
+        # Commits the envelope buffer as its flush policy says; woken by puts.
+        self.flusher = FlushLoop(store.writes.flush_deadline, self._flush, "envelope")
 
     async def serve(self, host: str, port: int, *, flush: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host``:``port`` (0: any free port) until cancelled."""
@@ -278,7 +259,7 @@ class Mailserver:
         info = MailserverInfo(enode_url(self.public_key, host, self._port), self.public_key, host, self._port)
         async with trio.open_nursery() as nursery:
             if flush:
-                nursery.start_soon(flush_envelopes, self.store, self.limiter)
+                nursery.start_soon(self.flusher.run)
             await nursery.start(trio.serve_listeners, self.handle_stream, listeners)
             log.info("mailserver listening: %s", info.enode)
             task_status.started(info)
@@ -369,6 +350,11 @@ class Mailserver:
             return
         self.stats.accepted += accepted
         self.stats.duplicates += duplicates
+        if accepted:
+            self.flusher.notify()
+
+    async def _flush(self) -> None:
+        await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
 
     # --- P2P Request: answer -------------------------------------------------
 
@@ -456,102 +442,6 @@ class RequestRateLimiter:
         if len(self._last) > MAX_RATE_LIMITED_PEERS:
             self._last = {p: t for p, t in self._last.items() if now - t <= self.period_s}
         return True
-
-
-def envelope_problem(envelope: Envelope, now_s: int, *, minimum_pow: float, max_size: int) -> str | None:
-    """Why status-go's ``Waku.add`` would not archive ``envelope`` at Unix
-    time ``now_s`` (seconds), or None when it would.
-
-    Sent more than 10 s ahead: "envelope from future"; expired: "expired"
-    (or "very old envelope" 20 s past expiry); ``envelope.size`` above
-    ``max_size``; PoW below ``minimum_pow``, computed for an envelope sent
-    ahead with its TTL stretched by the time difference plus one second.
-    """
-    sent = envelope.timestamp
-    pow_ttl = envelope.ttl
-    if sent > now_s:
-        if sent - SYNC_ALLOWANCE_S > now_s:
-            return "envelope from future"
-        pow_ttl = (envelope.ttl + sent - now_s + 1) & MAX_UINT32
-    if envelope.expiry < now_s:
-        if ((envelope.expiry + 2 * SYNC_ALLOWANCE_S) & MAX_UINT32) < now_s:
-            return "very old envelope"
-        return "expired"
-    if envelope.size > max_size:
-        return f"huge messages are not allowed: {envelope.size} bytes"
-    if minimum_pow > 0 and _pow(envelope, pow_ttl) < minimum_pow:
-        return "envelope with low PoW"
-    return None
-
-
-def _pow(envelope: Envelope, ttl: int) -> float:
-    """status-go ``Envelope.CalculatePoW``: waku_v1.pow_value with another TTL."""
-    prefix = envelope.rlp_without_nonce()
-    digest = keccak256(prefix + envelope.nonce.to_bytes(8, "big"))
-    zeros = 256 - int.from_bytes(digest, "big").bit_length()
-    if ttl == 0:
-        return math.inf
-    return float(2**zeros) / float(len(prefix)) / float(ttl)
-
-
-# --- waku/1 status ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PeerStatus:
-    """A peer's waku/1 status options; None for what it did not say (or said badly)."""
-
-    pow_requirement: float | None = None
-    bloom: bytes | None = None
-    light_node: bool | None = None
-    confirmations: bool | None = None
-    topic_interest: tuple[bytes, ...] | None = None
-
-
-def encode_status(
-    minimum_pow: float, bloom: bytes | None = None, *, light_node: bool = False, confirmations: bool = False,
-) -> bytes:
-    """Our status packet as status-go's StatusOptions encodes it: a list of
-    ``[key, value]``; PoW requirement (key 0) as the float64's bits, bloom
-    (1, default all ones: a full node), light node (2), confirmations (3)."""
-    pow_bits = struct.unpack(">Q", struct.pack(">d", float(minimum_pow)))[0]
-    return rlp_encode([
-        [0, pow_bits], [1, full_bloom() if bloom is None else bloom],
-        [2, bool(light_node)], [3, bool(confirmations)],
-    ])
-
-
-def decode_status(payload: bytes) -> PeerStatus:
-    """A peer's status packet, leniently: unknown keys and unusable values
-    are skipped, and the options list may also come wrapped in a
-    one-element list (a message with one argument, as nim-eth sends it)."""
-    try:
-        item = decode_rlp(payload, max_size=len(payload) or 1, max_depth=4, max_items=MAX_STATUS_ITEMS)
-    except WakuV1Error:
-        return PeerStatus()
-    if isinstance(item, list) and len(item) == 1 and isinstance(item[0], list) \
-            and item[0] and all(isinstance(pair, list) for pair in item[0]):
-        item = item[0]
-    values: dict = {}
-    for pair in item if isinstance(item, list) else ():
-        if not isinstance(pair, list) or len(pair) < 2:
-            continue
-        try:
-            key = rlp_uint(pair[0], MAX_UINT64, "status option key")
-        except WakuV1Error:
-            continue
-        value = pair[1]
-        if key == 0 and isinstance(value, bytes) and len(value) <= 8:
-            pow_value = struct.unpack(">d", value.rjust(8, b"\0"))[0]
-            if math.isfinite(pow_value) and pow_value >= 0:
-                values["pow_requirement"] = pow_value
-        elif key == 1 and isinstance(value, bytes) and len(value) in (0, 64):
-            values["bloom"] = value
-        elif key in (2, 3) and value in (b"", b"\x01"):
-            values["light_node" if key == 2 else "confirmations"] = value == b"\x01"
-        elif key == 5 and isinstance(value, list):
-            topics = tuple(t for t in value if isinstance(t, bytes) and len(t) == TOPIC_SIZE)
-            values["topic_interest"] = topics
-    return PeerStatus(**values)
 
 
 # --- an RLPx session speaking waku/1 over a trio stream ------------------------------

@@ -128,12 +128,36 @@ def message_id(msg: rpc_pb2.Message) -> bytes:
     return hashlib.sha256(msg.data).digest()
 
 
+class MessageIds:
+    """:func:`message_id`, hashed once per message: py-libp2p asks for the
+    id of the message it handles up to five times in a row (seen check,
+    validation cache, seen mark, gossip cache, our publish count). The last
+    message object is kept and its id returned while the same object is
+    asked about; messages are not modified once built or parsed."""
+
+    __slots__ = ("_msg", "_mid")
+
+    def __init__(self) -> None:
+        self._msg: rpc_pb2.Message | None = None
+        self._mid = b""
+
+    def __call__(self, msg: rpc_pb2.Message) -> bytes:
+        if msg is not self._msg:
+            self._mid = message_id(msg)
+            self._msg = msg
+        return self._mid
+
+
 class WakuMessageCache(MessageCache):
     """py-libp2p's gossip message cache keyed by the Waku message id
     instead of ``from + seqno``."""
 
+    def __init__(self, window_size: int, history_size: int, ids: MessageIds):
+        super().__init__(window_size, history_size)
+        self._ids = ids
+
     def put(self, msg: rpc_pb2.Message) -> None:
-        mid = message_id(msg)
+        mid = self._ids(msg)
         if mid in self.msgs:
             return
         self.msgs[mid] = msg
@@ -161,7 +185,9 @@ class WakuGossipSub(GossipSub):
             adaptive_gossip_enabled=False, spam_protection_enabled=False,
             eclipse_protection_enabled=False,
         )
-        self.mcache = WakuMessageCache(HISTORY_GOSSIP, HISTORY_LENGTH)
+        # Shared with WakuPubsub as its message id constructor.
+        self.ids = MessageIds()
+        self.mcache = WakuMessageCache(HISTORY_GOSSIP, HISTORY_LENGTH, self.ids)
         # Message id -> peers our own publish went to, read by WakuPubsub.publish.
         self.published_to: dict[bytes, int] = {}
         self.scorer = WakuPeerScorer()
@@ -196,7 +222,7 @@ class WakuGossipSub(GossipSub):
         rpc = rpc_pb2.RPC(publish=[pubsub_msg])
         for peer in peers:
             self.send_rpc(peer, rpc)
-        self.published_to[message_id(pubsub_msg)] = len(peers)
+        self.published_to[self.ids(pubsub_msg)] = len(peers)
 
 
 class _NoRelayPeerFilter(logging.Filter):
@@ -222,7 +248,7 @@ class WakuPubsub(Pubsub):
     def __init__(self, host: IHost, router: WakuGossipSub, topics: Iterable[str], max_rpc_size: int):
         logging.getLogger("libp2p.host.basic_host").addFilter(_NO_RELAY_PEER_FILTER)
         super().__init__(
-            host, router, strict_signing=False, msg_id_constructor=message_id,
+            host, router, strict_signing=False, msg_id_constructor=router.ids,
             seen_ttl=SEEN_TTL_S, max_inbound_rpc_size=max_rpc_size, allowed_topics=frozenset(topics),
         )
         # Told of every relay stream that fails (ScoreKeeper.strike).
@@ -234,7 +260,7 @@ class WakuPubsub(Pubsub):
         seen, or rejected by the topic's validator)."""
         topics = [topic_id] if isinstance(topic_id, str) else list(topic_id)
         msg = rpc_pb2.Message(data=data, topicIDs=topics)
-        mid = message_id(msg)
+        mid = self.router.ids(msg)
         try:
             await self.push_msg(self.my_id, msg)
         finally:
@@ -313,14 +339,14 @@ class Relay:
         if len(msg.topicIDs) != 1:
             self._count(NOT_ONE_TOPIC)
             return False
+        if forwarder == self.pubsub.my_id:
+            return True  # pushed to us by lightpush: decoded, checked and stored there
         topic = msg.topicIDs[0]
         try:
             message = decode_message(msg.data)
         except MessageError:
             self._count(UNDECODABLE)
             return False
-        if forwarder == self.pubsub.my_id:
-            return True  # pushed to us by lightpush: checked and stored there
         now = time.time_ns()
         try:
             self.ingest.check(topic, message, len(msg.data), now)

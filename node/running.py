@@ -35,6 +35,7 @@ from wakustore.node.metrics import serve_http
 from wakustore.node.relay import Relay, running_relay
 from wakustore.node.store_protocols import RateLimits, StoreProtocols
 from wakustore.node.store_service import StoreService, running_store
+from wakustore.node.sync import SyncService
 from wakustore.storage.engine import Engine
 
 @dataclass
@@ -51,6 +52,7 @@ class RunningNode:
     metrics_port: int | None
     seeder: Any = None  # the archive torrent.Seeder of a control node
     gatekeeper: Gatekeeper | None = None  # the connection and stream caps
+    sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
 
 
 @asynccontextmanager
@@ -90,20 +92,28 @@ async def running_node(
         protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
         gatekeeper = Gatekeeper(ConnectionLimits.from_config(config),
                                 on_refused=lambda reason: service.metrics.refused.labels(reason).inc())
+        syncing = SyncService(service, config, protocols.ingest)
         async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
-                running_host(config, protocols.handlers(), key_pair, gatekeeper) as (host, info), \
-                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay:
+                running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair, gatekeeper) as (host, info), \
+                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay, \
+                trio.open_nursery() as peer_tasks:
+            # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
+            peer_tasks.start_soon(syncing.run, host)
             seeder = None
             if archives and config.archive_key_file:
-                seeder = await nursery.start(_run_archives, config, service, the_relay)
+                seeder = await peer_tasks.start(_run_archives, config, service, the_relay)
             if archives:
                 for pubkey in config.archive_follow:
-                    nursery.start_soon(_follow_community, config, service, pubkey)
-            yield RunningNode(
-                config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
-                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, gatekeeper=gatekeeper,
-            )
+                    peer_tasks.start_soon(_follow_community, config, service, pubkey)
+            try:
+                yield RunningNode(
+                    config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
+                    mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, gatekeeper=gatekeeper,
+                    sync=syncing,
+                )
+            finally:
+                peer_tasks.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
 

@@ -52,7 +52,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 from libp2p.io.exceptions import IOException
@@ -62,7 +62,7 @@ from wakustore.node.ingest import Ingest, Refused
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
-from wakustore.protocols.errors import FramingError, LightpushError, MetadataError, StoreError
+from wakustore.protocols.errors import FrameTooLarge, FramingError, LightpushError, MetadataError, StoreError
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_REQUEST_SIZE,
     METADATA_MAX_SIZE,
@@ -199,17 +199,18 @@ class StoreProtocols:
         await self._serve(stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v2", self.answer_store_v2),
                           _store_v2_framing_error)
 
-    def _timed(self, protocol: str, answer):
+    def _timed(self, protocol: str, answer: Callable[[str, bytes], Awaitable[StoreReply]]):
+        """``answer`` as a handler's answer (the body), counting each query
+        with the status its reply was encoded with."""
         metrics = getattr(self.service, "metrics", None)
-        if metrics is None:
-            return answer
 
         async def timed(peer: str, raw: bytes) -> bytes:
             started = time.perf_counter()
             reply = await answer(peer, raw)
-            metrics.query_latency.labels(protocol).observe(time.perf_counter() - started)
-            metrics.queries.labels(protocol, str(_store_status(protocol, reply))).inc()
-            return reply
+            if metrics is not None:
+                metrics.query_latency.labels(protocol).observe(time.perf_counter() - started)
+                metrics.queries.labels(protocol, str(int(reply.status))).inc()
+            return reply.body
 
         return timed
 
@@ -228,43 +229,44 @@ class StoreProtocols:
 
     # --- protocol logic -----------------------------------------------------
 
-    async def answer_store_v3(self, peer: str, raw: bytes) -> bytes:
+    async def answer_store_v3(self, peer: str, raw: bytes) -> StoreReply:
         try:
             request_id, query = store_v3.decode_request(raw)
         except StoreError as exc:
             if not self.store_buckets.allow(peer):
-                return store_v3.encode_error(_too_many(exc.request_id))
-            return store_v3.encode_error(exc)
+                return _v3_error(_too_many(exc.request_id))
+            return _v3_error(exc)
         if not self.store_buckets.allow(peer):
-            return store_v3.encode_error(_too_many(request_id))
+            return _v3_error(_too_many(request_id))
         try:
             page = await self.service.query(query)
         except StoreError as exc:
             exc.request_id = request_id
-            return store_v3.encode_error(exc)
+            return _v3_error(exc)
         except Exception as exc:
             log.warning("store query failed: %s", exc)
-            return store_v3.encode_error(_unavailable(request_id))
-        return store_v3.encode_response(request_id, page, include_data=query.include_data)
+            return _v3_error(_unavailable(request_id))
+        body = store_v3.encode_response(request_id, page, include_data=query.include_data)
+        return StoreReply(body, StatusCode.OK)
 
-    async def answer_store_v2(self, peer: str, raw: bytes) -> bytes:
+    async def answer_store_v2(self, peer: str, raw: bytes) -> StoreReply:
         try:
             request_id, query = store_v2.decode_request(raw)
         except StoreError as exc:
             if not self.store_buckets.allow(peer):
-                return store_v2.encode_error(_too_many(exc.request_id))
-            return store_v2.encode_error(exc)
+                return _v2_error(_too_many(exc.request_id))
+            return _v2_error(exc)
         if not self.store_buckets.allow(peer):
-            return store_v2.encode_error(_too_many(request_id))
+            return _v2_error(_too_many(request_id))
         try:
             page = await self.service.query(query)
         except StoreError as exc:
             exc.request_id = request_id
-            return store_v2.encode_error(exc)
+            return _v2_error(exc)
         except Exception as exc:
             log.warning("legacy store query failed: %s", exc)
-            return store_v2.encode_error(_unavailable(request_id))
-        return store_v2.encode_response(request_id, page, forward=query.forward)
+            return _v2_error(_unavailable(request_id))
+        return StoreReply(store_v2.encode_response(request_id, page, forward=query.forward), StatusCode.OK)
 
     async def answer_lightpush_v3(self, peer: str, raw: bytes) -> bytes:
         try:
@@ -384,52 +386,23 @@ class StoreProtocols:
             await _reset(stream)
 
 
-def _store_status(protocol: str, reply: bytes) -> int:
-    """The status our own response carries, read without decoding the
-    messages (for the query metrics): v3 StoreQueryResponse.status_code
-    (field 10); legacy HistoryRPC.response (3) .error (4), 0 meaning OK."""
-    if protocol == "store-v3":
-        return _varint_field(reply, (10,), default=0)
-    error = _varint_field(reply, (3, 4), default=0)
-    return 200 if error == 0 else error
+class StoreReply(NamedTuple):
+    """An encoded Store answer and the status it carries (the query
+    metrics' label): the v3 status code; for the legacy protocol 200, or
+    the HistoryResponse error it was encoded with."""
+
+    body: bytes
+    status: int
 
 
-def _varint_field(buf: bytes, path: tuple[int, ...], default: int) -> int:
-    """Walk protobuf fields, skipping bodies, to the varint at ``path``."""
-    pos, end = 0, len(buf)
-    depth = 0
-    while pos < end:
-        key, pos = _read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-            if number == path[depth] and depth == len(path) - 1:
-                return value
-        elif wire == 2:
-            length, pos = _read_varint(buf, pos)
-            if number == path[depth] and depth < len(path) - 1:
-                end, depth = pos + length, depth + 1
-                continue
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            break
-    return default
+def _v3_error(error: StoreError) -> StoreReply:
+    return StoreReply(store_v3.encode_error(error), error.status_code)
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while pos < len(buf):
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    return value, pos
+def _v2_error(error: StoreError) -> StoreReply:
+    legacy = store_v2.error_for_status(error.status_code)
+    return StoreReply(store_v2.encode_response(error.request_id, None, legacy),
+                      StatusCode.OK if legacy == store_v2.HistoryError.NONE else int(legacy))
 
 
 class ReadTimeout(Exception):
@@ -532,8 +505,7 @@ def _store_v2_framing_error(exc: FramingError) -> bytes:
 
 
 def _push_framing_error(exc: FramingError) -> LightpushError:
-    status = (LightpushStatus.PAYLOAD_TOO_LARGE if "exceeds the limit" in str(exc)
-              else LightpushStatus.BAD_REQUEST)
+    status = LightpushStatus.PAYLOAD_TOO_LARGE if isinstance(exc, FrameTooLarge) else LightpushStatus.BAD_REQUEST
     return LightpushError(status, f"decode_rpc_failure: {exc}", lightpush.UNKNOWN_REQUEST_ID)
 
 

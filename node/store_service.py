@@ -7,11 +7,12 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import trio
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, Page
@@ -21,10 +22,6 @@ from wakustore.storage.message_store import MessageStore, PutResult, StoreConfig
 from wakustore.storage.table import DeltaTableRef
 
 log = logging.getLogger(__name__)
-
-# How often the flush loop looks at the buffer; the flush policy itself
-# (interval and size) lives in StoreConfig.
-FLUSH_POLL_S = 0.05
 
 # Blocking engine work runs in worker threads; two concurrent Spark calls
 # per core is plenty on the 2-core machines this targets.
@@ -41,6 +38,26 @@ GROUP_COMMIT_MAX = 256
 SUPERVISE_INTERVAL_S = 30.0
 
 
+@dataclass(slots=True, eq=False)
+class PendingPut:
+    """One caller's put waiting for the log writer; ``done`` is set once
+    ``result`` or ``error`` is."""
+
+    messages: list[tuple[str, WakuMessage, int]]
+    done: trio.Event = field(default_factory=trio.Event)
+    result: PutResult | None = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRun:
+    """How a maintenance run (retention, compaction) ended; ``at`` in Unix seconds."""
+
+    ok: bool
+    at: float
+    error: str | None = None
+
+
 @dataclass
 class StoreService:
     config: NodeConfig
@@ -51,22 +68,24 @@ class StoreService:
     # Set by the archive scheduler: returns the time (ns) from which history
     # is not yet in a seeded archive and must not be retained away.
     keep_from: Callable[[], int | None] = lambda: None
-    # The last maintenance run: {"ok", "at" (Unix seconds), "error"}; empty before the first.
-    last_maintenance: dict = field(default_factory=dict)
+    # The last maintenance run; None before the first.
+    last_maintenance: MaintenanceRun | None = None
 
     def __post_init__(self) -> None:
-        self._puts_send, self._puts_receive = trio.open_memory_channel(PUT_QUEUE)
+        self._puts_send, self._puts_receive = trio.open_memory_channel[PendingPut](PUT_QUEUE)
+        # The flush policy (interval and size) lives in StoreConfig; this
+        # loop only sleeps until it says a commit is due.
+        self.flusher = FlushLoop(lambda: self.store.flush_deadline(), self.flush, "message")
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         """Durably store ``messages``; concurrent callers share one log write
         (group commit: one fsync for all the pushes that arrived meanwhile)."""
-        done = trio.Event()
-        slot: dict = {"messages": messages, "done": done}
-        await self._puts_send.send(slot)
-        await done.wait()
-        if "error" in slot:
-            raise slot["error"]
-        result = slot["result"]
+        pending = PendingPut(messages)
+        await self._puts_send.send(pending)
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        result = pending.result
         self.metrics.ingested.labels(source).inc(result.accepted)
         self.metrics.deduplicated.labels(source).inc(result.duplicates)
         self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
@@ -80,23 +99,24 @@ class StoreService:
         them in one batch, wakes their callers."""
         async with self._puts_receive:
             async for first in self._puts_receive:
-                slots = [first]
-                while len(slots) < GROUP_COMMIT_MAX:
+                puts = [first]
+                while len(puts) < GROUP_COMMIT_MAX:
                     try:
-                        slots.append(self._puts_receive.receive_nowait())
+                        puts.append(self._puts_receive.receive_nowait())
                     except trio.WouldBlock:
                         break
-                groups = [slot["messages"] for slot in slots]
+                groups = [put.messages for put in puts]
                 try:
                     results = await trio.to_thread.run_sync(self.store.put_groups, groups, limiter=self.limiter)
                 except Exception as exc:
-                    for slot in slots:
-                        slot["error"] = exc
+                    for put in puts:
+                        put.error = exc
                 else:
-                    for slot, result in zip(slots, results):
-                        slot["result"] = result
-                for slot in slots:
-                    slot["done"].set()
+                    for put, result in zip(puts, results):
+                        put.result = result
+                    self.flusher.notify()
+                for put in puts:
+                    put.done.set()
 
     async def flush(self) -> int:
         started = time.perf_counter()
@@ -112,8 +132,8 @@ class StoreService:
         return {
             # A failed maintenance run (retention, compaction) is the
             # operator's to see: the node answers, but is not well.
-            "ok": bool(engine.healthy) and self.last_maintenance.get("ok", True),
-            "maintenance": self.last_maintenance,
+            "ok": bool(engine.healthy) and (self.last_maintenance is None or self.last_maintenance.ok),
+            "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
             "pending_messages": self.store.pending,
             "wal_depth": self.store.wal_depth,
@@ -155,14 +175,7 @@ class StoreService:
             log.warning("table statistics unavailable: %s", exc)
 
     async def _flush_loop(self) -> None:
-        while True:
-            await trio.sleep(FLUSH_POLL_S)
-            if self.store.flush_due():
-                try:
-                    await self.flush()
-                except Exception as exc:  # engine down: the batch stays durable
-                    log.warning("flush failed, will retry: %s", exc)
-                    await trio.sleep(1.0)
+        await self.flusher.run()
 
     async def _maintenance_loop(self) -> None:
         policy = maintenance.RetentionPolicy.parse(self.config.retention)
@@ -172,9 +185,9 @@ class StoreService:
                 await trio.to_thread.run_sync(self.maintain, policy, limiter=self.limiter)
             except Exception as exc:
                 log.warning("maintenance failed: %r", exc)
-                self.last_maintenance = {"ok": False, "at": time.time(), "error": repr(exc)[:500]}
+                self.last_maintenance = MaintenanceRun(ok=False, at=time.time(), error=repr(exc)[:500])
             else:
-                self.last_maintenance = {"ok": True, "at": time.time(), "error": None}
+                self.last_maintenance = MaintenanceRun(ok=True, at=time.time())
 
     def maintain(self, policy: maintenance.RetentionPolicy) -> maintenance.MaintenanceResult:
         """The routine ``wakustore db retention`` runs too, with the archive guard."""

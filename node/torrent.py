@@ -2,8 +2,12 @@
 community's ``data`` and ``index``, a seeder that keeps exactly one torrent,
 and a fetch that takes the index first and then only chosen pieces.
 
-Everything here blocks (libtorrent runs its own threads; these functions
-poll its alerts): async callers go through ``trio.to_thread``.
+libtorrent runs its own threads and its calls return at once; waiting
+for it means polling its alerts and status. Each wait here is written
+once, as a generator that yields the seconds to sleep before the next
+poll: :func:`drive` runs one in a plain thread (the ``archive`` commands),
+:func:`drive_async` in a trio task, where every poll is a cancellation
+point (a stopping node never waits for a swarm).
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import libtorrent as lt
+import trio
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,12 @@ DEFAULT_STALL_TIMEOUT_S = 120.0
 # Re-dial the given peers this often while none is connected.
 REDIAL_S = 2.0
 POLL_S = 0.05
+# Blocking torrent work in a node (opening a session, hashing files): its
+# own threads, so that it neither waits behind the engine's nor holds them.
+TORRENT_THREADS = 2
+# libtorrent waits this long (s) for trackers to acknowledge "stopped" when
+# a session goes away (its default is 5 s), which a stopping node spends.
+STOP_TRACKER_TIMEOUT_S = 1
 HASH_CHUNK = 1024 * 1024
 
 PRIORITY_SKIP, PRIORITY_NORMAL, PRIORITY_TOP = 0, 1, 7
@@ -57,6 +69,35 @@ ALERT_QUEUE_SIZE = 50_000
 
 class TorrentError(Exception):
     """A torrent that cannot be created, seeded or fetched."""
+
+
+T = TypeVar("T")
+# A wait on libtorrent: yields the seconds to sleep before polling again,
+# returns its result.
+Steps = Generator[float, None, T]
+
+
+def drive(steps: Steps[T]) -> T:
+    """Run a wait in this thread (blocking)."""
+    try:
+        while True:
+            time.sleep(next(steps))
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
+
+
+async def drive_async(steps: Steps[T]) -> T:
+    """Run a wait in this trio task; cancellable at every poll (the
+    generator's own ``finally`` clauses run then)."""
+    try:
+        while True:
+            await trio.sleep(next(steps))
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
 
 
 # --- sessions -------------------------------------------------------------------
@@ -80,6 +121,7 @@ def open_session(listen: str = "0.0.0.0:0", isolated: bool = False) -> lt.sessio
         # against clients without uTP (aria2), which then never connect.
         # Incoming uTP is still accepted.
         "enable_outgoing_utp": False,
+        "stop_tracker_timeout": STOP_TRACKER_TIMEOUT_S,
     }
     if isolated:
         settings.update(enable_dht=False, enable_lsd=False, enable_upnp=False, enable_natpmp=False)
@@ -195,7 +237,15 @@ class Seeder:
 
     def seed(self, torrent: bytes, save_path: Path, timeout_s: float = 600.0) -> lt.torrent_handle:
         """Drop the previous torrent, add this one over the files in
-        ``save_path`` and wait until libtorrent has checked them all."""
+        ``save_path`` and wait until libtorrent has checked them all (blocking)."""
+        return drive(self.seeding(torrent, save_path, timeout_s))
+
+    async def seed_async(self, torrent: bytes, save_path: Path, timeout_s: float = 600.0) -> lt.torrent_handle:
+        """:meth:`seed` in a trio task, cancellable while libtorrent checks
+        the files (the torrent stays added: :meth:`stop` drops it)."""
+        return await drive_async(self.seeding(torrent, save_path, timeout_s))
+
+    def seeding(self, torrent: bytes, save_path: Path, timeout_s: float) -> Steps[lt.torrent_handle]:
         self.stop()
         params = lt.add_torrent_params()
         params.ti = torrent_info(torrent)
@@ -210,7 +260,7 @@ class Seeder:
                 raise TorrentError(f"cannot seed: {status.errc.message()}")
             if time.monotonic() > deadline:
                 raise TorrentError(f"files in {save_path} do not match the torrent (state {status.state})")
-            time.sleep(POLL_S)
+            yield POLL_S
         return self.handle
 
     def poll(self) -> None:
@@ -240,6 +290,11 @@ class Fetch:
     on disk (an earlier fetch of the same append-only data) pass
     libtorrent's hash check and are not downloaded again; ``downloaded``
     holds the pieces that received data from peers.
+
+    The ``wait_*``, :meth:`download` and :meth:`flush` methods are waits
+    (:data:`Steps`): run them with :func:`drive` or :func:`drive_async`.
+    :meth:`close` removes the torrent from the session, whatever state it
+    is in.
     """
 
     def __init__(self, session: lt.session, magnet: str, save_path: Path,
@@ -263,28 +318,28 @@ class Fetch:
         self._flushed = False
         self._done_bytes = -1
 
-    def wait_metadata(self, timeout_s: float = METADATA_TIMEOUT_S) -> lt.torrent_info:
+    def wait_metadata(self, timeout_s: float = METADATA_TIMEOUT_S) -> Steps[lt.torrent_info]:
         deadline = time.monotonic() + timeout_s
         while not self.handle.status().has_metadata:
             self._tick()
             if time.monotonic() > deadline:
                 raise TorrentError(f"no torrent metadata from any peer within {timeout_s:g} s")
-            time.sleep(POLL_S)
+            yield POLL_S
         return self.handle.torrent_file()
 
-    def wait_index(self, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> int:
+    def wait_index(self, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Steps[int]:
         """Fetch the index file (all other pieces skipped); returns its size
         once the file is on disk."""
-        layout = self.wait_metadata().layout()
+        layout = (yield from self.wait_metadata()).layout()
         size = layout.file_size(INDEX_FILE)
-        self._wait(lambda: self.handle.file_progress()[INDEX_FILE] >= size, stall_timeout_s, "index")
+        yield from self._wait(lambda: self.handle.file_progress()[INDEX_FILE] >= size, stall_timeout_s, "index")
         # Progress counts a piece once it passed its hash check, which can
         # be before the disk thread wrote it (seen under load: the index
         # file did not exist yet when read).
-        self.flush()
+        yield from self.flush()
         return size
 
-    def download(self, pieces: Iterable[int], stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+    def download(self, pieces: Iterable[int], stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Steps[None]:
         """Fetch exactly ``pieces`` (and keep the index); returns when every
         one has passed its hash check."""
         info = self.handle.torrent_file()
@@ -300,7 +355,7 @@ class Fetch:
         self._tick()  # an earlier file_prio_alert (from the magnet's own priorities) is not this one
         self._file_priorities_set = False
         self.handle.prioritize_files([PRIORITY_NORMAL, PRIORITY_TOP])
-        self._wait_for(lambda: self._file_priorities_set, "file priorities")
+        yield from self._wait_for(lambda: self._file_priorities_set, "file priorities")
         self.handle.prioritize_pieces(priorities)
         self.handle.resume()
         # Pausing, or having had all it wanted (the index), dropped the
@@ -317,20 +372,23 @@ class Fetch:
                 self.report(f"pieces {count}/{len(wanted)}")
             return count == len(wanted)
 
-        self._wait(done, stall_timeout_s, "archive pieces")
+        yield from self._wait(done, stall_timeout_s, "archive pieces")
 
-    def flush(self, timeout_s: float = 120.0) -> None:
+    def flush(self, timeout_s: float = 120.0) -> Steps[None]:
         """Wait until every downloaded block is in the files: libtorrent 2
         passes a piece from its store buffer, before the disk thread has
         written it."""
         self._flushed = False
         self.handle.flush_cache()
-        self._wait_for(lambda: self._flushed, "the write of downloaded pieces", timeout_s)
+        yield from self._wait_for(lambda: self._flushed, "the write of downloaded pieces", timeout_s)
 
     def close(self) -> None:
-        self.session.remove_torrent(self.handle)
+        """Remove the torrent from the session (files stay; libtorrent
+        stops its peers and disk jobs on its own threads)."""
+        if self.handle.is_valid():
+            self.session.remove_torrent(self.handle)
 
-    def _wait(self, finished: Callable[[], bool], stall_timeout_s: float, what: str) -> None:
+    def _wait(self, finished: Callable[[], bool], stall_timeout_s: float, what: str) -> Steps[None]:
         self._last_progress = time.monotonic()
         while True:
             self._tick()
@@ -346,14 +404,14 @@ class Fetch:
             if time.monotonic() - self._last_progress > stall_timeout_s:
                 failed = f"; {len(self.hash_failures)} piece(s) failed their hash check" if self.hash_failures else ""
                 raise TorrentError(f"{what}: no data for {stall_timeout_s:g} s ({status.num_peers} peers){failed}")
-            time.sleep(POLL_S)
+            yield POLL_S
 
-    def _wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    def _wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> Steps[None]:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:
                 raise TorrentError(f"libtorrent did not apply {what} within {timeout_s:g} s")
-            time.sleep(POLL_S / 5)
+            yield POLL_S / 5
             self._tick()
 
     def _tick(self) -> None:

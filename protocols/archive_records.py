@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key
 from wakustore.protocols.framing import encode_uvarint
-from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError
+from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError, TopicError
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protos import archive_status_go_pb2
 
@@ -146,8 +146,16 @@ def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: st
     """The message an archive entry stands for. A status-go record with the
     extra fields is rebuilt exactly (sealed again with ``channel_keys[topic]``
     when it holds a decrypted payload) and must match its ``hash``; without
-    them it maps as the module docstring says. Raises ArchiveError (or
-    MessageError / TopicError for malformed fields)."""
+    them it maps as the module docstring says. Raises ArchiveError for
+    every malformed input (a bad message or topic field included)."""
+    try:
+        return _decode_archived_message(layout, raw, default_pubsub_topic, channel_keys)
+    except (MessageError, TopicError) as exc:
+        raise ArchiveError(str(exc)) from None
+
+
+def _decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
+                             channel_keys: Mapping[str, bytes] | None) -> ArchivedMessage:
     ext = {number: (wire, value) for number, wire, value in proto_fields(raw) if number > _EXT_FIRST}
     pubsub = _ext_bytes(ext, EXT_PUBSUB_TOPIC)
     arrival = _ext_int(ext, EXT_ARRIVAL)

@@ -30,6 +30,11 @@ class FramingError(ProtocolError):
     """A length-prefixed libp2p stream frame that is malformed or too large."""
 
 
+class FrameTooLarge(FramingError):
+    """A frame whose length prefix exceeds the reader's limit (lightpush
+    answers it 413 PAYLOAD_TOO_LARGE, any other framing error 400)."""
+
+
 class MetadataError(ProtocolError):
     """A 66/WAKU2-METADATA request or response that cannot be decoded."""
 
@@ -70,3 +75,9 @@ class RLPxError(ProtocolError):
     """devp2p RLPx input that is malformed, unauthenticated or too large:
     a handshake packet, an ECIES ciphertext, a frame or a base-protocol
     message. The connection cannot continue after one."""
+
+
+class SyncError(ProtocolError):
+    """WAKU-SYNC input that is malformed or over a limit: a reconciliation
+    payload, a transfer message, or a session that does not converge within
+    its bounds. The stream it came on is reset."""

@@ -14,7 +14,7 @@ it had none, each large enough for every valid message of the protocol.
 
 from __future__ import annotations
 
-from wakustore.protocols.errors import FramingError
+from wakustore.protocols.errors import FramingError, FrameTooLarge
 from wakustore.protocols.message import DEFAULT_MAX_MESSAGE_SIZE
 from wakustore.protocols.message_codec import MAX_ENCODED_MESSAGE_SIZE
 from wakustore.protocols.store_query import MAX_PAGE_SIZE
@@ -102,6 +102,14 @@ class FrameReader:
                 view = self._read_prefix(view)
                 if self._body_length is None:
                     break
+            if not self._body and len(view) >= self._body_length:
+                # The whole body is in this chunk (the usual case): one copy.
+                frames.append(bytes(view[: self._body_length]))
+                view = view[self._body_length:]
+                self._body_length = None
+                if not view:
+                    break
+                continue
             taken = view[: self._body_length - len(self._body)]
             self._body += taken
             view = view[len(taken):]
@@ -136,7 +144,7 @@ class FrameReader:
         for index, byte in enumerate(view):
             self._prefix.append(byte)
             if _partial_value(self._prefix) > self.max_size:
-                self._fail(f"frame length exceeds the limit of {self.max_size} bytes")
+                self._fail(f"frame length exceeds the limit of {self.max_size} bytes", FrameTooLarge)
             if byte & 0x80:
                 if len(self._prefix) >= MAX_VARINT_BYTES:
                     self._fail(f"length prefix longer than {MAX_VARINT_BYTES} bytes")
@@ -148,11 +156,11 @@ class FrameReader:
             return view[index + 1 :]
         return view[len(view):]
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, error: type[FramingError] = FramingError) -> None:
         self._failed = True
         self._prefix.clear()
         self._body.clear()
-        raise FramingError(reason)
+        raise error(reason)
 
 
 def _partial_value(prefix: bytearray) -> int:

@@ -23,10 +23,10 @@ from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.message_codec import (
     MAX_ENCODED_MESSAGE_SIZE,
     message_from_pb,
-    message_to_pb,
     nested_message_size,
     parse_protobuf,
     with_request_id,
+    write_message_pb,
 )
 from wakustore.protocols.store_query import MAX_TOPIC_LENGTH
 from wakustore.protos import lightpush_legacy_pb2, lightpush_v3_pb2
@@ -121,10 +121,10 @@ def decode_request_v3(raw: bytes) -> PushRequest:
 def encode_response_v2(request_id: str, is_success: bool, info: str | None = None) -> bytes:
     """Encode a v2beta1 PushRPC response; ``is_success`` and ``request_id``
     are always written (nwaku's decoder requires both)."""
-    response = lightpush_legacy_pb2.PushResponse(is_success=is_success)
+    rpc = lightpush_legacy_pb2.PushRPC(request_id=request_id)
+    rpc.response.is_success = is_success
     if info is not None:
-        response.info = info
-    rpc = lightpush_legacy_pb2.PushRPC(request_id=request_id, response=response)
+        rpc.response.info = info
     return with_request_id(rpc.SerializeToString(), request_id)
 
 
@@ -157,16 +157,16 @@ def encode_error_v3(error: LightpushError) -> bytes:
 
 def encode_request_v2(request_id: str, pubsub_topic: str, message: WakuMessage) -> bytes:
     """Encode a v2beta1 PushRPC request (client side)."""
-    request = lightpush_legacy_pb2.PushRequest(
-        pubsub_topic=pubsub_topic, message=message_to_pb(message)
-    )
-    rpc = lightpush_legacy_pb2.PushRPC(request_id=request_id, request=request)
+    rpc = lightpush_legacy_pb2.PushRPC(request_id=request_id)
+    rpc.request.pubsub_topic = pubsub_topic
+    write_message_pb(rpc.request.message, message)
     return with_request_id(rpc.SerializeToString(), request_id)
 
 
 def encode_request_v3(request_id: str, pubsub_topic: str | None, message: WakuMessage) -> bytes:
     """Encode a v3 LightpushRequest (client side); None leaves the topic out."""
-    pb = lightpush_v3_pb2.LightpushRequest(request_id=request_id, message=message_to_pb(message))
+    pb = lightpush_v3_pb2.LightpushRequest(request_id=request_id)
+    write_message_pb(pb.message, message)
     if pubsub_topic is not None:
         pb.pubsub_topic = pubsub_topic
     return with_request_id(pb.SerializeToString(), request_id)

@@ -69,16 +69,23 @@ def message_from_pb(pb: waku_message_pb2.WakuMessage) -> WakuMessage:
 def message_to_pb(message: WakuMessage) -> waku_message_pb2.WakuMessage:
     """A protobuf WakuMessage with every field set; raise :class:`MessageError`
     when a value does not fit its wire type (version uint32, timestamp sint64)."""
+    pb = waku_message_pb2.WakuMessage()
+    write_message_pb(pb, message)
+    return pb
+
+
+def write_message_pb(pb: waku_message_pb2.WakuMessage, message: WakuMessage) -> None:
+    """Set every field of ``pb`` (a fresh one, or a sub-message of a reply
+    being built: no copy of a finished message into it) from ``message``;
+    raise :class:`MessageError` as :func:`message_to_pb` does."""
     try:
-        return waku_message_pb2.WakuMessage(
-            payload=message.payload,
-            content_topic=message.content_topic,
-            version=message.version,
-            timestamp=message.timestamp,
-            meta=message.meta,
-            rate_limit_proof=message.rate_limit_proof,
-            ephemeral=message.ephemeral,
-        )
+        pb.payload = message.payload
+        pb.content_topic = message.content_topic
+        pb.version = message.version
+        pb.timestamp = message.timestamp
+        pb.meta = message.meta
+        pb.rate_limit_proof = message.rate_limit_proof
+        pb.ephemeral = message.ephemeral
     except (ValueError, TypeError) as exc:
         raise MessageError(f"message does not fit the wire format: {exc}") from None
 

@@ -11,6 +11,9 @@ always in ascending order; ``time_start`` inclusive, ``time_end`` exclusive.
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
@@ -161,3 +164,178 @@ def validate_v3(
 def unknown_cursor() -> StoreError:
     """The error for a well-formed cursor the archive does not hold."""
     return StoreError(StatusCode.BAD_RESPONSE, "BAD_RESPONSE: cursor not found")
+
+
+# --- the query as a description every backend translates ---------------------
+# One meaning, several evaluators: the Delta table (Spark expressions), the
+# hot tier and the rows not yet committed (Python), the SQL archives of the
+# benchmark, a DataFusion reader. Each translates predicates() and compares
+# rows with matches(); finish_page() turns candidates into a page.
+
+# Key columns of the description (the table's column names).
+PUBSUB_TOPIC = "pubsub_topic"
+CONTENT_TOPIC = "content_topic"
+MESSAGE_HASH = "message_hash"
+DIGEST = "digest"
+TIMESTAMP = "timestamp"
+
+EQ = "eq"  # column = value
+IN = "in"  # column in value (a tuple)
+GE = "ge"  # column >= value
+LT = "lt"  # column < value
+
+Key = tuple[int, bytes]
+
+
+def order_column(ordering: Ordering) -> str:
+    """The column that breaks timestamp ties (and a cursor names)."""
+    return DIGEST if ordering is Ordering.DIGEST else MESSAGE_HASH
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """``column op value``; all predicates of a query hold together (AND)."""
+
+    column: str  # pubsub_topic, content_topic, message_hash or timestamp
+    op: str  # eq, in, ge or lt
+    value: object  # a tuple for "in"
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    """The cursor bound: rows strictly after (forward) or before (backward)
+    ``(timestamp, key)`` in (timestamp, ``column``) order."""
+
+    timestamp: int
+    column: str  # order_column() of the query
+    key: bytes
+    forward: bool
+
+    def admits(self, timestamp: int, key: bytes) -> bool:
+        mine = (timestamp, key)
+        return mine > (self.timestamp, self.key) if self.forward else mine < (self.timestamp, self.key)
+
+
+def predicates(query: HistoryQuery, key: Key | None) -> tuple[list[Predicate], After | None]:
+    """What a row must satisfy to be on the page of ``query`` continuing
+    from ``key`` (the cursor's (timestamp, order key), None for a first page)."""
+    out: list[Predicate] = []
+    if query.pubsub_topic is not None:
+        out.append(Predicate(PUBSUB_TOPIC, EQ, query.pubsub_topic))
+    if query.content_topics:
+        out.append(Predicate(CONTENT_TOPIC, IN, tuple(query.content_topics)))
+    if query.message_hashes:
+        out.append(Predicate(MESSAGE_HASH, IN, tuple(query.message_hashes)))
+    if query.time_start is not None:
+        out.append(Predicate(TIMESTAMP, GE, query.time_start))
+    if query.time_end is not None:
+        out.append(Predicate(TIMESTAMP, LT, query.time_end))
+    after = None if key is None else After(key[0], order_column(query.ordering), key[1], query.forward)
+    return out, after
+
+
+def _test(predicate: Predicate) -> Callable[[object], bool]:
+    """``predicate`` as a test of the row's value of its column."""
+    op, value = predicate.op, predicate.value
+    if op == EQ:
+        return functools.partial(operator.eq, value)
+    if op == IN:
+        return frozenset(value).__contains__
+    if op == GE:
+        return functools.partial(operator.le, value)  # value <= x
+    if op == LT:
+        return functools.partial(operator.gt, value)  # value > x
+    raise ValueError(f"unknown predicate operator {op!r}")
+
+
+def holds(predicate: Predicate, value: object) -> bool:
+    """Does ``value`` (the row's ``predicate.column``) satisfy ``predicate``?"""
+    return _test(predicate)(value)
+
+
+# Position of each predicate column among a row's values in matcher().
+_ROW_FIELDS = {PUBSUB_TOPIC: 0, CONTENT_TOPIC: 1, MESSAGE_HASH: 2, TIMESTAMP: 3}
+
+
+def matcher(query: HistoryQuery, key: Key | None) -> Callable[[str, str, bytes, int, bytes], bool]:
+    """:func:`matches` for one query, with the description compiled once:
+    call it with (pubsub_topic, content_topic, message_hash, timestamp,
+    digest) of each row, positionally or by name."""
+    preds, after = predicates(query, key)
+    tests = [(_ROW_FIELDS[p.column], _test(p)) for p in preds]
+    bound = None if after is None else (after.timestamp, after.key)
+    by_digest = after is not None and after.column == DIGEST
+    forward = after is None or after.forward
+
+    def check(pubsub_topic: str, content_topic: str, message_hash: bytes, timestamp: int, digest: bytes) -> bool:
+        if tests:
+            row = (pubsub_topic, content_topic, message_hash, timestamp)
+            for index, test in tests:
+                if not test(row[index]):
+                    return False
+        if bound is None:
+            return True
+        mine = (timestamp, digest if by_digest else message_hash)
+        return mine > bound if forward else mine < bound
+
+    return check
+
+
+def matches(
+    query: HistoryQuery,
+    key: Key | None,
+    *,
+    pubsub_topic: str,
+    content_topic: str,
+    message_hash: bytes,
+    timestamp: int,
+    digest: bytes,
+) -> bool:
+    """Is this row on the page of ``query`` from ``key``? (The Python
+    evaluation of :func:`predicates`.)"""
+    return matcher(query, key)(
+        pubsub_topic=pubsub_topic, content_topic=content_topic, message_hash=message_hash,
+        timestamp=timestamp, digest=digest,
+    )
+
+
+def key_range(query: HistoryQuery, key: Key | None) -> tuple[Key | None, Key | None]:
+    """Exclusive (low, high) bounds in (timestamp, order key) order that
+    every match lies strictly between (None: unbounded), for indexes sorted
+    by that key; the other predicates still apply inside the range.
+
+    (ts, b"") sorts before every (ts, 32-byte key): as the low bound it
+    admits all of ts (time_start is inclusive), as the high bound it
+    excludes all of ts (time_end is exclusive).
+    """
+    low = (query.time_start, b"") if query.time_start is not None else None
+    high = (query.time_end, b"") if query.time_end is not None else None
+    if key is not None:
+        if query.forward:
+            low = key if low is None else max(low, key)
+        else:
+            high = key if high is None else min(high, key)
+    return low, high
+
+
+def sort_key(ordering: Ordering) -> Callable[[StoredMessage], Key]:
+    """The (timestamp, order key) of a message; works on any object with
+    ``timestamp``, ``message_hash`` and ``digest`` attributes."""
+    if ordering is Ordering.DIGEST:
+        return lambda m: (m.timestamp, m.digest)
+    return lambda m: (m.timestamp, m.message_hash)
+
+
+def finish_page(query: HistoryQuery, found: list[StoredMessage]) -> Page:
+    """The page from up to limit + 1 candidates in query order (ascending
+    forward, descending backward): at most ``limit`` messages, ascending,
+    and the cursor to continue from when there were more (the last
+    message of a forward page, the first of a backward one)."""
+    more = len(found) > query.limit
+    page = found[: query.limit]
+    if not query.forward:
+        page.reverse()
+    next_cursor = None
+    if more and page:
+        next_cursor = page[-1] if query.forward else page[0]
+    return Page(messages=page, next_cursor=next_cursor)

@@ -35,10 +35,10 @@ from wakustore.protocols.message import HASH_SIZE, WakuMessage
 from wakustore.protocols.message_codec import (
     MAX_ENCODED_MESSAGE_SIZE,
     message_from_pb,
-    message_to_pb,
     nested_message_size,
     parse_protobuf,
     with_request_id,
+    write_message_pb,
 )
 from wakustore.protocols.store_query import (
     DEFAULT_PAGE_SIZE,
@@ -211,17 +211,18 @@ def encode_response(
     ``request_id`` are always written, NONE and "" included, as nwaku's
     decoder requires them.
     """
-    response = store_legacy_pb2.HistoryResponse(error=int(error))
+    rpc = store_legacy_pb2.HistoryRPC(request_id=request_id)
+    response = rpc.response  # built in place: no copy into the RPC
+    response.error = int(error)
     if page is not None:
         for stored in page.messages:
             if stored.message is not None:
-                response.messages.append(message_to_pb(stored.message))
+                write_message_pb(response.messages.add(), stored.message)
         paging = response.paging_info
         paging.page_size = len(response.messages)
         paging.direction = _FORWARD if forward else _BACKWARD
         if page.next_cursor is not None:
             _write_index(paging.cursor, page.next_cursor)
-    rpc = store_legacy_pb2.HistoryRPC(request_id=request_id, response=response)
     return with_request_id(rpc.SerializeToString(), request_id)
 
 

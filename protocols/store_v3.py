@@ -21,10 +21,10 @@ from wakustore.protocols.message import HASH_SIZE, WakuMessage
 from wakustore.protocols.message_codec import (
     MAX_ENCODED_MESSAGE_SIZE,
     message_from_pb,
-    message_to_pb,
     nested_message_size,
     parse_protobuf,
     with_request_id,
+    write_message_pb,
 )
 from wakustore.protocols.store_query import (
     HistoryQuery,
@@ -97,7 +97,7 @@ def encode_response(
         for stored in page.messages:
             entry = pb.messages.add(message_hash=stored.message_hash)
             if include_data and stored.message is not None:
-                entry.message.CopyFrom(message_to_pb(stored.message))
+                write_message_pb(entry.message, stored.message)
                 entry.pubsub_topic = stored.pubsub_topic
         if page.next_cursor is not None:
             pb.pagination_cursor = page.next_cursor.message_hash

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+import struct
 from dataclasses import dataclass, replace
 from typing import Iterable, Union
 
@@ -41,6 +42,9 @@ BLOOM_SIZE = 64
 # uint32 and Nonce as uint64; go-ethereum's rlp refuses wider values.
 MAX_UINT32 = 2**32 - 1
 MAX_UINT64 = 2**64 - 1
+# status-go waku/common/const.go DefaultSyncAllowance (seconds): how far an
+# envelope may be stamped in the future; twice this past expiry is "very old".
+SYNC_ALLOWANCE_S = 10
 
 # status-go waku/common/const.go MaxMessageSize (10 MiB): the largest devp2p
 # packet a Waku v1 node can be configured to accept, so no packet payload,
@@ -180,19 +184,48 @@ def encode_envelope_list(raw_envelopes: Iterable[bytes]) -> bytes:
 
 # --- proof of work ---------------------------------------------------------------
 
-def pow_value(envelope: Envelope) -> float:
+def pow_value(envelope: Envelope, ttl: int | None = None) -> float:
     """status-go's ``Envelope.PoW()``.
 
     ``2**z / len(rlp([expiry, ttl, topic, data])) / ttl`` where ``z`` counts
     the leading zero bits of ``keccak256(rlp_without_nonce || nonce as 8
     bytes big-endian)``. Same IEEE double arithmetic as Go; ``ttl == 0``
-    gives +inf, as Go's float division does.
+    gives +inf, as Go's float division does. ``ttl`` replaces the
+    envelope's in the division only (status-go's ``calculatePoW(diff)``
+    for an envelope sent ahead: :func:`envelope_problem`).
     """
+    ttl = envelope.ttl if ttl is None else ttl
     prefix = envelope.rlp_without_nonce()
     zeros = _leading_zero_bits(keccak256(prefix + envelope.nonce.to_bytes(8, "big")))
-    if envelope.ttl == 0:
+    if ttl == 0:
         return math.inf
-    return float(2**zeros) / float(len(prefix)) / float(envelope.ttl)
+    return float(2**zeros) / float(len(prefix)) / float(ttl)
+
+
+def envelope_problem(envelope: Envelope, now_s: int, *, minimum_pow: float, max_size: int) -> str | None:
+    """Why status-go's ``Waku.add`` would not archive ``envelope`` at Unix
+    time ``now_s`` (seconds), or None when it would.
+
+    Sent more than 10 s ahead: "envelope from future"; expired: "expired"
+    (or "very old envelope" 20 s past expiry); ``envelope.size`` above
+    ``max_size``; PoW below ``minimum_pow``, computed for an envelope sent
+    ahead with its TTL stretched by the time difference plus one second.
+    """
+    sent = envelope.timestamp
+    pow_ttl = envelope.ttl
+    if sent > now_s:
+        if sent - SYNC_ALLOWANCE_S > now_s:
+            return "envelope from future"
+        pow_ttl = (envelope.ttl + sent - now_s + 1) & MAX_UINT32
+    if envelope.expiry < now_s:
+        if ((envelope.expiry + 2 * SYNC_ALLOWANCE_S) & MAX_UINT32) < now_s:
+            return "very old envelope"
+        return "expired"
+    if envelope.size > max_size:
+        return f"huge messages are not allowed: {envelope.size} bytes"
+    if minimum_pow > 0 and pow_value(envelope, pow_ttl) < minimum_pow:
+        return "envelope with low PoW"
+    return None
 
 
 def seal(envelope: Envelope, target_pow: float, max_iterations: int) -> Envelope:
@@ -530,3 +563,68 @@ def rlp_list_header(payload_size: int) -> bytes:
         return length_prefix(payload_size, 0xC0)
     except ValueError as exc:
         raise WakuV1Error(f"rlp: {exc}") from None
+
+
+# --- waku/1 status -----------------------------------------------------------------
+
+# status-go waku/common/const.go MaxTopicInterest (10,000 topics) plus room
+# for the other options: the RLP items a status packet may hold.
+MAX_STATUS_ITEMS = 10_000 + 64
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    """A peer's waku/1 status options; None for what it did not say (or said badly)."""
+
+    pow_requirement: float | None = None
+    bloom: bytes | None = None
+    light_node: bool | None = None
+    confirmations: bool | None = None
+    topic_interest: tuple[bytes, ...] | None = None
+
+
+def encode_status(
+    minimum_pow: float, bloom: bytes | None = None, *, light_node: bool = False, confirmations: bool = False,
+) -> bytes:
+    """Our status packet as status-go's StatusOptions encodes it: a list of
+    ``[key, value]``; PoW requirement (key 0) as the float64's bits, bloom
+    (1, default all ones: a full node), light node (2), confirmations (3)."""
+    pow_bits = struct.unpack(">Q", struct.pack(">d", float(minimum_pow)))[0]
+    return rlp_encode([
+        [0, pow_bits], [1, full_bloom() if bloom is None else bloom],
+        [2, bool(light_node)], [3, bool(confirmations)],
+    ])
+
+
+def decode_status(payload: bytes) -> PeerStatus:
+    """A peer's status packet, leniently: unknown keys and unusable values
+    are skipped, and the options list may also come wrapped in a
+    one-element list (a message with one argument, as nim-eth sends it)."""
+    try:
+        item = decode_rlp(payload, max_size=len(payload) or 1, max_depth=4, max_items=MAX_STATUS_ITEMS)
+    except WakuV1Error:
+        return PeerStatus()
+    if isinstance(item, list) and len(item) == 1 and isinstance(item[0], list) \
+            and item[0] and all(isinstance(pair, list) for pair in item[0]):
+        item = item[0]
+    values: dict = {}
+    for pair in item if isinstance(item, list) else ():
+        if not isinstance(pair, list) or len(pair) < 2:
+            continue
+        try:
+            key = rlp_uint(pair[0], MAX_UINT64, "status option key")
+        except WakuV1Error:
+            continue
+        value = pair[1]
+        if key == 0 and isinstance(value, bytes) and len(value) <= 8:
+            requirement = struct.unpack(">d", value.rjust(8, b"\0"))[0]
+            if math.isfinite(requirement) and requirement >= 0:
+                values["pow_requirement"] = requirement
+        elif key == 1 and isinstance(value, bytes) and len(value) in (0, BLOOM_SIZE):
+            values["bloom"] = value
+        elif key in (2, 3) and value in (b"", b"\x01"):
+            values["light_node" if key == 2 else "confirmations"] = value == b"\x01"
+        elif key == 5 and isinstance(value, list):
+            topics = tuple(t for t in value if isinstance(t, bytes) and len(t) == TOPIC_SIZE)
+            values["topic_interest"] = topics
+    return PeerStatus(**values)

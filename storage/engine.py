@@ -116,6 +116,44 @@ SAIL_DEFAULT_ENV = {
 DEFAULT_SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
 
 
+# Commit conflicts: another writer committed to the table first; the commit
+# may be retried after re-reading. Spark with Delta names them by error
+# condition (DELTA_CONCURRENT_APPEND, ...); Sail (pysail 0.7.2) sends a
+# SparkRuntimeException without a condition whose text is "Failed to commit
+# transaction: <version>" (seen with two writers on one table), and "Missing
+# commit file" when it listed the log while another writer added to it (a
+# re-read succeeds). The text is matched here, where the engine's error is
+# caught, and nowhere else.
+_CONFLICT_CONDITIONS = ("DELTA_CONCURRENT", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+_CONFLICT_TEXT = re.compile(
+    r"(?i)concurrent|conflict|failed to commit transaction|version \d+ already exists|"
+    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged|missing commit file"
+)
+
+
+class CommitConflict(Exception):
+    """Another writer committed to the table first: re-read and retry.
+    The engine's own error is the ``__cause__``."""
+
+
+def commit_conflict(exc: BaseException) -> CommitConflict | None:
+    """``exc`` as a :class:`CommitConflict` when it is one, else None."""
+    if isinstance(exc, CommitConflict):
+        return exc
+    condition = None
+    get_condition = getattr(exc, "getCondition", None)
+    if callable(get_condition):
+        with contextlib.suppress(Exception):
+            condition = get_condition()
+    if (condition and condition.startswith(_CONFLICT_CONDITIONS)) or _CONFLICT_TEXT.search(
+        f"{type(exc).__name__}: {exc}"
+    ):
+        conflict = CommitConflict(_describe(exc))
+        conflict.__cause__ = exc
+        return conflict
+    return None
+
+
 class EngineUnavailable(Exception):
     """The engine cannot answer: it failed to start or to come back within
     the wait bound, the remote server is unreachable, or it is closed."""
@@ -266,8 +304,10 @@ class Engine:
         session expired, the remote is gone) the engine is restarted or
         reconnected and ``fn`` runs once more on the new session, so ``fn``
         may run twice: it must build its DataFrames from the session it is
-        given and be safe to repeat (or pass ``retry=False``). Any other
-        failure of ``fn`` is raised unchanged, without a restart. Raises
+        given and be safe to repeat (or pass ``retry=False``). A commit
+        conflict (another writer committed first) is raised as
+        :class:`CommitConflict`, without a restart. Any other failure of
+        ``fn`` is raised unchanged, without a restart. Raises
         :class:`EngineUnavailable` when the engine does not come back.
         After a successful call, an embedded server above the memory
         ceiling is restarted before this returns.
@@ -283,6 +323,9 @@ class Engine:
         if failure is None:
             self._check_memory(generation)
             return result
+        conflict = commit_conflict(failure)
+        if conflict is not None:
+            raise conflict from failure
         if not retry:
             raise failure
         try:
@@ -293,7 +336,13 @@ class Engine:
             raise failure
         log.warning("engine replaced after %s; running the operation again", _describe(failure))
         with self.session() as spark:
-            return fn(spark)
+            try:
+                return fn(spark)
+            except Exception as exc:
+                conflict = commit_conflict(exc)
+                if conflict is None:
+                    raise
+                raise conflict from exc
 
     # --- supervision -------------------------------------------------------
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from sortedcontainers import SortedList
 
+from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StoredMessage
 from wakustore.storage.rows import Row
 
@@ -130,12 +131,13 @@ class HotTier:
             if not query.content_topics or query.pubsub_topic is None:
                 return None
             fetch = query.limit + 1
+            low, high = store_query.key_range(query, key)
             found: list[Row] = []
             for topic in query.content_topics:
                 keys = self._topics.get((query.pubsub_topic, topic))
                 if keys:
-                    found.extend(self._scan(keys, query, key, fetch))
-            found.sort(key=lambda r: (r.timestamp, r.message_hash), reverse=not query.forward)
+                    found.extend(self._scan(keys, low, high, query.forward, fetch))
+            found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
             found = found[:fetch]
             if not self._complete(query, key, len(found) >= fetch):
                 return None
@@ -156,18 +158,11 @@ class HotTier:
         # is the right page, since everything newer than start_ns is here.
         return not query.forward and filled
 
-    def _scan(self, keys: SortedList, query: HistoryQuery, key: Key | None, fetch: int) -> list[Row]:
-        # (ts, b"") sorts before every (ts, 32-byte hash), so as a bound it
-        # includes all of ts when it is the low end and excludes all of ts
-        # when it is the high end: start inclusive, end exclusive.
-        start = (query.time_start, b"") if query.time_start is not None else None
-        end = (query.time_end, b"") if query.time_end is not None else None
-        if query.forward:
-            low = max(filter(None, (key, start)), default=None)
-            iterator = keys.irange(low, end, inclusive=(False, False))
-        else:
-            high = min(filter(None, (key, end)), default=None)
-            iterator = keys.irange(start, high, inclusive=(False, False), reverse=True)
+    def _scan(self, keys: SortedList, low: Key | None, high: Key | None, forward: bool, fetch: int) -> list[Row]:
+        """The first ``fetch`` rows of one topic's index strictly between
+        ``low`` and ``high`` (store_query.key_range), in query order; the
+        index holds one topic, so every row in the range matches."""
+        iterator = keys.irange(low, high, inclusive=(False, False), reverse=not forward)
         out = []
         for _, message_hash in iterator:
             out.append(self._rows[message_hash])
@@ -179,15 +174,12 @@ class HotTier:
         rows = [self._rows.get(h) for h in query.message_hashes]
         if any(r is None for r in rows):
             return None
-        matched = []
-        for row in rows:
-            if query.pubsub_topic is not None and row.pubsub_topic != query.pubsub_topic:
-                continue
-            mine = (row.timestamp, row.message_hash)
-            if key is not None and (mine <= key if query.forward else mine >= key):
-                continue
-            matched.append(row)
-        matched.sort(key=lambda r: (r.timestamp, r.message_hash), reverse=not query.forward)
+        match = store_query.matcher(query, key)
+        matched = [
+            row for row in rows
+            if match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
+        ]
+        matched.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
         return [r.stored(query.include_data) for r in matched[: query.limit + 1]]
 
     def _insert(self, row: Row) -> None:

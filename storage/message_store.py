@@ -20,9 +20,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from wakustore.protocols.message import WakuMessage
+from wakustore.protocols import store_query
 from wakustore.protocols.store_query import (
     HistoryQuery,
     Ordering,
@@ -72,6 +74,8 @@ MESSAGE_CODEC = RowCodec(
     key_column="muid",
     partition_column=schema.MESSAGES_PARTITION,
     day=lambda row: schema.day_of_ns(row.timestamp),
+    order=lambda row: (row.timestamp, row.message_hash),
+    group=lambda row: (row.pubsub_topic, row.message.content_topic),
 )
 
 
@@ -175,7 +179,11 @@ class MessageStore:
             if oldest is None or oldest >= since:
                 start = ALL_TIME
         self.hot.start(start, [*recent, *self.writes.pending_rows()], now)
-        log.info("hot tier: %d messages, complete from %d ns", len(self.hot), self.hot.start_ns)
+        if self.hot.start_ns == ALL_TIME:
+            log.info("hot tier: %d messages, the whole table", len(self.hot))
+        else:
+            log.info("hot tier: %d messages, complete from %s", len(self.hot),
+                     datetime.fromtimestamp(self.hot.start_ns / 1e9, timezone.utc).isoformat(timespec="seconds"))
 
     def close(self) -> None:
         """Commit what is buffered (best effort) and close the log."""
@@ -227,6 +235,9 @@ class MessageStore:
     def flush_due(self) -> bool:
         return self.writes.flush_due()
 
+    def flush_deadline(self) -> float | None:
+        return self.writes.flush_deadline()
+
     def flush(self) -> int:
         """Commit the buffer to Delta; returns the number of messages committed."""
         committed = self.writes.flush()
@@ -256,20 +267,34 @@ class MessageStore:
             # Rows not yet committed are taken before the table is read: a
             # flush in between then shows them twice (dropped by hash), never
             # zero times.
-            pending = self.writes.pending_rows()
+            pending = self._pending_matches(query, key)
             found = from_arrow(self.table.page(query, key, query.limit + 1), query.include_data)
-            found = _merge_pending(query, key, found, pending)
-            found.sort(key=_sort_key(query.ordering), reverse=not query.forward)
-        more = len(found) > query.limit
-        page = found[: query.limit]
-        if not query.forward:
-            page.reverse()
-        next_cursor = None
-        if more and page:
-            next_cursor = page[-1] if query.forward else page[0]
-            if query.ordering is Ordering.MESSAGE_HASH:
-                self._cursors.put(next_cursor.message_hash, next_cursor.timestamp)
-        return Page(messages=page, next_cursor=next_cursor)
+            found = _merge_pending(query, found, pending)
+        page = store_query.finish_page(query, found)
+        cursor = page.next_cursor
+        if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
+            self._cursors.put(cursor.message_hash, cursor.timestamp)
+        return page
+
+    def _pending_matches(self, query: HistoryQuery, key: tuple[int, bytes] | None) -> list[Row]:
+        """The uncommitted rows that may be on the page, read from the
+        pending index: by hash for a lookup, else over the query's time
+        range in its topics only."""
+        match = store_query.matcher(query, key)
+        if query.message_hashes:
+            return [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
+        low, high = store_query.key_range(query, key)
+        groups = None
+        if query.pubsub_topic is not None and query.content_topics:
+            groups = [(query.pubsub_topic, topic) for topic in query.content_topics]
+        return self.writes.pending_scan(
+            None if low is None else low[0],
+            None if high is None else high[0],
+            query.forward,
+            lambda row: _row_matches(match, row),
+            query.limit + 1,
+            groups,
+        )
 
     def _cursor_key(self, query: HistoryQuery) -> tuple[int, bytes] | None:
         if query.cursor is None:
@@ -278,7 +303,7 @@ class MessageStore:
             return (query.cursor_timestamp or 0, query.cursor)
         timestamp = self._cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
         if timestamp is None:
-            pending = [r for r in self.writes.pending_rows() if r.message_hash == query.cursor]
+            pending = self.writes.pending_by_hash([query.cursor])
             if pending:
                 timestamp = pending[0].timestamp
             else:
@@ -408,38 +433,19 @@ class MessageStore:
         return inserted[-1], total - inserted[-1]
 
 
-def _merge_pending(
-    query: HistoryQuery, key: tuple[int, bytes] | None, found: list[StoredMessage], pending: list[Row]
-) -> list[StoredMessage]:
+def _merge_pending(query: HistoryQuery, found: list[StoredMessage], pending: list[Row]) -> list[StoredMessage]:
+    """The first limit + 1 of the table's rows and the matching pending
+    rows, in query order; a row in both (a flush ran between the two reads)
+    once."""
     seen = {m.message_hash for m in found}
     for row in pending:
-        if row.message_hash not in seen and _row_matches(query, key, row):
+        if row.message_hash not in seen:
             found.append(row.stored(query.include_data))
             seen.add(row.message_hash)
-    return found
+    found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+    return found[: query.limit + 1]
 
 
-def _sort_key(ordering: Ordering) -> Callable[[StoredMessage], tuple[int, bytes]]:
-    if ordering is Ordering.DIGEST:
-        return lambda m: (m.timestamp, m.digest)
-    return lambda m: (m.timestamp, m.message_hash)
-
-
-def _row_matches(query: HistoryQuery, key: tuple[int, bytes] | None, row: Row) -> bool:
-    if query.pubsub_topic is not None and row.pubsub_topic != query.pubsub_topic:
-        return False
-    if query.content_topics and row.message.content_topic not in query.content_topics:
-        return False
-    if query.message_hashes and row.message_hash not in query.message_hashes:
-        return False
-    if query.time_start is not None and row.timestamp < query.time_start:
-        return False
-    if query.time_end is not None and row.timestamp >= query.time_end:
-        return False
-    if key is not None:
-        mine = (row.timestamp, row.digest if query.ordering is Ordering.DIGEST else row.message_hash)
-        if query.forward and not mine > key:
-            return False
-        if not query.forward and not mine < key:
-            return False
-    return True
+def _row_matches(match: Callable[..., bool], row: Row) -> bool:
+    """``match`` (a :func:`store_query.matcher`) applied to a pending row."""
+    return match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)

@@ -9,14 +9,14 @@ for path tables) and Delta SQL on a cluster.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from wakustore.protocols.store_query import HistoryQuery, Ordering
+from wakustore.protocols import store_query
+from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import schema
 
 if TYPE_CHECKING:
@@ -28,15 +28,6 @@ _DATA_COLUMNS = [
     "version", "timestamp", "sender_timestamp", "rate_limit_proof",
 ]
 _KEY_COLUMNS = ["message_hash", "digest", "pubsub_topic", "timestamp"]
-
-# Failures that mean "another writer committed first; re-read and retry".
-# "Missing commit file": Sail listed the log while another writer was
-# adding to it (seen with two writers on one table); a re-read succeeds.
-_CONFLICT = re.compile(
-    r"(?i)concurrent|conflict|failed to commit transaction|version \d+ already exists|"
-    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged|missing commit file"
-)
-
 
 def fetch_arrow(frame) -> pa.Table:
     """The result of ``frame`` as Arrow in one round trip.
@@ -51,10 +42,6 @@ def fetch_arrow(frame) -> pa.Table:
         return frame.toArrow()
     table, _schema = to_table()
     return table
-
-
-def is_commit_conflict(exc: BaseException) -> bool:
-    return bool(_CONFLICT.search(f"{type(exc).__name__}: {exc}"))
 
 
 def sql_string(text: str) -> str:
@@ -239,21 +226,16 @@ class DeltaTableRef:
         """Up to ``fetch`` rows after/before ``key`` in query order (not reversed)."""
         from pyspark.sql import functions as F
 
+        preds, after = store_query.predicates(query, key)
+        columns = _DATA_COLUMNS if query.include_data else _KEY_COLUMNS
+        order_col = store_query.order_column(query.ordering)
+
         def run(spark):
             frame = spark.read.format("delta").load(self.uri)
-            condition = _query_condition(F, query)
-            order_col = "digest" if query.ordering is Ordering.DIGEST else "message_hash"
-            if key is not None:
-                ts, k = key
-                if query.forward:
-                    after = (F.col("timestamp") > F.lit(ts)) | ((F.col("timestamp") == F.lit(ts)) & (F.col(order_col) > F.lit(k)))
-                else:
-                    after = (F.col("timestamp") < F.lit(ts)) | ((F.col("timestamp") == F.lit(ts)) & (F.col(order_col) < F.lit(k)))
-                condition = after if condition is None else condition & after
+            condition = _query_condition(F, preds, after)
             if condition is not None:
                 frame = frame.where(condition)
-            columns = _DATA_COLUMNS if query.include_data else _KEY_COLUMNS
-            orders = [F.col("timestamp"), F.col(order_col)]
+            orders = [F.col(store_query.TIMESTAMP), F.col(order_col)]
             orders = [c.asc() for c in orders] if query.forward else [c.desc() for c in orders]
             return frame.select(*columns).orderBy(*orders).limit(fetch)
 
@@ -384,24 +366,47 @@ class DeltaTableRef:
         return rows[0][0] if rows else None
 
 
-def _query_condition(F, query: HistoryQuery):
+def _query_condition(F, preds: Sequence[store_query.Predicate], after: store_query.After | None):
+    """The Spark condition of a query's description (None: every row), with
+    the day partitions pruned from the timestamp bounds (a row's day is the
+    UTC day of its timestamp)."""
     parts = []
-    if query.pubsub_topic is not None:
-        parts.append(F.col("pubsub_topic") == F.lit(query.pubsub_topic))
-    if query.content_topics:
-        parts.append(F.col("content_topic").isin(list(query.content_topics)))
-    if query.message_hashes:
-        parts.append(F.col("message_hash").isin(list(query.message_hashes)))
-    if query.time_start is not None:
-        parts.append(F.col("timestamp") >= F.lit(query.time_start))
-        parts.append(F.col("day") >= F.lit(schema.day_of_ns(query.time_start)))
-    if query.time_end is not None:
-        parts.append(F.col("timestamp") < F.lit(query.time_end))
-        parts.append(F.col("day") <= F.lit(schema.day_of_ns(max(query.time_end - 1, 0))))
+    for p in preds:
+        column = F.col(p.column)
+        if p.op == store_query.EQ:
+            parts.append(column == F.lit(p.value))
+        elif p.op == store_query.IN:
+            parts.append(column.isin(list(p.value)))
+        elif p.op == store_query.GE:
+            parts.append(column >= F.lit(p.value))
+        elif p.op == store_query.LT:
+            parts.append(column < F.lit(p.value))
+        else:
+            raise ValueError(f"unknown predicate operator {p.op!r}")
+        if p.column == store_query.TIMESTAMP and p.op in (store_query.GE, store_query.LT):
+            parts.append(_day_bound(F, p.op, p.value))
+    if after is not None:
+        ts, key = F.col(store_query.TIMESTAMP), F.col(after.column)
+        if after.forward:
+            parts.append((ts > F.lit(after.timestamp)) | ((ts == F.lit(after.timestamp)) & (key > F.lit(after.key))))
+        else:
+            parts.append((ts < F.lit(after.timestamp)) | ((ts == F.lit(after.timestamp)) & (key < F.lit(after.key))))
+        # Rows after the cursor lie on its day or later (before it: on its
+        # day or earlier): the other days need not be opened.
+        parts.append(_day_bound(F, store_query.GE if after.forward else store_query.LT,
+                                after.timestamp if after.forward else after.timestamp + 1))
     condition = None
     for part in parts:
         condition = part if condition is None else condition & part
     return condition
+
+
+def _day_bound(F, op: str, timestamp: int):
+    """The day-partition condition implied by ``timestamp op value``."""
+    day = F.col(schema.MESSAGES_PARTITION)
+    if op == store_query.GE:
+        return day >= F.lit(schema.day_of_ns(timestamp))
+    return day <= F.lit(schema.day_of_ns(max(timestamp - 1, 0)))
 
 
 def _inserted_rows(result: list) -> int:

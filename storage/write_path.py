@@ -34,18 +34,21 @@ Two modes, chosen by whether the node owns its table:
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import pyarrow as pa
+from sortedcontainers import SortedList
 
 from wakustore.storage.key_filter import DayKeyFilter
-from wakustore.storage.table import DeltaTableRef, is_commit_conflict
+from wakustore.storage.engine import CommitConflict
+from wakustore.storage.table import DeltaTableRef
 from wakustore.storage.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,13 @@ class RowCodec(Generic[R]):
     partition_column: str
     # The partition value of a row (its UTC day); needed by the owned mode.
     day: Callable[[R], object] | None = None
+    # The (timestamp, hash) queries order rows by and cursors name: when
+    # set, the rows waiting for a commit are kept sorted by it and by hash
+    # (see WritePath.pending_scan and WritePath.pending_by_hash).
+    order: Callable[[R], tuple[int, bytes]] | None = None
+    # With ``order``: the group (topics) a query may name, indexed apart
+    # so that a scan reads only the groups asked for.
+    group: Callable[[R], object] | None = None
 
 
 class BufferFull(Exception):
@@ -102,6 +112,75 @@ class BoundedSet:
             self._items.popitem(last=False)
 
 
+class _Pending(Generic[R]):
+    """One generation of rows waiting for a commit (the buffer, or the batch
+    in flight): by key, and, when the codec orders rows, sorted by
+    (timestamp, hash, key) and by hash. Guarded by the write path's lock."""
+
+    __slots__ = ("_by_hash", "_codec", "_groups", "_order", "rows")
+
+    def __init__(self, codec: RowCodec[R]):
+        self._codec = codec
+        self.rows: dict[bytes, R] = {}
+        # The key ends each entry: two rows may share (timestamp, hash).
+        self._order: SortedList | None = SortedList() if codec.order is not None else None
+        self._groups: dict[object, SortedList] = {}
+        self._by_hash: dict[bytes, R] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.rows
+
+    def values(self):
+        return self.rows.values()
+
+    def add(self, key: bytes, row: R) -> None:
+        """Add ``row`` unless ``key`` is here already (the first copy wins)."""
+        if key in self.rows:
+            return
+        self.rows[key] = row
+        if self._order is not None:
+            timestamp, hash_ = self._codec.order(row)
+            entry = (timestamp, hash_, key)
+            self._order.add(entry)
+            self._by_hash.setdefault(hash_, row)
+            if self._codec.group is not None:
+                group = self._codec.group(row)
+                entries = self._groups.get(group)
+                if entries is None:
+                    entries = self._groups[group] = SortedList()
+                entries.add(entry)
+
+    def absorb(self, other: _Pending[R]) -> None:
+        for key, row in other.rows.items():
+            self.add(key, row)
+
+    def by_hash(self, hash_: bytes) -> R | None:
+        return self._by_hash.get(hash_)
+
+    def entries(
+        self, low_ts: int | None, high_ts: int | None, reverse: bool, group: object = None
+    ) -> Iterator[tuple]:
+        """(timestamp, hash, key) with low <= timestamp <= high (None:
+        unbounded), of one group or (None) of all, ascending unless ``reverse``."""
+        if self._order is None:
+            raise TypeError("the rows of this table are not ordered")
+        entries = self._order if group is None else self._groups.get(group)
+        if not entries:
+            return iter(())
+        # (ts,) sorts before every (ts, hash, key): inclusive low, exclusive high + 1.
+        low = (low_ts,) if low_ts is not None else None
+        high = (high_ts + 1,) if high_ts is not None else None
+        return entries.irange(low, high, inclusive=(True, False), reverse=reverse)
+
+
+def _tagged(entries: Iterator[tuple], generation: _Pending) -> Iterator[tuple[tuple, _Pending]]:
+    for entry in entries:
+        yield entry, generation
+
+
 class WritePath(Generic[R]):
     """Durable buffer in front of one Delta table. Thread-safe."""
 
@@ -124,9 +203,9 @@ class WritePath(Generic[R]):
         self._lock = threading.Lock()  # buffer, in-flight rows, recent keys
         self._put_lock = threading.Lock()  # one put at a time
         self._flush_lock = threading.Lock()
-        self._buffer: dict[bytes, R] = {}
+        self._buffer: _Pending[R] = _Pending(codec)
         self._buffer_last_seq = 0
-        self._inflight: dict[bytes, R] = {}
+        self._inflight: _Pending[R] = _Pending(codec)
         self._recent = BoundedSet(recent_keys)
         self.key_filter = key_filter
         # Owned mode: keys of an append that failed after it may have landed,
@@ -163,7 +242,7 @@ class WritePath(Generic[R]):
             for key, row in rows.items():
                 self._recent.add(key)
                 if key not in committed:
-                    self._buffer.setdefault(key, row)
+                    self._buffer.add(key, row)
             self._buffer_last_seq = last_seq
         if rows and not self._buffer:
             self._wal.trim(last_seq)
@@ -214,7 +293,7 @@ class WritePath(Generic[R]):
                 with self._lock:
                     self._buffer_last_seq = last_seq
                     for key, row in fresh.items():
-                        self._buffer[key] = row
+                        self._buffer.add(key, row)
                         self._recent.add(key)
                     self._unresolved.update(k for k in unresolved if k in fresh)
         return set(fresh)
@@ -276,12 +355,64 @@ class WritePath(Generic[R]):
             self._recent = BoundedSet(self._recent.capacity)
 
     def pending_rows(self) -> list[R]:
-        """Rows durable in the log but not yet committed (buffer and in flight)."""
+        """Rows durable in the log but not yet committed (buffer and in
+        flight): a copy of them all; queries use :meth:`pending_scan`."""
         with self._lock:
             rows = [*self._buffer.values(), *self._inflight.values()]
         if self._unresolved:
             rows = [r for r in rows if self.codec.key(r) not in self._unresolved]
         return rows
+
+    def pending_scan(
+        self,
+        low_ts: int | None,
+        high_ts: int | None,
+        forward: bool,
+        accept: Callable[[R], bool],
+        fetch: int,
+        groups: Sequence[object] | None = None,
+    ) -> list[R]:
+        """Uncommitted rows with low <= timestamp <= high (None: unbounded)
+        in ``groups`` (None: all) that ``accept``, in (timestamp, hash)
+        order (descending unless ``forward``): the first ``fetch`` of them,
+        plus the others of the last one's timestamp (for an order that
+        breaks ties by another key). Reads only the rows of the range and
+        groups (the codec must order rows)."""
+        out: list[R] = []
+        reverse = not forward
+        with self._lock:
+            generations = [g for g in (self._buffer, self._inflight) if g]
+            runs = [
+                (g, g.entries(low_ts, high_ts, reverse, group))
+                for g in generations for group in (groups if groups is not None else [None])
+            ]
+            tagged = [_tagged(entries, g) for g, entries in runs]
+            if len(tagged) > 1:
+                tagged = [heapq.merge(*tagged, key=lambda t: t[0], reverse=reverse)]
+            unresolved = self._unresolved
+            last_ts = None
+            for (timestamp, _hash, key), generation in (tagged[0] if tagged else ()):
+                if len(out) >= fetch and timestamp != last_ts:
+                    break
+                row = generation.rows[key]
+                if key in unresolved or not accept(row):
+                    continue
+                out.append(row)
+                last_ts = timestamp
+        return out
+
+    def pending_by_hash(self, hashes: Sequence[bytes]) -> list[R]:
+        """The uncommitted rows with these hashes (the second part of the
+        codec's order), one lookup each."""
+        out: list[R] = []
+        with self._lock:
+            for hash_ in hashes:
+                for generation in (self._buffer, self._inflight):
+                    row = generation.by_hash(hash_)
+                    if row is not None and self.codec.key(row) not in self._unresolved:
+                        out.append(row)
+                        break
+        return out
 
     @property
     def pending(self) -> int:
@@ -298,6 +429,16 @@ class WritePath(Generic[R]):
             return True
         return time.monotonic() - self._last_flush >= self.flush_interval_s
 
+    def flush_deadline(self) -> float | None:
+        """When (``time.monotonic()``) :meth:`flush_due` turns true: now once
+        the size threshold is reached; None while the buffer is empty. Lets
+        a flush loop sleep until then instead of polling."""
+        if not self._buffer:
+            return None
+        if len(self._buffer) >= self.flush_max_rows:
+            return time.monotonic()
+        return self._last_flush + self.flush_interval_s
+
     def flush(self) -> int:
         """Commit the buffer; returns the rows committed. On failure the
         batch stays buffered and durable for the next flush."""
@@ -306,7 +447,7 @@ class WritePath(Generic[R]):
                 if not self._buffer:
                     self._last_flush = time.monotonic()
                     return 0
-                self._inflight, self._buffer = self._buffer, {}
+                self._inflight, self._buffer = self._buffer, _Pending(self.codec)
                 upto = self._buffer_last_seq
             batch = list(self._inflight.values())
             started = time.monotonic()
@@ -314,11 +455,11 @@ class WritePath(Generic[R]):
                 self._merge(batch)
             except BaseException:
                 with self._lock:
-                    self._inflight.update(self._buffer)
-                    self._buffer, self._inflight = self._inflight, {}
+                    self._inflight.absorb(self._buffer)
+                    self._buffer, self._inflight = self._inflight, _Pending(self.codec)
                 raise
             with self._lock:
-                self._inflight = {}
+                self._inflight = _Pending(self.codec)
             self._wal.trim(upto)
             self.last_commit_seconds = time.monotonic() - started
             self._last_flush = time.monotonic()
@@ -393,8 +534,8 @@ def retry_on_conflict(commit: Callable[[], object]) -> None:
         try:
             commit()
             return
-        except Exception as exc:
-            if not is_commit_conflict(exc) or attempt == COMMIT_ATTEMPTS - 1:
+        except CommitConflict as exc:
+            if attempt == COMMIT_ATTEMPTS - 1:
                 raise
             delay = COMMIT_BACKOFF_S * (2**attempt)
             log.info("commit conflict, retry %d in %.2f s: %s", attempt + 1, delay, exc)

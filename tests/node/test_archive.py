@@ -242,7 +242,8 @@ def test_scheduler_exports_seeds_the_latest_and_unlocks_retention(tmp_path, make
         async with trio.open_nursery() as nursery:
             seeder = await nursery.start(node_archive.run_archive_scheduler, None, store, control)
             with trio.fail_after(60):
-                while seeder.handle is None or not seeder.handle.status().is_seeding:
+                while seeder.handle is None or not seeder.handle.status().is_seeding \
+                        or not node_archive.seeded_until_ns(control.archive_dir, [CID]):
                     await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
         return seeder
@@ -533,3 +534,110 @@ def test_bench_archive_reports_export_memory_and_hydrate_rate(tmp_path, capsys):
     assert report["export"]["archives"] == 2 and report["export"]["msgs_per_s"] > 0
     assert report["fetch"]["hydrate_msgs_per_s"] > 0 and report["export"]["peak_rss_mb"]["node"] > 0
     assert "export :" in capsys.readouterr().out
+
+
+# --- stopping ------------------------------------------------------------------------
+
+
+def test_export_stops_before_its_next_day_when_asked(tmp_path, make_store):
+    import threading
+
+    _, store = make_store("control")
+    put_days(store, [0, 3, 8])
+    control = settings(tmp_path)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(node_archive.Stopped):
+        node_archive.export_community(store, control, T0 + 14 * DAY, stop=stop)
+    assert not control.torrent_path.exists() and not control.state_path.exists()
+    assert (tmp_path / "out" / CID / "data").stat().st_size == 0
+    # The next export starts from scratch and does it all.
+    assert len(node_archive.export_community(store, control, T0 + 14 * DAY).archives) == 2
+
+
+def _control_node_whose_archives_never_check_out(tmp_path, make_store, node_dir):
+    """A control node's archive directory whose data file lost its content
+    after the export: libtorrent's check finds every piece missing and the
+    torrent never seeds; the last export is old, so the scheduler starts a
+    long export (a window per week up to now) at once. Returns the key file."""
+    _, history = make_store("history")
+    put_days(history, [0, 3])
+    control = dataclasses.replace(settings(tmp_path), archive_dir=node_dir / "archives")
+    assert node_archive.export_community(history, control, T0 + 7 * DAY).archives
+    (control.archive_dir / CID / "data").write_bytes(b"")
+    key_file = tmp_path / "community.key"
+    key_file.write_text(KEY.hex())
+    return key_file
+
+
+def test_a_node_is_ready_while_its_archives_are_checked_and_stops_at_once(tmp_path, make_store, engine):
+    import time
+
+    from wakustore.node.running import running_node
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from store_node_harness import node_config
+
+    node_dir = tmp_path / "node"
+    key_file = _control_node_whose_archives_never_check_out(tmp_path, make_store, node_dir)
+    config = node_config(node_dir, archive_key_file=str(key_file), archive_chat_ids=list(CHATS),
+                         archive_listen=LOOPBACK)
+
+    async def main():
+        with trio.fail_after(60):
+            async with running_node(config, engine=engine, mailserver=False, metrics=False, relay=False) as node:
+                with trio.fail_after(20):
+                    while node.seeder.handle is None or node.seeder.handle.status().state in (
+                            torrent.lt.torrent_status.checking_files, torrent.lt.torrent_status.checking_resume_data):
+                        await trio.sleep(0.05)
+                assert not node.seeder.handle.status().is_seeding  # the check found nothing to seed
+                leaving = time.monotonic()
+        return leaving
+
+    leaving = trio.run(main)
+    assert time.monotonic() - leaving < 10
+
+
+@pytest.mark.slow
+def test_serve_stops_on_sigterm_within_10_s_while_seeding_waits_and_an_export_runs(tmp_path, make_store):
+    import os
+    import signal
+    import threading
+    import time
+
+    node_dir = tmp_path / "node"
+    key_file = _control_node_whose_archives_never_check_out(tmp_path, make_store, node_dir)
+    config = tmp_path / "node.toml"
+    config.write_text(f'archive_key_file = "{key_file}"\narchive_chat_ids = {json.dumps(list(CHATS))}\n'
+                      f'archive_listen = "{LOOPBACK}"\narchive_layout = "status-go"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wakustore", "serve", "--config", str(config), "--data-dir", str(node_dir),
+         "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
+         "--listen-host", "127.0.0.1", "--cluster-id", "16", "--shard", "32"],
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "w"), text=True,
+        env={**os.environ, "WAKUSTORE_LOG_LEVEL": "WARNING"},
+    )
+    lines, ready, stopped = [], threading.Event(), threading.Event()
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("wakustore node ready"):
+                ready.set()
+            if line.startswith("wakustore node stopped"):
+                stopped.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert ready.wait(120), lines
+        assert any(line.startswith("seeding community archives on port ") for line in lines)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert stopped.wait(10), lines
+        assert proc.wait(timeout=10 - (time.monotonic() - signalled) + 1) == 0
+        # It stopped in order, not by the last-resort exit.
+        assert "not stopped after" not in (tmp_path / "serve.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

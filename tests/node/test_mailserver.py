@@ -23,8 +23,7 @@ from wakustore.cli import main as cli
 from wakustore.cli import mailserver as mailserver_cli
 from wakustore.node.config import NodeConfig
 from wakustore.node.mailserver import (
-    DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverSettings, PeerStatus, decode_status,
-    encode_status, envelope_problem, load_or_create_node_key, run_mailserver,
+    DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverSettings, load_or_create_node_key, run_mailserver,
     running_mailserver,
 )
 from wakustore.node.usage import UsageError
@@ -308,22 +307,6 @@ def test_posted_envelopes_are_checked_deduplicated_and_served(fresh):
     assert decrypt_symmetric(Envelope.decode(answer.envelopes[0]).data, KEY).payload == b"hello"
 
 
-def test_envelope_checks_follow_status_go():
-    now = T0
-    fresh = Envelope(expiry=now + 40, ttl=50, topic=TOPICS[0], data=b"x")
-    assert envelope_problem(fresh, now, minimum_pow=0.0, max_size=1024) is None
-    ahead = Envelope(expiry=now + 60, ttl=50, topic=TOPICS[0], data=b"x")  # sent 10 s ahead: allowed
-    assert envelope_problem(ahead, now, minimum_pow=0.0, max_size=1024) is None
-    too_far = Envelope(expiry=now + 61, ttl=50, topic=TOPICS[0], data=b"x")
-    assert envelope_problem(too_far, now, minimum_pow=0.0, max_size=1024) == "envelope from future"
-    assert envelope_problem(Envelope(now - 1, 50, TOPICS[0], b"x"), now, minimum_pow=0, max_size=1024) == "expired"
-    assert envelope_problem(Envelope(now - 21, 50, TOPICS[0], b"x"), now, minimum_pow=0,
-                            max_size=1024) == "very old envelope"
-    big = Envelope(expiry=now + 40, ttl=50, topic=TOPICS[0], data=bytes(1005))
-    assert envelope_problem(big, now, minimum_pow=0.0, max_size=1024).startswith("huge messages")
-    assert envelope_problem(fresh, now, minimum_pow=1e9, max_size=1024) == "envelope with low PoW"
-
-
 def test_cli_posts_an_envelope_and_requests_it_back(fresh, capsys):
     parser = cli._Parser(prog="wakustore")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=cli._Parser)
@@ -407,21 +390,6 @@ def test_node_key_file_and_enode_urls(tmp_path):
     (tmp_path / "other" / KEY_FILE).write_text("zz\n")
     with pytest.raises(ValueError):
         load_or_create_node_key(tmp_path / "other")
-
-
-def test_status_packets_are_read_leniently():
-    ours = decode_status(encode_status(0.002))
-    assert ours == PeerStatus(pow_requirement=0.002, bloom=full_bloom(), light_node=False, confirmations=False)
-    options = [[0, encode_status_pow(0.5)], [5, [b"abcd", b"toolong"]], [99, b"future option"], [2, b"\x01"]]
-    assert decode_status(rlp_encode(options)) == PeerStatus(0.5, light_node=True, topic_interest=(b"abcd",))
-    assert decode_status(rlp_encode([options])).pow_requirement == 0.5  # wrapped in a one-element list
-    assert decode_status(b"\xff\x00") == PeerStatus() == decode_status(rlp_encode([[0, 2**64 - 1]]))
-
-
-def encode_status_pow(value: float) -> int:
-    import struct
-
-    return struct.unpack(">Q", struct.pack(">d", value))[0]
 
 
 # --- hostile input ----------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The node's store service: group commit of concurrent puts."""
 
+import time
+
 import trio
+import trio.testing
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import running_store
@@ -51,11 +54,11 @@ def test_health_reports_a_failed_maintenance_run_until_one_succeeds(engine, tmp_
                 raise RuntimeError("compaction failed")
 
             service.maintain = failing
-            while service.last_maintenance.get("ok") is not False:
+            while service.last_maintenance is None or service.last_maintenance.ok:
                 await trio.sleep(0.01)
             seen.append(service.health())
             service.maintain = real
-            while service.last_maintenance.get("ok") is not True:
+            while not service.last_maintenance.ok:
                 await trio.sleep(0.05)
             seen.append(service.health())
 
@@ -63,3 +66,77 @@ def test_health_reports_a_failed_maintenance_run_until_one_succeeds(engine, tmp_
     failed, recovered = seen
     assert failed["ok"] is False and "compaction failed" in failed["maintenance"]["error"]
     assert recovered["ok"] is True and recovered["maintenance"]["error"] is None
+
+
+def _message(i: int) -> WakuMessage:
+    return WakuMessage(b"flush-%d" % i, "/g/1/c/proto", timestamp=10**18 + i)
+
+
+async def _until(condition, timeout_s: float = 60.0) -> None:
+    """Wait in real time (a worker-thread sleep, so also under a mock trio
+    clock) until ``condition()`` holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await trio.to_thread.run_sync(time.sleep, 0.01)
+
+
+def test_a_put_is_committed_when_the_flush_interval_since_the_last_commit_ends(engine, tmp_path):
+    interval = 0.5
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=interval)
+    started = []
+
+    async def main():
+        async with running_store(config, engine) as service:
+            store = service.store
+            real_flush = store.flush
+            store.flush = lambda: started.append(time.monotonic()) or real_flush()
+            await service.put([(PUBSUB, _message(1), 10**18)])
+            await _until(lambda: store.writes.commits == 1)
+            last_commit = store.writes._last_flush
+            await service.put([(PUBSUB, _message(2), 10**18)])
+            await _until(lambda: store.writes.commits == 2)
+            assert store.writes.committed_rows == 2
+            return last_commit
+
+    last_commit = trio.run(main)
+    # The second flush starts when the interval since the first commit
+    # ends, not at a polling tick (slack for a loaded machine's scheduling).
+    assert last_commit + interval - 0.01 <= started[-1] <= last_commit + interval + 2.0
+
+
+def test_a_put_reaching_flush_max_messages_is_committed_without_waiting_the_interval(engine, tmp_path):
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=3600, flush_max_messages=5)
+
+    async def main():
+        async with running_store(config, engine) as service:
+            await service.put([(PUBSUB, _message(i), 10**18) for i in range(5)])
+            await _until(lambda: service.store.writes.committed_rows == 5)
+
+    trio.run(main)
+
+
+def test_an_idle_flush_loop_does_not_wake_up(engine, tmp_path):
+    # A mock clock moves only when told: the jump below ends any timed
+    # wait shorter than it (a polling loop's sleep), and nothing else.
+    clock = trio.testing.MockClock()
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=0.05, flush_max_messages=1)
+    looks = []
+
+    async def main():
+        async with running_store(config, engine) as service:
+            store = service.store
+            for name in ("flush_due", "flush_deadline"):
+                real = getattr(store, name)
+                setattr(store, name, lambda real=real, name=name: looks.append(name) or real())
+            for round_ in range(2):
+                await trio.testing.wait_all_tasks_blocked()
+                before = len(looks)
+                clock.jump(10.0)  # under the supervision and maintenance intervals
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(looks) == before, f"the flush loop looked at an empty buffer {looks[before:]}"
+                if round_ == 0:  # then once more after a commit
+                    await service.put([(PUBSUB, _message(1), 10**18)])
+                    await _until(lambda: store.writes.committed_rows == 1)
+
+    trio.run(main, clock=clock)

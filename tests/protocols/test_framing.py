@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wakustore.protocols.errors import FramingError
+from wakustore.protocols.errors import FramingError, FrameTooLarge
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_REQUEST_SIZE,
     METADATA_MAX_SIZE,
@@ -50,13 +50,13 @@ def test_frame_at_the_limit_is_accepted():
 
 def test_oversized_prefix_is_refused_before_any_body_byte():
     reader = FrameReader(max_size=100)
-    with pytest.raises(FramingError, match="exceeds"):
+    with pytest.raises(FrameTooLarge, match="exceeds"):
         reader.feed(encode_uvarint(101))
 
 
 def test_incomplete_prefix_already_over_the_limit_is_refused():
     # 0xff: the low 7 bits alone are 127 > 100, whatever follows.
-    with pytest.raises(FramingError, match="exceeds"):
+    with pytest.raises(FrameTooLarge, match="exceeds"):
         FrameReader(max_size=100).feed(b"\xff")
 
 
@@ -74,8 +74,22 @@ def test_prefix_longer_than_ten_bytes_is_refused():
 
 @pytest.mark.parametrize("prefix", [b"\x80\x00", b"\x85\x00", b"\x81\x80\x00"])
 def test_non_minimal_prefix_is_refused(prefix):
-    with pytest.raises(FramingError, match="minimal"):
+    with pytest.raises(FramingError, match="minimal") as raised:
         FrameReader(max_size=1000).feed(prefix)
+    assert not isinstance(raised.value, FrameTooLarge)
+
+
+def test_frames_split_across_and_packed_into_chunks_come_out_whole():
+    bodies = [b"a" * 300, b"", b"bc", b"d" * 70_000]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    for chunk_size in (1, 7, 4096, len(stream)):
+        reader = FrameReader(max_size=100_000)
+        frames = []
+        for start in range(0, len(stream), chunk_size):
+            frames += reader.feed(stream[start:start + chunk_size])
+        reader.eof()
+        assert frames == bodies
+        assert all(type(f) is bytes for f in frames)
 
 
 def test_reader_is_unusable_after_an_error():

@@ -21,17 +21,22 @@ from wakustore.protocols.waku_v1 import (
     TOPIC_SIZE,
     DecryptedPayload,
     Envelope,
+    PeerStatus,
     bloom_for_topics,
     bloom_matches,
     decode_envelope_list,
     decode_rlp,
+    decode_status,
     decrypt_symmetric,
     encode_envelope_list,
+    encode_status,
     encrypt_symmetric,
     envelope_hash,
+    envelope_problem,
     full_bloom,
     key_from_password,
     pow_value,
+    rlp_encode,
     seal,
     split_rlp_list,
     topic_to_bloom,
@@ -422,3 +427,72 @@ def test_decoders_raise_only_waku_v1_errors(raw):
             decode(raw)
         except WakuV1Error:
             pass
+
+
+# --- what status-go's Waku.add accepts ----------------------------------------------
+
+T0 = 1_700_000_000
+TOPIC = b"\x08\x10\x18\x00"
+
+
+def test_envelope_checks_follow_status_go():
+    now = T0
+    fresh = Envelope(expiry=now + 40, ttl=50, topic=TOPIC, data=b"x")
+    assert envelope_problem(fresh, now, minimum_pow=0.0, max_size=1024) is None
+    ahead = Envelope(expiry=now + 60, ttl=50, topic=TOPIC, data=b"x")  # sent 10 s ahead: allowed
+    assert envelope_problem(ahead, now, minimum_pow=0.0, max_size=1024) is None
+    too_far = Envelope(expiry=now + 61, ttl=50, topic=TOPIC, data=b"x")
+    assert envelope_problem(too_far, now, minimum_pow=0.0, max_size=1024) == "envelope from future"
+    assert envelope_problem(Envelope(now - 1, 50, TOPIC, b"x"), now, minimum_pow=0, max_size=1024) == "expired"
+    assert envelope_problem(Envelope(now - 21, 50, TOPIC, b"x"), now, minimum_pow=0,
+                            max_size=1024) == "very old envelope"
+    big = Envelope(expiry=now + 40, ttl=50, topic=TOPIC, data=bytes(1005))
+    assert envelope_problem(big, now, minimum_pow=0.0, max_size=1024).startswith("huge messages")
+    assert envelope_problem(fresh, now, minimum_pow=1e9, max_size=1024) == "envelope with low PoW"
+
+
+def test_pow_of_an_envelope_sent_ahead_counts_the_stretched_ttl():
+    # status-go: an envelope stamped d s ahead has its PoW computed with
+    # ttl + d + 1, so exactly the PoW it claims is no longer enough.
+    sent_ahead = seal(Envelope(expiry=T0 + 5 + 50, ttl=50, topic=TOPIC, data=b"ahead"), 0.01, 1_000_000)
+    claimed = pow_value(sent_ahead)
+    assert pow_value(sent_ahead, 50 + 5 + 1) == claimed * 50 / 56
+    assert envelope_problem(sent_ahead, T0 + 5, minimum_pow=claimed, max_size=1024) is None
+    assert envelope_problem(sent_ahead, T0, minimum_pow=claimed, max_size=1024) == "envelope with low PoW"
+    assert envelope_problem(sent_ahead, T0, minimum_pow=claimed * 50 / 56, max_size=1024) is None
+
+
+# --- waku/1 status ----------------------------------------------------------------------
+
+
+def encode_status_pow(value: float) -> int:
+    import struct
+
+    return struct.unpack(">Q", struct.pack(">d", value))[0]
+
+
+def test_status_packets_are_read_leniently():
+    ours = decode_status(encode_status(0.002))
+    assert ours == PeerStatus(pow_requirement=0.002, bloom=full_bloom(), light_node=False, confirmations=False)
+    options = [[0, encode_status_pow(0.5)], [5, [b"abcd", b"toolong"]], [99, b"future option"], [2, b"\x01"]]
+    assert decode_status(rlp_encode(options)) == PeerStatus(0.5, light_node=True, topic_interest=(b"abcd",))
+    assert decode_status(rlp_encode([options])).pow_requirement == 0.5  # wrapped in a one-element list
+    assert decode_status(b"\xff\x00") == PeerStatus() == decode_status(rlp_encode([[0, 2**64 - 1]]))
+
+
+def test_our_status_is_status_go_s_options_list():
+    light = encode_status(0.5, bytes(BLOOM_SIZE), light_node=True, confirmations=True)
+    assert light == rlp_encode([[0, encode_status_pow(0.5)], [1, bytes(BLOOM_SIZE)], [2, True], [3, True]])
+    assert decode_status(light) == PeerStatus(0.5, bytes(BLOOM_SIZE), True, True)
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=300, deadline=None)
+def test_any_status_bytes_decode_to_a_status(raw):
+    assert isinstance(decode_status(raw), PeerStatus)
+
+
+def test_status_with_more_items_than_the_bound_reads_as_empty():
+    too_many = rlp_encode([[5, [TOPIC] * 10_100]])
+    assert decode_status(too_many) == PeerStatus()
+    assert decode_status(rlp_encode([[5, [TOPIC] * 100]])).topic_interest == (TOPIC,) * 100

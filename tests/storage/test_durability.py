@@ -122,12 +122,16 @@ def test_window_replace_is_one_transaction_seen_whole_or_not_at_all(engine, tmp_
     thread.start()
     try:
         store.replace_window(T0, T0 + 1000, ["/w/1/t/proto"], new)
-        time.sleep(0.3)
+        # Reads went on through the commit: wait for one that began after it.
+        after = len(seen) + 1
+        deadline = time.monotonic() + 60
+        while len(seen) <= after and time.monotonic() < deadline:
+            stop.wait(0.01)
     finally:
         stop.set()
         thread.join()
     assert DeltaTable(store.table.uri).version() == before + 1
-    assert seen
+    assert seen[-1] == {b"new", 150}  # the last read saw the committed window
     for snapshot in seen:
         assert snapshot in ({b"old", 200}, {b"new", 150}), snapshot
     store.close()

@@ -44,3 +44,55 @@ def test_day_filter_forgets_days_that_retention_removed():
     assert all(f.candidate_days(recent))
     f.clear()
     assert not any(f.candidate_days(recent))
+
+
+def test_sizing_follows_the_bloom_formulas_rounded_up_to_a_power_of_two():
+    import math
+
+    f = KeyFilter(capacity=100_000, fpp=0.01)
+    needed = -100_000 * math.log(0.01) / math.log(2) ** 2
+    assert f.bits & (f.bits - 1) == 0 and needed <= f.bits < 2 * needed
+    assert f.probes == math.ceil(-math.log2(0.01))  # capped at what the rate asks for
+    assert KeyFilter(capacity=1, fpp=0.5).bits >= 64
+
+
+def test_a_tighter_rate_holds_at_capacity():
+    f = KeyFilter(capacity=20_000, fpp=1e-3)
+    f.add(keys(b"in", 20_000))
+    assert f.might_contain(keys(b"out", 100_000)).mean() < 2e-3
+
+
+def test_past_its_capacity_the_rate_rises_but_nothing_is_ever_missed():
+    f = KeyFilter(capacity=2_000, fpp=0.01)
+    added = keys(b"in", 10_000)  # five times the capacity
+    f.add(added)
+    assert f.might_contain(added).all()
+    rate = f.might_contain(keys(b"out", 20_000)).mean()
+    assert 0.02 < rate < 1.0
+    assert f.count == 10_000
+
+
+def test_empty_batches_and_short_keys():
+    f = KeyFilter(capacity=1_000, fpp=0.01)
+    f.add([])
+    assert f.might_contain([]).shape == (0,) and f.count == 0
+    short = [b"", b"\x01", b"sixteen-bytes-no"]  # padded to 16 bytes: still found
+    f.add(short)
+    assert f.might_contain(short).all()
+    day_filter = DayKeyFilter(capacity_per_day=100, capacity=1_000)
+    assert day_filter.candidate_days([]) == []
+    assert day_filter.candidate_days(keys(b"x", 3)) == [set(), set(), set()]  # no day yet
+
+
+def test_dropping_days_keeps_the_boundary_day_and_later_adds():
+    f = DayKeyFilter(capacity_per_day=1_000, capacity=10_000)
+    on_day, day_after = keys(b"d0", 50), keys(b"d1", 50)
+    f.add(on_day, [DAY] * 50)
+    f.add(day_after, [DAY + dt.timedelta(days=1)] * 50)
+    f.drop_days_before(DAY)  # nothing before DAY
+    assert all(DAY in d for d in f.candidate_days(on_day))
+    f.drop_days_before(DAY + dt.timedelta(days=1))
+    assert not any(f.candidate_days(on_day))
+    assert all(d == {DAY + dt.timedelta(days=1)} for d in f.candidate_days(day_after))
+    f.add(on_day[:5], [DAY] * 5)  # the day comes back when a key is added on it again
+    assert all(DAY in d for d in f.candidate_days(on_day[:5]))
