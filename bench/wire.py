@@ -26,6 +26,15 @@ What it measures:
    timed queries (split between its clients) after a warm-up.
 4. The same first pages straight on the store service (no wire), to show
    what the protocol stack adds.
+5. With ``--hostile``: each level runs a second time while a hostile
+   process (:mod:`wakustore.bench.hostile`) plays ``--hostile-hosts``
+   remote hosts on other loopback addresses, each dialing with fresh keys
+   past the per-address cap, flooding queries, hoarding unwritten streams
+   and stalling handshakes. The node runs with its default connection
+   caps except the per-address one, raised to the number of well-behaved
+   clients (they all dial from 127.0.0.1). A level then also reports
+   ``hostile`` (the well-behaved clients' figures under that load, and
+   what the hostile process saw).
 
 The JSON report (``--json``) holds ``messages``, ``unique_messages``,
 ``ingest_msgs_per_s``, ``load_s``, ``client_mode``, ``direct_p50_ms``,
@@ -68,6 +77,8 @@ DIRECT_PAGES = 100
 # One level's client process: interpreter start, dials, every query.
 CLIENT_TIMEOUT_S = 1800
 MIB = 1024 * 1024
+# The hostile load starts first, so the clients meet it at full strength.
+HOSTILE_HEAD_START_S = 3.0
 CLIENT_MODE = ("one libp2p host per client (own key, TCP connection, Noise, yamux), "
                "all clients in one process apart from the node's, closed loop")
 
@@ -80,6 +91,10 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                       help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
     verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                       help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
+    verb.add_argument("--hostile", action="store_true",
+                      help="run each level again alongside a hostile load and report both")
+    verb.add_argument("--hostile-hosts", type=positive_int, default=4,
+                      help="remote hosts the hostile load plays (default 4)")
     add_common_arguments(verb, "where the table goes (must be empty; default: a temporary directory, removed)")
     verb.set_defaults(handler=run_wire_bench)
 
@@ -112,6 +127,8 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     config.shards = list(range(spec.shards))
     config.relay = False
     config.flush_interval_s = 3600.0
+    # The well-behaved clients all dial from 127.0.0.1.
+    config.ip_colocation_limit = max(config.ip_colocation_limit, max(args.clients))
     temporary = None
     if args.data_dir is None:
         temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-wire-"))
@@ -143,7 +160,8 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if all(level["errors"] == 0 for level in report["levels"]) else 1
+    return 0 if all(level["errors"] == 0 and level.get("hostile", {}).get("errors", 0) == 0
+                    for level in report["levels"]) else 1
 
 
 # --- loading -------------------------------------------------------------------
@@ -202,7 +220,40 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
             plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
             _say(f"wire bench: {clients} client(s), {args.queries} queries")
             wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
-            report["levels"].append(_level_summary(clients, wall_s, samples))
+            level = _level_summary(clients, wall_s, samples)
+            if getattr(args, "hostile", False):
+                _say(f"wire bench: {clients} client(s) again, alongside {args.hostile_hosts} hostile hosts")
+                wall_s, samples, seen = await _with_hostile(node, peer, plans, args.hostile_hosts, spec, args.seed)
+                level["hostile"] = {**_level_summary(clients, wall_s, samples), "load": seen,
+                                    "refused_by_node": dict(node.gatekeeper.refused)}
+            report["levels"].append(level)
+
+
+async def _with_hostile(node, peer: str, plans, hosts: int, spec, seed: int):
+    """One level's clients while the hostile process runs; returns their
+    figures and the hostile process's counts."""
+    import subprocess
+
+    from wakustore.bench.store import page_specs
+
+    query = next(page_specs(spec, seed)).query()
+    stop = Path(tempfile.mkdtemp(prefix="wakustore-hostile-")) / "stop"
+    hostile = subprocess.Popen(
+        [sys.executable, "-c", "from wakustore.bench.hostile import client_main; client_main()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    try:
+        hostile.stdin.write(pickle.dumps((peer, hosts, query, str(stop))))
+        hostile.stdin.close()
+        await trio.sleep(HOSTILE_HEAD_START_S)
+        wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
+    finally:
+        stop.touch()
+    out = await trio.to_thread.run_sync(lambda: hostile.stdout.read())
+    await trio.to_thread.run_sync(lambda: hostile.wait(timeout=CLIENT_TIMEOUT_S))
+    shutil.rmtree(stop.parent, ignore_errors=True)
+    seen = pickle.loads(out) if out else {"error": f"hostile process exited {hostile.returncode}"}
+    return wall_s, samples, seen
 
 
 async def _direct(service, spec, seed: int) -> dict:
@@ -315,6 +366,13 @@ def _print_report(report: dict) -> None:
         for shape, figures in level["per_shape"].items():
             print(f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   "
                   f"p99 {figures['p99_ms']:>7} ms   ({figures['n']})")
+        hostile = level.get("hostile")
+        if hostile:
+            print(f"      under hostile load: {hostile['qps']:>8,.1f} queries/s   "
+                  f"p50 {hostile['p50_ms']:>7} ms   p99 {hostile['p99_ms']:>7} ms   "
+                  f"({hostile['queries']} queries, {hostile['errors']} errors)")
+            print(f"        hostile load: {hostile['load']}")
+            print(f"        refused by the node so far: {hostile['refused_by_node']}")
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

@@ -46,7 +46,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help=f"shard to serve; repeatable (default: {' '.join(map(str, d.shards))})")
     serve.add_argument("--retention",
                        help=f"e.g. time:2592000;capacity:1000000;size:50GB (default: {d.retention})")
-    serve.add_argument("--listen-host", help=f"address the listeners bind (default: {d.listen_host})")
+    serve.add_argument("--listen-host", help=f"address the libp2p and mailserver listeners bind (default: {d.listen_host})")
+    serve.add_argument("--metrics-host",
+                       help=f"address the metrics and /health listener binds (default: {d.metrics_host})")
+    serve.add_argument("--max-connections", type=int,
+                       help=f"inbound libp2p connections at once, 0: no cap (default: {d.max_connections})")
+    serve.add_argument("--ip-colocation-limit", type=int,
+                       help=f"inbound libp2p connections per IP address, 0: no cap (default: {d.ip_colocation_limit})")
     serve.add_argument("--relay-peer", action="append", dest="relay_peers",
                        help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; "
                             "repeatable (default: none)")
@@ -60,7 +66,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
         "--rate-limit", action="append", dest="rate_limits",
-        help="per-peer limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
+        help="per-peer and per-address limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
              "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
              "(default: store:60/2s, lightpush:5/1s)",
     )
@@ -74,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k, None) for k in (
         "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
         "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers", "rate_limits",
-        "ext_multiaddrs", "sync_peers",
+        "ext_multiaddrs", "metrics_host", "max_connections", "ip_colocation_limit", "sync_peers",
     )}
     config = node_config.load(args.config, overrides)
     rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
@@ -144,12 +150,14 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                     )
                     log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
                              info.peer_id, config.messages_uri, config.engine, service.store.pending)
-                    log.info("rate limits per peer: store %s, lightpush %s",
+                    log.info("rate limits per peer and per address: store %s, lightpush %s",
                              rate_limits.store, rate_limits.lightpush)
+                    log.info("inbound connections: at most %d, %d per address (0: no cap)",
+                             config.max_connections, config.ip_colocation_limit)
                     for addr in info.multiaddrs:
                         print(addr, flush=True)
                     print(mailserver.enode, flush=True)
-                    print(f"metrics and health on http://{config.listen_host}:{node.metrics_port}/", flush=True)
+                    print(f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/", flush=True)
                     if node.seeder is not None:
                         print(f"seeding community archives on port {node.seeder.port}", flush=True)
                     print("wakustore node ready; table " + config.messages_uri, flush=True)
@@ -159,3 +167,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
             if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
                 raise group.exceptions[0] from None
             raise
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

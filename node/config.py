@@ -18,6 +18,30 @@ from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
 
 ENV_PREFIX = "WAKUSTORE_"
 
+# Caps on what peers may hold open (enforced by wakustore.node.limits, whose
+# docstring says where each is checked). nwaku's --max-connections and
+# --ip-colocation-limit defaults (waku/factory/external_config.nim).
+DEFAULT_MAX_CONNECTIONS = 50
+DEFAULT_IP_COLOCATION_LIMIT = 2
+# A Noise handshake costs milliseconds of CPU and a stalled one holds its
+# slot until py-libp2p's 10 s upgrade timeout; 16 lets a burst of honest
+# dials through while the per-address cap stops a stalling flood.
+DEFAULT_MAX_HANDSHAKES = 16
+# All protocols together on one connection; js-waku needs one stream per
+# protocol plus one per request in progress (nim-libp2p's mplex allows 200
+# channels, more than a store node gives one peer).
+DEFAULT_MAX_STREAMS_PER_CONNECTION = 64
+# Opened but not written: js-waku keeps one such stream per protocol (five
+# here: store v3 and legacy, lightpush v3 and legacy, metadata) for minutes.
+DEFAULT_MAX_IDLE_STREAMS_PER_CONNECTION = 8
+# Per protocol, all peers together: store queries run on the engine's few
+# worker threads, so more at once only adds memory.
+DEFAULT_MAX_REQUESTS_IN_FLIGHT = 64
+# A whole request/response once its first byte is in: the rest of the
+# request (10 s), the engine's page and writing a full 15 MB page over a
+# slow link (30 s) (store_protocols.READ_TIMEOUT_S, WRITE_TIMEOUT_S).
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; reported on one line."""
@@ -41,6 +65,20 @@ class NodeConfig:
     metrics_port: int = 8008
     mailserver_port: int = 30303
     listen_host: str = "0.0.0.0"
+    # Metrics and /health answer on loopback only unless opened (nwaku's
+    # --metrics-server-address default is 127.0.0.1 too).
+    metrics_host: str = "127.0.0.1"
+    # Inbound libp2p connections, in total and per IP address (0: no cap);
+    # handshakes in progress; streams per connection (all, and request
+    # streams opened but not yet written); requests served at once per
+    # protocol; seconds a request/response may take once its first byte is in.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    ip_colocation_limit: int = DEFAULT_IP_COLOCATION_LIMIT
+    max_handshakes: int = DEFAULT_MAX_HANDSHAKES
+    max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
+    max_idle_streams_per_connection: int = DEFAULT_MAX_IDLE_STREAMS_PER_CONNECTION
+    max_requests_in_flight: int = DEFAULT_MAX_REQUESTS_IN_FLIGHT
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     cluster_id: int = 16
     shards: list[int] = field(default_factory=lambda: [32])
     retention: str = DEFAULT_RETENTION
@@ -57,7 +95,7 @@ class NodeConfig:
     # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
     protected_topics: list[ProtectedTopic] = field(default_factory=list)
-    # Per-peer limits in nwaku's --rate-limit format,
+    # Per-peer and per-address limits in nwaku's --rate-limit format,
     # "[store|lightpush:]volume/period<h|m|s|ms>"; later entries win, none:
     # the defaults of node.rate_limits (store 60/2s, lightpush 5/1s).
     rate_limits: list[str] = field(default_factory=list)
@@ -113,6 +151,14 @@ class NodeConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} {port} outside 0..65535")
+        for name in ("max_connections", "ip_colocation_limit", "max_handshakes", "max_streams_per_connection",
+                     "max_idle_streams_per_connection", "max_requests_in_flight"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} {getattr(self, name)} is negative (0 turns the cap off)")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request_timeout_s {self.request_timeout_s:g} must be positive")
+        if not self.metrics_host.strip():
+            raise ConfigError("metrics_host is empty")
         if not 0 <= self.cluster_id <= 0xFFFF:
             raise ConfigError(f"cluster_id {self.cluster_id} outside 0..65535")
         if any(not 0 <= s < 1024 for s in self.shards):

@@ -5,6 +5,9 @@ on ``tcp_port``, websockets on ``ws_port``, both on ``listen_host``; Noise;
 yamux preferred, mplex offered; identify and ping), installs the given
 stream handlers and runs it until the block exits. Identify lists every
 installed protocol, which is how js-waku decides what the node serves.
+Inbound connections and streams go through a
+:class:`~wakustore.node.limits.Gatekeeper` (connection, per-address,
+handshake and stream caps; see :mod:`wakustore.node.limits`).
 
 The node key is a secp256k1 secret stored once at ``<data_dir>/node.key``
 as 64 hex digits (mode 0600) and reused, so the peer id survives restarts.
@@ -33,6 +36,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.limits import ConnectionLimits, Gatekeeper
 
 log = logging.getLogger(__name__)
 
@@ -137,32 +141,40 @@ async def running_host(
     config: NodeConfig,
     handlers: Mapping[str, StreamHandler],
     key_pair: KeyPair | None = None,
+    gatekeeper: Gatekeeper | None = None,
 ):
     """Run a host serving ``handlers`` (protocol id -> handler); yield
-    ``(host, HostInfo)``. Listeners close when the block exits."""
+    ``(host, HostInfo)``. Listeners close when the block exits.
+    ``gatekeeper`` enforces the connection and stream caps (default: the
+    ones ``config`` sets); each handler runs under its request limits."""
     check_ports_free(config, LIBP2P_PORTS)
     if key_pair is None:
         key_pair = load_or_create_key(config.data_dir)
+    if gatekeeper is None:
+        gatekeeper = Gatekeeper(ConnectionLimits.from_config(config))
     addrs = listen_addrs(config)
     host = new_host(
         key_pair=key_pair, muxer_preference=MUXER_PREFERENCE, listen_addrs=addrs,
-        connection_config=service_connection_config(),
+        connection_config=service_connection_config(gatekeeper.limits),
     )
+    gatekeeper.install(host)
     for protocol, handler in handlers.items():
-        host.set_stream_handler(TProtocol(protocol), handler)
+        host.set_stream_handler(TProtocol(protocol), gatekeeper.guard(protocol, handler))
     async with host.run(listen_addrs=addrs):
         await stop_auto_dialing(host)
         yield host, host_info(host, config.ext_multiaddrs)
 
 
-def service_connection_config() -> ConnectionConfig:
+def service_connection_config(limits: ConnectionLimits = ConnectionLimits()) -> ConnectionConfig:
     """py-libp2p's connection manager set up for a node that serves.
 
     Its defaults keep 50 of the 300 connection slots for outbound dials
     (min_connections); a store node dials nobody, so every slot may be
-    inbound.
+    inbound. Its cap sits above the gatekeeper's, which is the one that
+    decides (and decides before the handshake).
     """
-    return ConnectionConfig(min_connections=0, low_watermark=0)
+    cap = limits.libp2p_max_connections
+    return ConnectionConfig(min_connections=0, low_watermark=0, max_connections=cap, high_watermark=cap)
 
 
 async def stop_auto_dialing(host: IHost) -> None:

@@ -46,6 +46,10 @@ class NodeMetrics:
         self.table_bytes = Gauge("wakustore_table_bytes", "Bytes of live files in the table", ["table"], registry=r)
         self.table_rows = Gauge("wakustore_table_rows", "Rows in the table", ["table"], registry=r)
         self.engine_rss = Gauge("wakustore_engine_rss_bytes", "Resident memory of the embedded engine", registry=r)
+        self.refused = Counter(
+            "wakustore_peer_limits_refused", "Connections and streams refused by a cap (node.limits)", ["reason"],
+            registry=r,
+        )
         self.engine_generation = Gauge(
             "wakustore_engine_generation", "Engine sessions started (restarts + 1), as /health reports it", registry=r
         )

@@ -43,9 +43,12 @@ message_id.nim), and what py-libp2p 0.8.1 needs to match it:
   ``max_message_size`` plus :data:`RPC_OVERHEAD` and resets the stream of
   a peer that sends more.
 
-Not matched: peer scoring (nwaku's P4 penalty for invalid messages and
-its graylisting) keeps py-libp2p's permissive defaults, and peer exchange
-is off.
+- Peer scoring: nwaku's parameters (P2, P4 for invalid messages, the
+  gossip/publish/graylist thresholds), with pruning, graylisting and
+  disconnection done by :mod:`wakustore.node.relay_scoring`, which
+  py-libp2p's router lacks.
+
+Not matched: peer exchange is off.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import HostError
 from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
 from wakustore.protocols.message_codec import decode_message, encode_message
 
@@ -186,6 +190,14 @@ class WakuGossipSub(GossipSub):
         self.mcache = WakuMessageCache(HISTORY_GOSSIP, HISTORY_LENGTH, self.ids)
         # Message id -> peers our own publish went to, read by WakuPubsub.publish.
         self.published_to: dict[bytes, int] = {}
+        self.scorer = WakuPeerScorer()
+
+    async def handle_graft(self, graft_msg: rpc_pb2.ControlGraft, sender_peer_id: ID) -> None:
+        """gossipsub v1.1: a GRAFT from a peer with a negative score is answered with PRUNE."""
+        if self.scorer.score(sender_peer_id, [graft_msg.topicID]) < 0:
+            await self.emit_prune(graft_msg.topicID, sender_peer_id, False, False)
+            return
+        await super().handle_graft(graft_msg, sender_peer_id)
 
     def add_peer(self, peer_id: ID, protocol_id: TProtocol | None) -> None:
         if protocol_id == PROTOCOL_ID:
@@ -239,6 +251,8 @@ class WakuPubsub(Pubsub):
             host, router, strict_signing=False, msg_id_constructor=router.ids,
             seen_ttl=SEEN_TTL_S, max_inbound_rpc_size=max_rpc_size, allowed_topics=frozenset(topics),
         )
+        # Told of every relay stream that fails (ScoreKeeper.strike).
+        self.on_failed_stream = None
 
     async def publish(self, topic_id: str | list[str], data: bytes) -> int:  # type: ignore[override]
         """Publish ``data`` on ``topic_id`` without from, seqno or signature;
@@ -270,6 +284,8 @@ class WakuPubsub(Pubsub):
             except Exception:
                 pass
             self._handle_dead_peer(peer_id)
+            if self.on_failed_stream is not None:
+                self.on_failed_stream(peer_id)
 
 
 class Relay:
@@ -290,6 +306,8 @@ class Relay:
                                  max_rpc_size=config.max_message_size + RPC_OVERHEAD)
         self.running = False
         self._store_send, self._store_receive = trio.open_memory_channel[tuple[str, Any, int]](STORE_QUEUE)
+        self.scores = ScoreKeeper(self.router, self.pubsub, host.disconnect)
+        self.pubsub.on_failed_stream = self.scores.strike
 
     @property
     def peers(self) -> list[ID]:
@@ -357,6 +375,7 @@ class Relay:
                     await self.pubsub.subscribe(topic)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._store_loop)
+                    nursery.start_soon(self.scores.run)
                     for info in self.peer_infos:
                         nursery.start_soon(self._keep_connected, info)
                     self.running = True

@@ -29,6 +29,7 @@ from libp2p.crypto.keys import KeyPair
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
+from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.node.mailserver import MailserverInfo, running_mailserver
 from wakustore.node.metrics import serve_http
 from wakustore.node.relay import Relay, running_relay
@@ -50,6 +51,7 @@ class RunningNode:
     mailserver: MailserverInfo | None
     metrics_port: int | None
     seeder: Any = None  # the archive torrent.Seeder of a control node
+    gatekeeper: Gatekeeper | None = None  # the connection and stream caps
     sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
 
 
@@ -85,25 +87,33 @@ async def running_node(
         metrics_port = None
         if metrics:
             metrics_port = await nursery.start(
-                serve_http, config.metrics_port, config.listen_host, service.metrics, service.health
+                serve_http, config.metrics_port, config.metrics_host, service.metrics, service.health
             )
         protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
+        gatekeeper = Gatekeeper(ConnectionLimits.from_config(config),
+                                on_refused=lambda reason: service.metrics.refused.labels(reason).inc())
         syncing = SyncService(service, config, protocols.ingest)
         async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
-                running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair) as (host, info), \
-                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay:
+                running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair, gatekeeper) as (host, info), \
+                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay, \
+                trio.open_nursery() as peer_tasks:
+            # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
-            nursery.start_soon(syncing.run, host)
+            peer_tasks.start_soon(syncing.run, host)
             seeder = None
             if archives and config.archive_key_file:
-                seeder = await nursery.start(_run_archives, config, service, the_relay)
+                seeder = await peer_tasks.start(_run_archives, config, service, the_relay)
             if archives:
                 for pubkey in config.archive_follow:
-                    nursery.start_soon(_follow_community, config, service, pubkey)
-            yield RunningNode(
-                config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
-                mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, sync=syncing,
-            )
+                    peer_tasks.start_soon(_follow_community, config, service, pubkey)
+            try:
+                yield RunningNode(
+                    config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
+                    mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, gatekeeper=gatekeeper,
+                    sync=syncing,
+                )
+            finally:
+                peer_tasks.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
 

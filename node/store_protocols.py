@@ -60,7 +60,7 @@ from libp2p.io.exceptions import IOException
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
 # RateLimits is still imported from here by its users (running, tests)
-from wakustore.node.rate_limits import RateLimit, RateLimits  # noqa: F401
+from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FrameTooLarge, FramingError, LightpushError, MetadataError, StoreError
 from wakustore.protocols.framing import (
@@ -173,8 +173,9 @@ class StoreProtocols:
         # messages are published to it.
         self.relay = None
         self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
-        self.store_buckets = PeerBuckets(rate_limits.store, clock)
-        self.lightpush_buckets = PeerBuckets(rate_limits.lightpush, clock)
+        # Per peer id and per IP address: fresh keys are free, addresses are not.
+        self.store_buckets = PeerAndAddressBuckets(rate_limits.store, clock)
+        self.lightpush_buckets = PeerAndAddressBuckets(rate_limits.lightpush, clock)
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s

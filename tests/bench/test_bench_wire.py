@@ -53,3 +53,19 @@ def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_
         assert all(name.split("/")[1] in ("first", "cursor") for name in level["per_shape"])
     printed = capsys.readouterr().out
     assert "queries/s" in printed
+
+
+@pytest.mark.slow
+def test_hostile_run_reports_the_clients_figures_under_the_hostile_load(engine, tmp_path, capsys):
+    out = tmp_path / "wire.json"
+    args = parse("--messages", "1500", "--clients", "2", "--queries", "40", "--hostile", "--hostile-hosts", "2",
+                 "--json", str(out))
+    assert bench_wire.run_wire_bench(args, engine=engine) == 0
+    (level,) = json.loads(out.read_text())["levels"]
+    hostile = level["hostile"]
+    assert hostile["queries"] == 40 and hostile["errors"] == 0
+    assert 0 < hostile["p50_ms"] <= hostile["p99_ms"]
+    # The hostile hosts dialed more connections at once than their addresses may hold.
+    assert hostile["load"]["connections"] > 0 and hostile["load"]["queries"] > 0
+    assert hostile["refused_by_node"].get("ip_colocation", 0) > 0
+    assert "under hostile load" in capsys.readouterr().out

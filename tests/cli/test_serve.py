@@ -296,5 +296,5 @@ def test_serve_on_every_interface_prints_dialable_addresses_and_a_stopped_line(t
     assert status == 0
     assert server.rest()[-1:] == ["wakustore node stopped"]
     logged = log_path.read_text()
-    assert '"msg":"rate limits per peer: store 7/1s, lightpush 3/60s"' in logged
+    assert '"msg":"rate limits per peer and per address: store 7/1s, lightpush 3/60s"' in logged
     assert '"msg":"node stopped"' in logged

@@ -32,6 +32,9 @@ def node_config(data_dir: Path, **overrides) -> NodeConfig:
         # Commits happen when a test calls NodeThread.flush (and at stop), so
         # a test knows whether a page comes from the table or the buffer.
         flush_interval_s=3600.0,
+        # Every client of these tests dials from 127.0.0.1: the per-address
+        # cap (2 by default) is off; tests of the caps set their own.
+        ip_colocation_limit=0,
     )
     values.update(overrides)
     return NodeConfig(**values).validate()
@@ -53,6 +56,7 @@ class NodeThread:
         self.peer_id = ""
         self.service = None
         self.relay = None
+        self.gatekeeper = None
         self._ready = threading.Event()
         self._token = None
         self._stop = None
@@ -103,6 +107,8 @@ class NodeThread:
         ) as node:
             self.service = node.service
             self.relay = node.relay
+            self.gatekeeper = node.gatekeeper
+            self.host = node.host
             self.multiaddrs = node.info.multiaddrs
             self.peer_id = node.info.peer_id
             self._ready.set()

@@ -1,0 +1,86 @@
+"""Clients for the hostile-peer tests: libp2p connections from a chosen
+loopback address (every 127.0.0.0/8 address is this machine, so one
+machine plays many remote hosts) and raw sockets that never handshake."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import asynccontextmanager
+
+import trio
+
+from wakustore.clients.store import StoreClient, parse_peer
+
+
+@asynccontextmanager
+async def client_from(source_ip: str, peer: str, timeout_s: float = 10.0):
+    """A :class:`StoreClient` with a fresh key whose TCP connection leaves
+    from ``source_ip``. Raises OSError or a libp2p error when the node
+    refuses the connection."""
+    from libp2p import new_host
+    from libp2p.crypto.secp256k1 import create_new_key_pair
+
+    from wakustore.node.host import stop_auto_dialing
+
+    info = parse_peer(peer)
+    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
+    async with host.run(listen_addrs=[]):
+        await stop_auto_dialing(host)
+        swarm = host.get_network()
+        maddr = info.addrs[0]
+        transport = swarm.transport_manager.transport_for_dialing(maddr)
+        with trio.fail_after(timeout_s):
+            raw = await transport.dial_with_source(maddr, (source_ip, 0))
+            await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
+        try:
+            yield StoreClient(host, info.peer_id, timeout_s)
+        finally:
+            # py-libp2p 0.8.1 leaves the socket open when its host stops;
+            # a client that leaves closes its connection.
+            with trio.move_on_after(5):
+                await swarm.close_peer(info.peer_id)
+
+
+async def try_client(source_ip: str, peer: str, body, timeout_s: float = 10.0):
+    """Run ``body(client)`` on a fresh connection from ``source_ip``;
+    ``("refused", exc)`` when the connection is refused, else ``("ok", result)``."""
+    try:
+        async with client_from(source_ip, peer, timeout_s) as client:
+            return "ok", await body(client)
+    except BaseException as exc:  # refusals arrive as OSError, libp2p errors or groups of them
+        if isinstance(exc, (KeyboardInterrupt, trio.Cancelled)):
+            raise
+        return "refused", exc
+
+
+def tcp_port(peer: str) -> int:
+    return int(peer.split("/tcp/", 1)[1].split("/", 1)[0])
+
+
+# multistream-select's greeting: what a dialer sends first. It gets a
+# connection past py-libp2p's TCP/websocket sniffing (on a shared port)
+# into the security negotiation, where this peer then stalls.
+MULTISTREAM_GREETING = b"\x13/multistream/1.0.0\n"
+
+
+def stalling_socket(source_ip: str, port: int) -> socket.socket:
+    """A TCP connection to 127.0.0.1:``port`` from ``source_ip`` that
+    starts the handshake and then says nothing more."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source_ip, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(MULTISTREAM_GREETING)
+    return sock
+
+
+def is_closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """True when the node has closed ``sock`` (EOF or reset)."""
+    sock.settimeout(wait_s or 0.001)
+    try:
+        while sock.recv(4096):  # the node's own greeting, if it sent one
+            pass
+        return True
+    except (socket.timeout, BlockingIOError):
+        return False
+    except OSError:
+        return True
