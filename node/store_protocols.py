@@ -59,6 +59,7 @@ from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
@@ -93,14 +94,6 @@ READ_TIMEOUT_S = 10.0
 # How long writing an answer may take before the stream is reset: a full
 # page (up to 15.4 MB, framing.STORE_MAX_RESPONSE_SIZE) at ~4 Mbit/s.
 WRITE_TIMEOUT_S = 30.0
-
-# Closing waits for the muxer to send its FIN; a peer that stopped reading
-# must not hold the handler.
-CLOSE_TIMEOUT_S = 5.0
-
-# Bytes asked of the muxer per read: small enough to keep each copy cheap,
-# large enough that the biggest request (1.06 MB) takes 17 reads.
-READ_CHUNK = 64 * 1024
 
 # Rate buckets are kept for this many peers; the least recently seen one is
 # forgotten first (and comes back with a full bucket). About 200 bytes a
@@ -357,33 +350,33 @@ class StoreProtocols:
         framing_answer: Callable[[FramingError], bytes | None],
     ) -> None:
         """Read one frame, answer it, close; never raise (except cancellation)."""
-        peer = _peer_of(stream)
+        peer = peer_of(stream)
         try:
             try:
                 raw = await read_frame(stream, max_size, idle_timeout_s=self.idle_timeout_s,
                                        frame_timeout_s=self.read_timeout_s)
             except ReadTimeout as exc:
                 log.debug("stream from %s: %s: resetting", peer, exc)
-                await _reset(stream)
+                await reset_stream(stream)
                 return
             except FramingError as exc:
                 log.debug("bad frame from %s: %s", peer, exc)
                 reply = framing_answer(exc)
             else:
                 if raw is None:
-                    await _close(stream)
+                    await close_stream(stream)
                     return
                 reply = await answer(peer, raw)
             if reply is not None:
                 with trio.fail_after(self.write_timeout_s):
                     await stream.write(encode_frame(reply))
-            await _close(stream)
+            await close_stream(stream)
         except (IOException, trio.TooSlowError) as exc:
             log.debug("stream from %s failed: %r", peer, exc)
-            await _reset(stream)
+            await reset_stream(stream)
         except Exception:
             log.exception("handler failed on a stream from %s", peer)
-            await _reset(stream)
+            await reset_stream(stream)
 
 
 class StoreReply(NamedTuple):
@@ -428,7 +421,7 @@ async def read_frame(stream, max_size: int, *, idle_timeout_s: float = math.inf,
     """
     reader = FrameReader(max_size)
     with trio.move_on_after(idle_timeout_s) as idle:
-        data = await _read_chunk(stream)
+        data = await read_chunk(stream)
     if idle.cancelled_caught:
         raise ReadTimeout(idle=True, waited_s=idle_timeout_s)
     with trio.move_on_after(frame_timeout_s):
@@ -436,43 +429,14 @@ async def read_frame(stream, max_size: int, *, idle_timeout_s: float = math.inf,
             frames = reader.feed(data)
             if frames:
                 return frames[0]
-            data = await _read_chunk(stream)
+            data = await read_chunk(stream)
         reader.eof()
         return None
     raise ReadTimeout(idle=False, waited_s=frame_timeout_s)
 
 
-async def _read_chunk(stream) -> bytes:
-    """The next bytes of ``stream``; b"" at its end."""
-    try:
-        return await stream.read(READ_CHUNK)
-    except EOFError:
-        return b""
 
 
-def _peer_of(stream) -> str:
-    try:
-        return str(stream.muxed_conn.peer_id)
-    except AttributeError:
-        return "unknown"
-
-
-async def _close(stream) -> None:
-    try:
-        with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
-            await stream.close()
-        if scope.cancelled_caught:
-            await _reset(stream)
-    except Exception:
-        await _reset(stream)
-
-
-async def _reset(stream) -> None:
-    try:
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await stream.reset()
-    except Exception:
-        pass
 
 
 def _too_many(request_id: str) -> StoreError:

@@ -71,6 +71,7 @@ from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 from wakustore.protocols import sync
 from wakustore.protocols.errors import FramingError, ProtocolError, SyncError
 from wakustore.protocols.framing import FrameReader, encode_frame
@@ -125,8 +126,6 @@ MAX_SEEN_IDS = 200_000
 # so a peer that pages forever is bounded; Store v3 pages of 100.
 MAX_RESUME_MESSAGES = 2_000_000
 RESUME_PAGE = 100
-
-READ_CHUNK = 64 * 1024
 
 
 class SeenIds:
@@ -263,9 +262,9 @@ class SyncService:
                     if reply is not None:
                         await _write(stream, reply)
             except BaseException:
-                await _reset(stream)
+                await reset_stream(stream)
                 raise
-            await _close(stream)
+            await close_stream(stream)
         self._allow_transfers(peer_id)
         log.info("sync with %s: %d rounds, %d to send, %d to receive", peer_id, session.rounds,
                  len(session.to_send), len(session.to_receive))
@@ -276,7 +275,7 @@ class SyncService:
     # --- server side ----------------------------------------------------------
 
     async def handle_reconciliation(self, stream) -> None:
-        peer = _peer_of(stream)
+        peer = peer_of(stream)
         self._allow_transfers(peer)
         session = sync.Session(pubsub_topics=self.pubsub_topics)
         try:
@@ -284,14 +283,14 @@ class SyncService:
                 frames = _Frames(stream, sync.MAX_PAYLOAD_SIZE)
                 raw = await frames.next(READ_TIMEOUT_S)
                 if raw is None:
-                    await _close(stream)
+                    await close_stream(stream)
                     return
                 payload = session.receive(raw)
                 if not payload.finished:
                     scope = session.scope_of(payload)
                     if scope is None:
                         await _write(stream, sync.EMPTY_PAYLOAD)
-                        await _close(stream)
+                        await close_stream(stream)
                         return
                     floor = self.clock() - int((self.config.sync_range_s + RESPONDER_SLACK_S) * NS)
                     lower = max(scope.lower_ns, floor)
@@ -311,19 +310,19 @@ class SyncService:
         except (SyncError, FramingError, trio.TooSlowError) as exc:
             self._count_failure()
             log.info("reconciliation from %s: %s: resetting", peer, exc)
-            await _reset(stream)
+            await reset_stream(stream)
             return
         except (IOException, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._count_failure()
             log.debug("reconciliation from %s: stream failed: %r", peer, exc)
-            await _reset(stream)
+            await reset_stream(stream)
             return
         except Exception:
             self._count_failure()
             log.exception("reconciliation from %s failed", peer)
-            await _reset(stream)
+            await reset_stream(stream)
             return
-        await _close(stream)
+        await close_stream(stream)
         self._allow_transfers(peer)
         try:
             await self._send_missing(stream.muxed_conn.peer_id, session)
@@ -332,10 +331,10 @@ class SyncService:
         self._finished()
 
     async def handle_transfer(self, stream) -> None:
-        peer = _peer_of(stream)
+        peer = peer_of(stream)
         if self._transfer_until.get(peer, 0.0) < trio.current_time():
             log.info("transfer from %s without a sync session: resetting", peer)
-            await _reset(stream)
+            await reset_stream(stream)
             return
         frames = _Frames(stream, sync.TRANSFER_MAX_FRAME_SIZE)
         batch: list[tuple[str, WakuMessage, int]] = []
@@ -363,13 +362,13 @@ class SyncService:
             log.info("transfer from %s: %s: resetting", peer, exc)
             if batch:
                 await self._store_quietly(batch)
-            await _reset(stream)
+            await reset_stream(stream)
             return
         except Exception as exc:
             log.warning("transfer from %s failed: %r", peer, exc)
-            await _reset(stream)
+            await reset_stream(stream)
             return
-        await _close(stream)
+        await close_stream(stream)
 
     # --- Store Resume ---------------------------------------------------------
 
@@ -506,9 +505,9 @@ class SyncService:
                         await _write(stream, sync.encode_transfer(m.pubsub_topic, m.message))
                         sent += 1
         except BaseException:
-            await _reset(stream)
+            await reset_stream(stream)
             raise
-        await _close(stream)
+        await close_stream(stream)
         return sent
 
     def _allow_transfers(self, peer: str) -> None:
@@ -576,10 +575,7 @@ class _Frames:
         FramingError or trio.TooSlowError."""
         with trio.fail_after(timeout_s):
             while not self.ready:
-                try:
-                    data = await self.stream.read(READ_CHUNK)
-                except EOFError:
-                    data = b""
+                data = await read_chunk(self.stream)
                 if not data:
                     self.reader.eof()
                     return None
@@ -590,29 +586,3 @@ class _Frames:
 async def _write(stream, body: bytes) -> None:
     with trio.fail_after(WRITE_TIMEOUT_S):
         await stream.write(encode_frame(body))
-
-
-def _peer_of(stream) -> str:
-    try:
-        return str(stream.muxed_conn.peer_id)
-    except AttributeError:
-        return "unknown"
-
-
-async def _close(stream) -> None:
-    try:
-        with trio.move_on_after(5.0) as scope:
-            await stream.close()
-        if scope.cancelled_caught:
-            await _reset(stream)
-    except Exception:
-        await _reset(stream)
-
-
-async def _reset(stream) -> None:
-    with trio.CancelScope(shield=True):
-        try:
-            with trio.move_on_after(5.0):
-                await stream.reset()
-        except Exception:
-            pass

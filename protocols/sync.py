@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from wakustore.protocols.errors import SyncError
+from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.message import HASH_SIZE, WakuMessage
 from wakustore.protocols.message_codec import (
     message_from_pb,
@@ -175,16 +176,16 @@ def encode_payload(payload: RangesData) -> bytes:
         return EMPTY_PAYLOAD
     out = bytearray()
     for topics in (payload.pubsub_topics, payload.content_topics):
-        out += _uvarint(len(topics))
+        out += encode_uvarint(len(topics))
         for topic in topics:
             raw = topic.encode()
-            out += _uvarint(len(raw))
+            out += encode_uvarint(len(raw))
             out += raw
     lower_time, lower_hash = payload.lower
     if lower_hash != ZERO_HASH:
         raise SyncError("the first lower bound must have a zero hash (its hash is not encoded)")
     _check_time(lower_time)
-    out += _uvarint(lower_time)
+    out += encode_uvarint(lower_time)
     previous = payload.lower
     for r in payload.ranges:
         time, hash_ = r.upper
@@ -192,7 +193,7 @@ def encode_payload(payload: RangesData) -> bytes:
         if len(hash_) != HASH_SIZE or r.upper <= previous:
             raise SyncError("range bounds must be 32-byte hashes, strictly increasing")
         diff = time - previous[0]
-        out += _uvarint(diff)
+        out += encode_uvarint(diff)
         if diff == 0:
             length = _prefix_length(previous[1], hash_)
             out.append(length)
@@ -205,7 +206,7 @@ def encode_payload(payload: RangesData) -> bytes:
                 raise SyncError("a fingerprint is 32 bytes")
             out += r.fingerprint
         elif r.type is RangeType.ITEM_SET:
-            out += _uvarint(len(r.items))
+            out += encode_uvarint(len(r.items))
             last_time = 0
             last: SyncId | None = None
             for item in r.items:
@@ -213,7 +214,7 @@ def encode_payload(payload: RangesData) -> bytes:
                 if len(item_hash) != HASH_SIZE or item < previous or item >= r.upper or \
                         (last is not None and item <= last):
                     raise SyncError("item set ids must be ascending 32-byte ids inside their range")
-                out += _uvarint(item_time - last_time)
+                out += encode_uvarint(item_time - last_time)
                 out += item_hash
                 last_time, last = item_time, item
             out.append(1 if r.reconciled else 0)
@@ -578,18 +579,6 @@ def _intersect(ours: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, ...
 
 
 # --- private helpers ----------------------------------------------------------
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _check_time(time: int) -> None:
