@@ -21,32 +21,82 @@ def test_systemd_unit_parses_and_runs_serve():
     assert unit["Service"]["KillSignal"] == "SIGTERM"
 
 
-def test_compose_file_describes_two_nodes_on_one_spark_connect_server():
+# What an operator sets for an S3-compatible store (README, "A fleet").
+S3_KEYS = {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ALLOW_HTTP"}
+
+
+def _bucket_of(table_root: str) -> str:
+    assert table_root.startswith("s3://"), table_root
+    return table_root.removeprefix("s3://").split("/", 1)[0]
+
+
+def test_compose_file_describes_two_nodes_on_sail_in_cluster_mode_and_a_minio_bucket():
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"spark", "node-a", "node-b"} <= set(services)
+    assert {"minio", "bucket", "sail", "node-a", "node-b", "spark"} <= set(services)
+    sail = services["sail"]
+    assert sail["environment"]["SAIL_MODE"] == "local-cluster"
+    assert S3_KEYS <= set(sail["environment"])
     for name in ("node-a", "node-b"):
-        assert "sc://spark:15002" in services[name]["command"]
-        assert any(v.startswith("tables:") for v in services[name]["volumes"])
-        assert services[name]["environment"]["WAKUSTORE_SHARED_TABLE"] == "true"
+        node = services[name]
+        assert "sc://sail:15002" in node["command"]
+        env = node["environment"]
+        assert env["WAKUSTORE_SHARED_TABLE"] == "true"
+        assert S3_KEYS <= set(env)
+        # The nodes and the engine reach the same store with the same keys.
+        assert {k: env[k] for k in S3_KEYS} == {k: sail["environment"][k] for k in S3_KEYS}
+        assert env["AWS_ENDPOINT_URL"].startswith("http://minio:")
+        assert f"mb --ignore-existing fleet/{_bucket_of(env['WAKUSTORE_TABLE_ROOT'])}" in services["bucket"]["command"][0]
+        assert node["depends_on"]["bucket"]["condition"] == "service_completed_successfully"
+        assert any(v.endswith(":/var/lib/wakustore") for v in node["volumes"])
+    assert services["minio"]["environment"]["MINIO_ROOT_USER"] == services["node-a"]["environment"]["AWS_ACCESS_KEY_ID"]
+    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == (
+        services["node-a"]["environment"]["AWS_SECRET_ACCESS_KEY"])
+    # Spark with Delta stays available, off by default.
+    assert services["spark"]["profiles"] == ["spark"]
     for service in services.values():
-        dockerfile = service["build"].get("dockerfile")
+        dockerfile = service.get("build", {}).get("dockerfile")
         if dockerfile:
             context = (DEPLOY / "compose" / service["build"]["context"]).resolve()
             assert (context / dockerfile).is_file()
 
 
-def test_kubernetes_manifests_parse_and_mount_the_shared_table():
+def test_kubernetes_manifests_run_sail_in_cluster_mode_on_a_minio_bucket():
     docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "wakustore.yaml").read_text()) if d]
     kinds = {d["kind"] for d in docs}
-    assert {"Namespace", "PersistentVolumeClaim", "ConfigMap", "Deployment", "StatefulSet", "Service"} <= kinds
-    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["node.toml"]
-    import tomllib
+    assert {"Namespace", "Secret", "ConfigMap", "Deployment", "StatefulSet", "Service", "Job", "ServiceAccount",
+            "Role", "RoleBinding"} <= kinds
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    config = tomllib.loads(by_name["ConfigMap", "wakustore-config"]["data"]["node.toml"])
+    assert config["engine"] == "sc://sail.wakustore.svc:15002"
+    assert config["shared_table"] is True
+    secret = by_name["Secret", "wakustore-storage"]["stringData"]
+    assert S3_KEYS <= set(secret)
+    assert secret["AWS_ENDPOINT_URL"].startswith("http://minio.wakustore.svc:")
+    assert by_name["Service", "minio"] and by_name["Service", "sail"]
+    job = by_name["Job", "minio-bucket"]["spec"]["template"]["spec"]["containers"][0]
+    assert f"mb --ignore-existing fleet/{_bucket_of(config['table_root'])}" in job["args"][0]
 
-    assert tomllib.loads(config)["engine"].startswith("sc://")
-    assert tomllib.loads(config)["shared_table"] is True
+    sail = by_name["Deployment", "sail"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in sail["containers"][0]["env"]}
+    assert env["SAIL_MODE"] in {"kubernetes-cluster", "local-cluster"}
+    assert {"SAIL_KUBERNETES__IMAGE", "SAIL_KUBERNETES__DRIVER_POD_NAME", "SAIL_CLUSTER__DRIVER_EXTERNAL_HOST"} <= set(env)
+    assert sail["serviceAccountName"] == "sail"
+    rules = by_name["Role", "sail-workers"]["rules"]
+    assert any("pods" in r["resources"] and {"create", "delete", "watch"} <= set(r["verbs"]) for r in rules)
+    binding = by_name["RoleBinding", "sail-workers"]
+    assert binding["subjects"][0]["name"] == "sail" and binding["roleRef"]["name"] == "sail-workers"
+
+    for workload in (sail, by_name["StatefulSet", "wakustore"]["spec"]["template"]["spec"]):
+        assert {"secretRef": {"name": "wakustore-storage"}} in workload["containers"][0]["envFrom"]
     for doc in docs:
         assert doc["metadata"].get("namespace", "wakustore") == "wakustore"
+
+
+def test_sail_image_installs_the_pysail_the_node_requires():
+    requirement = next(d for d in tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+                       ["dependencies"] if d.startswith("pysail"))
+    assert f'"{requirement}"' in (DEPLOY / "container" / "sail.Containerfile").read_text()
 
 
 def test_containerfiles_copy_existing_paths():

@@ -1,0 +1,111 @@
+"""A fleet on one Sail server in cluster mode (a driver and workers over
+RPC), as deploy/ runs it: two nodes share one table in an S3 bucket
+through it (``engine = "sc://..."``, ``table_root = "s3://..."``,
+``shared_table = true``, the ``AWS_*`` variables set for the engine and
+the nodes alike), and live through a node killed and the engine killed
+in the middle of their commits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+from wakustore.protocols.store_v3 import StatusCode
+
+from tests.fleet.conftest import BUCKET
+from tests.fleet.fleet import (
+    Node,
+    check_served,
+    messages,
+    node_killed_mid_commit,
+    push_while,
+    query_status,
+    run,
+    s3_environment,
+    settled,
+    stored_when_available,
+    two_writers,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes(sail_cluster, object_store, fleet_dir):
+    env = s3_environment(object_store[1].endpoint)
+    nodes = [Node(fleet_dir, f"cluster-{name}", engine=sail_cluster.url, table_root=f"s3://{BUCKET}/cluster",
+                  env=env)
+             for name in ("a", "b")]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+@pytest.fixture
+def fleet(cluster_nodes, sail_cluster):
+    """The two nodes, running; whatever a failed test left dead is started again."""
+    yield cluster_nodes
+    if sail_cluster.process.poll() is not None:
+        sail_cluster.start()
+    for node in cluster_nodes:
+        if node.process is None or node.process.poll() is not None:
+            node.start()
+
+
+def test_two_writers_with_overlapping_messages_answer_the_same_set(fleet, object_store):
+    gate = object_store[1]
+    first = len(gate.log_puts)
+    two_writers(*fleet, "/fleet/1/cluster-writers/proto")
+    # Every commit created its log entry only if absent: a racing writer
+    # gets 412 and retries, never overwrites.
+    commits = gate.log_puts[first:]
+    assert commits and all("if-none-match: *" in head for _, head in commits), commits[:3]
+
+
+def test_node_killed_mid_commit_loses_nothing_acknowledged(fleet):
+    node_killed_mid_commit(*fleet, "/fleet/1/cluster-node-kill/proto")
+
+
+def test_engine_killed_mid_commit_pauses_writes_and_queries_answer_503_until_it_returns(fleet, sail_cluster):
+    a, b = fleet
+    topic = "/fleet/1/cluster-engine-kill/proto"
+    sent = messages(topic, 300)
+    acked: list = []
+    killed = threading.Event()
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(push_while, a.peer, sent[:150], acked, killed)
+            nursery.start_soon(push_while, b.peer, sent[100:], acked, killed)
+            while len(acked) < 100:
+                await trio.sleep(0.005)
+            killed.set()
+            await trio.to_thread.run_sync(sail_cluster.kill)
+
+    run(scenario)
+    # Puts do not need the engine: the pushes went on into the logs.
+    assert len(acked) == 350
+    for node in (a, b):
+        status, _ = run(query_status, node.peer, topic)
+        assert status == StatusCode.SERVICE_UNAVAILABLE
+        _, health = wait_for(lambda node=node: _when_down(node.health()), f"{node.name} to report the engine down")
+        assert health["ok"] is False and health["engine"]["problem"]
+        assert health["pending_messages"] > 0  # writes pause, nothing is dropped
+
+    sail_cluster.start()  # on the port the nodes know
+    settled(a, b)
+    answers = [run(stored_when_available, node.peer, topic) for node in (a, b)]
+    for answer in answers:
+        check_served(answer, sent, exactly=sent)
+    assert a.health()[0] == 200
+
+
+def _when_down(health: tuple[int, dict]) -> tuple[int, dict] | None:
+    """``health`` when /health answered 503, else None (keep polling)."""
+    return health if health[0] == 503 else None
