@@ -51,7 +51,8 @@ class PendingPut:
 
 @dataclass(frozen=True, slots=True)
 class MaintenanceRun:
-    """How a maintenance run (retention, compaction) ended; ``at`` in Unix seconds."""
+    """How a maintenance run (retention, compaction) or the last commit
+    ended; ``at`` in Unix seconds."""
 
     ok: bool
     at: float
@@ -70,6 +71,9 @@ class StoreService:
     keep_from: Callable[[], int | None] = lambda: None
     # The last maintenance run; None before the first.
     last_maintenance: MaintenanceRun | None = None
+    # The last commit of the buffer; a failed one (engine or storage down)
+    # leaves the messages in the log, acknowledged, and the node not well.
+    last_commit: MaintenanceRun | None = None
 
     def __post_init__(self) -> None:
         self._puts_send, self._puts_receive = trio.open_memory_channel[PendingPut](PUT_QUEUE)
@@ -120,7 +124,13 @@ class StoreService:
 
     async def flush(self) -> int:
         started = time.perf_counter()
-        committed = await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
+        try:
+            committed = await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
+        except Exception as exc:
+            self.last_commit = MaintenanceRun(ok=False, at=time.time(), error=repr(exc)[:500])
+            raise
+        if committed or self.last_commit is not None:
+            self.last_commit = MaintenanceRun(ok=True, at=time.time())
         if committed:
             self.metrics.commit_latency.labels("messages").observe(time.perf_counter() - started)
         self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
@@ -132,8 +142,9 @@ class StoreService:
         return {
             # A failed maintenance run (retention, compaction) is the
             # operator's to see: the node answers, but is not well.
-            "ok": bool(engine.healthy) and (self.last_maintenance is None or self.last_maintenance.ok),
+            "ok": bool(engine.healthy) and all(run is None or run.ok for run in (self.last_maintenance, self.last_commit)),
             "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
+            "commit": {} if self.last_commit is None else asdict(self.last_commit),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
             "pending_messages": self.store.pending,
             "wal_depth": self.store.wal_depth,

@@ -132,11 +132,16 @@ def test_storage_unavailable_pauses_writes_and_queries_answer_503_until_it_retur
     # The outage lasts: commits fail and are retried, and the messages
     # stay in the logs meanwhile (the nodes still report them pending).
     time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))
-    pending = [node.health()[1]["pending_messages"] for node in (a, b)]
-    assert pending[0] >= 60 and pending[1] >= 60
+    healths = [node.health() for node in (a, b)]
+    assert healths[0][1]["pending_messages"] >= 60 and healths[1][1]["pending_messages"] >= 60
+    # The engine answers, but nothing commits: the node says it is not well.
+    for code, health in healths:
+        assert code == 503 and health["ok"] is False and health["commit"]["ok"] is False
+        assert health["commit"]["error"]
 
     gate.restore()
     settled(a, b)
+    assert all(node.health()[0] == 200 for node in (a, b))
     answers = [run(stored_when_available, node.peer, topic) for node in (a, b)]
     for answer in answers:
         check_served(answer, before + during, exactly=before + during)
