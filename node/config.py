@@ -23,10 +23,21 @@ ENV_PREFIX = "WAKUSTORE_"
 # --ip-colocation-limit defaults (waku/factory/external_config.nim).
 DEFAULT_MAX_CONNECTIONS = 50
 DEFAULT_IP_COLOCATION_LIMIT = 2
-# A Noise handshake costs milliseconds of CPU and a stalled one holds its
-# slot until py-libp2p's 10 s upgrade timeout; 16 lets a burst of honest
-# dials through while the per-address cap stops a stalling flood.
+# A Noise handshake costs milliseconds of CPU and a stalled one would hold
+# its slot until py-libp2p's 10 s upgrade timeout: past the cap a new
+# handshake replaces the oldest in progress (an honest one takes
+# milliseconds, so the oldest is a stalled one), and the per-address cap
+# (ip_colocation_limit counts handshakes too) keeps one address to its share.
 DEFAULT_MAX_HANDSHAKES = 16
+# A connection with no stream open for this long is closed. nim-libp2p
+# (so nwaku) closes a connection after 10 minutes without a byte
+# (TcpTransport connectionsTimeout) and a stream after 5 (Connection's
+# DefaultConnectionTimeout); bytes are no measure here, since both ends'
+# yamux pings keep flowing on a connection nobody uses. Five minutes, as
+# the node's wait for the first request on a stream: a client keeping
+# idle request streams, a relay peer's gossipsub stream or js-libp2p's
+# pings every 10 s keep a connection in use.
+DEFAULT_IDLE_CONNECTION_TIMEOUT_S = 300.0
 # All protocols together on one connection; js-waku needs one stream per
 # protocol plus one per request in progress (nim-libp2p's mplex allows 200
 # channels, more than a store node gives one peer).
@@ -69,12 +80,14 @@ class NodeConfig:
     # --metrics-server-address default is 127.0.0.1 too).
     metrics_host: str = "127.0.0.1"
     # Inbound libp2p connections, in total and per IP address (0: no cap);
-    # handshakes in progress; streams per connection (all, and request
+    # handshakes in progress; seconds an inbound connection may stay with no
+    # stream open; streams per connection (all, and request
     # streams opened but not yet written); requests served at once per
     # protocol; seconds a request/response may take once its first byte is in.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     ip_colocation_limit: int = DEFAULT_IP_COLOCATION_LIMIT
     max_handshakes: int = DEFAULT_MAX_HANDSHAKES
+    idle_connection_timeout_s: float = DEFAULT_IDLE_CONNECTION_TIMEOUT_S
     max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
     max_idle_streams_per_connection: int = DEFAULT_MAX_IDLE_STREAMS_PER_CONNECTION
     max_requests_in_flight: int = DEFAULT_MAX_REQUESTS_IN_FLIGHT
@@ -155,6 +168,8 @@ class NodeConfig:
                      "max_idle_streams_per_connection", "max_requests_in_flight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} {getattr(self, name)} is negative (0 turns the cap off)")
+        if self.idle_connection_timeout_s < 0:
+            raise ConfigError(f"idle_connection_timeout_s {self.idle_connection_timeout_s:g} is negative (0: never)")
         if self.request_timeout_s <= 0:
             raise ConfigError(f"request_timeout_s {self.request_timeout_s:g} must be positive")
         if not self.metrics_host.strip():

@@ -9,11 +9,21 @@ enforced as early as py-libp2p lets us:
   arrived, nothing is decrypted yet): total inbound connections
   (``max_connections``, nwaku's ``--max-connections``, 50), inbound
   connections per IP address (``ip_colocation_limit``, nwaku's
-  ``--ip-colocation-limit``, 2; 0 turns it off) and handshakes in progress
-  (``max_handshakes``). A refused connection is closed at once, before
-  any Noise work is done for it. Connections count until they close,
-  handshakes included; IP addresses of the configured relay peers are
-  exempt;
+  ``--ip-colocation-limit``, 2; 0 turns it off). A refused connection is
+  closed at once, before any Noise work is done for it. Connections count
+  until they close, handshakes included (so one address has at most
+  ``ip_colocation_limit`` handshakes in progress); IP addresses of the
+  configured relay peers are exempt;
+- handshakes in progress (``max_handshakes``): past the cap a new
+  handshake replaces the oldest one in progress, which is closed. An
+  honest handshake takes milliseconds, so the oldest is a stalled one:
+  addresses stalling handshakes cannot lock honest clients out (refusing
+  the newest would, for the 10 s of py-libp2p's upgrade timeout); they
+  only lose their own stalled connections;
+- after the handshake: a connection with no stream open for
+  ``idle_connection_timeout_s`` is closed, so a peer that connects and
+  goes silent does not hold its slot for good (py-libp2p clients do not
+  even close their socket when their host stops);
 - before protocol negotiation: streams a peer has open on one connection
   (``max_streams_per_connection``); past it a new stream is reset;
 - on the request/response protocols (Store, lightpush, metadata): streams
@@ -52,6 +62,7 @@ import trio
 from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import (
+    DEFAULT_IDLE_CONNECTION_TIMEOUT_S,
     DEFAULT_IP_COLOCATION_LIMIT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HANDSHAKES,
@@ -66,8 +77,10 @@ log = logging.getLogger(__name__)
 
 
 # A connection whose close went unnoticed (no event from the swarm) is
-# looked at again this often, so its slot is never held for good.
+# looked at again this often, so its slot is never held for good; an idle
+# one is looked at a few times per idle_connection_timeout_s.
 CONNECTION_RECHECK_S = 30.0
+IDLE_CHECKS_PER_TIMEOUT = 4
 
 # py-libp2p's own connection cap sits above ours: it also counts outbound
 # connections (relay peers), which ours do not.
@@ -81,6 +94,7 @@ class ConnectionLimits:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     ip_colocation_limit: int = DEFAULT_IP_COLOCATION_LIMIT
     max_handshakes: int = DEFAULT_MAX_HANDSHAKES
+    idle_connection_timeout_s: float = DEFAULT_IDLE_CONNECTION_TIMEOUT_S
     max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
     max_idle_streams_per_connection: int = DEFAULT_MAX_IDLE_STREAMS_PER_CONNECTION
     max_requests_in_flight: int = DEFAULT_MAX_REQUESTS_IN_FLIGHT
@@ -94,6 +108,7 @@ class ConnectionLimits:
             max_connections=config.max_connections,
             ip_colocation_limit=config.ip_colocation_limit,
             max_handshakes=config.max_handshakes,
+            idle_connection_timeout_s=config.idle_connection_timeout_s,
             max_streams_per_connection=config.max_streams_per_connection,
             max_idle_streams_per_connection=config.max_idle_streams_per_connection,
             max_requests_in_flight=config.max_requests_in_flight,
@@ -140,9 +155,12 @@ class Gatekeeper:
         self.on_refused = on_refused
         self.refused: collections.Counter[str] = collections.Counter()
         self.connections = 0
-        self.handshakes = 0
         self.per_address: collections.Counter[str] = collections.Counter()
+        # Handshakes in progress, oldest first: the cancel scope of each.
+        self._handshaking: dict[trio.CancelScope, None] = {}
         self._streams: collections.Counter[int] = collections.Counter()
+        # Per connection: when a stream last opened or closed on it.
+        self._last_stream: dict[int, float] = {}
         # Per connection: its request streams not yet written, oldest first.
         self._idle: dict[int, dict[Any, None]] = {}
         self.in_flight: collections.Counter[str] = collections.Counter()
@@ -164,6 +182,10 @@ class Gatekeeper:
         if self.on_refused is not None:
             self.on_refused(reason)
 
+    @property
+    def handshakes(self) -> int:
+        return len(self._handshaking)
+
     def admit(self, address: str | None) -> str | None:
         """Take a connection slot for ``address``; the reason it is refused, or None."""
         limits = self.limits
@@ -171,8 +193,6 @@ class Gatekeeper:
             return None
         if limits.max_connections and self.connections >= limits.max_connections:
             return "max_connections"
-        if limits.max_handshakes and self.handshakes >= limits.max_handshakes:
-            return "max_handshakes"
         if (limits.ip_colocation_limit and address is not None
                 and self.per_address[address] >= limits.ip_colocation_limit):
             return "ip_colocation"
@@ -180,6 +200,19 @@ class Gatekeeper:
         if address is not None:
             self.per_address[address] += 1
         return None
+
+    def _start_handshake(self) -> trio.CancelScope:
+        """Count a handshake in progress; past ``max_handshakes`` the oldest
+        one in progress is cancelled to make room."""
+        cap = self.limits.max_handshakes
+        while cap and len(self._handshaking) >= cap:
+            oldest = next(iter(self._handshaking))
+            del self._handshaking[oldest]
+            self._refuse("max_handshakes")
+            oldest.cancel()
+        scope = trio.CancelScope()
+        self._handshaking[scope] = None
+        return scope
 
     def release(self, address: str | None) -> None:
         if address is not None and address in self.limits.exempt_addresses:
@@ -201,24 +234,52 @@ class Gatekeeper:
             await _quietly(read_write_closer.close)
             return
         exempt = address is not None and address in self.limits.exempt_addresses
+        muxed = None
         try:
-            if not exempt:
-                self.handshakes += 1
+            scope = trio.CancelScope() if exempt else self._start_handshake()
             try:
-                remote = swarm._build_remote_multiaddr(read_write_closer)
-                if remote is not None and not await swarm.connection_gate.is_allowed(remote):
-                    await _quietly(read_write_closer.close)
-                    return
-                muxed = await swarm.upgrade_inbound_raw_conn(RawConnection(read_write_closer, False), maddr)
+                with scope:
+                    remote = swarm._build_remote_multiaddr(read_write_closer)
+                    if remote is not None and not await swarm.connection_gate.is_allowed(remote):
+                        await _quietly(read_write_closer.close)
+                        return
+                    muxed = await swarm.upgrade_inbound_raw_conn(RawConnection(read_write_closer, False), maddr)
             finally:
-                if not exempt:
-                    self.handshakes -= 1
-            await _until_closed(swarm, muxed)
+                self._handshaking.pop(scope, None)
+            if muxed is None:  # replaced by a newer handshake
+                log.debug("closing a stalled handshake from %s", address)
+                await _quietly(read_write_closer.close)
+                return
+            await self._until_closed(swarm, muxed, exempt)
         except Exception as exc:  # a failed handshake: the peer's problem, not ours
             log.debug("inbound connection from %s failed: %r", address, exc)
             await _quietly(read_write_closer.close)
         finally:
             self.release(address)
+
+    async def _until_closed(self, swarm: Any, muxed: Any, exempt: bool) -> None:
+        """Wait until the connection ``muxed`` belongs to has closed; close
+        it once it has had no stream open for ``idle_connection_timeout_s``."""
+        timeout = 0.0 if exempt else self.limits.idle_connection_timeout_s
+        recheck = min(CONNECTION_RECHECK_S, timeout / IDLE_CHECKS_PER_TIMEOUT) if timeout else CONNECTION_RECHECK_S
+        conn = id(muxed)
+        self._last_stream[conn] = trio.current_time()
+        try:
+            while True:
+                swarm_conn = next((c for conns in swarm.connections.values() for c in conns
+                                   if c.muxed_conn is muxed), None)
+                if swarm_conn is None or swarm_conn.is_closed or getattr(muxed, "is_closed", False):
+                    return
+                if timeout and not self._streams[conn] and \
+                        trio.current_time() - self._last_stream[conn] >= timeout:
+                    self._refuse("idle_connection")
+                    log.debug("closing a connection with no stream for %g s", timeout)
+                    await _quietly(swarm_conn.close)
+                    return
+                with trio.move_on_after(recheck):
+                    await swarm_conn.event_closed.wait()
+        finally:
+            self._last_stream.pop(conn, None)
 
     # --- streams ----------------------------------------------------------
 
@@ -227,6 +288,8 @@ class Gatekeeper:
 
         async def gated(stream: Any) -> None:
             conn = id(getattr(stream, "muxed_conn", stream))
+            if conn in self._last_stream:
+                self._last_stream[conn] = trio.current_time()
             if limit and self._streams[conn] >= limit:
                 self._refuse("max_streams")
                 await _quietly(stream.reset)
@@ -238,6 +301,8 @@ class Gatekeeper:
                 self._streams[conn] -= 1
                 if self._streams[conn] <= 0:
                     del self._streams[conn]
+                if conn in self._last_stream:
+                    self._last_stream[conn] = trio.current_time()
 
         return gated
 
@@ -337,17 +402,6 @@ def _address_of(conn: Any) -> str | None:
         return str(ipaddress.ip_address(str(remote[0]).split("%", 1)[0]))
     except ValueError:
         return str(remote[0])
-
-
-async def _until_closed(swarm: Any, muxed: Any) -> None:
-    """Wait until the connection ``muxed`` belongs to has closed."""
-    while True:
-        swarm_conn = next((c for conns in swarm.connections.values() for c in conns
-                           if c.muxed_conn is muxed), None)
-        if swarm_conn is None or swarm_conn.is_closed or getattr(muxed, "is_closed", False):
-            return
-        with trio.move_on_after(CONNECTION_RECHECK_S):
-            await swarm_conn.event_closed.wait()
 
 
 async def _quietly(close: Callable[[], Awaitable[Any]]) -> None:

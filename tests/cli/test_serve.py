@@ -108,6 +108,34 @@ def test_serve_prints_multiaddrs_and_writes_node_info(served):
     assert (data_dir / "node.key").stat().st_mode & 0o777 == 0o600
 
 
+def _other_address() -> str:
+    """An address of this machine that is not 127.0.0.1: a non-loopback
+    interface's, else 127.0.0.2 (loopback too, but a listener bound to
+    127.0.0.1 refuses it on Linux)."""
+    from wakustore.node.host import interface_addresses
+
+    return next((a for a in interface_addresses("ip4") if not a.startswith("127.")), "127.0.0.2")
+
+
+def _health(host: str, port: int):
+    """The /health status from ``host``:``port``, or the OSError of the connection."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10) as response:
+            return response.status
+    except OSError as exc:
+        return exc
+
+
+def test_metrics_and_health_answer_on_loopback_only_by_default(served):
+    _, data_dir, _ = served
+    port = json.loads((data_dir / "node-info.json").read_text())["metrics_port"]
+    assert _health("127.0.0.1", port) == 200
+    refused = _health(_other_address(), port)
+    assert isinstance(refused, OSError) and "refused" in str(refused).lower(), refused
+
+
 @pytest.mark.parametrize(
     ("args", "status", "message"),
     [
@@ -298,3 +326,16 @@ def test_serve_on_every_interface_prints_dialable_addresses_and_a_stopped_line(t
     logged = log_path.read_text()
     assert '"msg":"rate limits per peer and per address: store 7/1s, lightpush 3/60s"' in logged
     assert '"msg":"node stopped"' in logged
+
+
+def test_metrics_host_opens_metrics_and_health_to_other_addresses(tmp_path):
+    server = ServeProcess(tmp_path / "open", "--metrics-host", "0.0.0.0")
+    try:
+        printed = server.wait_ready()
+        port = json.loads((tmp_path / "open" / "node-info.json").read_text())["metrics_port"]
+        assert f"metrics and health on http://0.0.0.0:{port}/" in printed
+        assert _health(_other_address(), port) == 200
+        assert _health("127.0.0.1", port) == 200
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0

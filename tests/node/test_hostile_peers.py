@@ -5,11 +5,13 @@ Every 127.0.0.0/8 address reaches this machine, so clients bound to
 cap with real connections and streams (fresh keys each time, which is
 what costs an attacker nothing), checks that it holds, that a
 well-behaved client still gets its answers, and that what the node holds
-(connections, streams, tracked addresses) is back to where it started.
+(connections, streams, tracked addresses) and its memory are back to
+where they started.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,13 +31,17 @@ from wakustore.protocols.store_query import HistoryQuery
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile_peers import client_from, is_closed_by_peer, stalling_socket, tcp_port, try_client  # noqa: E402
-from store_node_harness import PUBSUB_TOPIC, NodeThread, node_config  # noqa: E402
+from store_node_harness import CLUSTER_ID, PUBSUB_TOPIC, NodeThread, node_config  # noqa: E402
+from test_js_waku_interop import INTEROP_DIR, SCRIPT, node_binary  # noqa: E402, F401 (a fixture)
 
 QUERY = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=("/hostile/1/x/proto",))
 WAIT_S = 20.0
 # What a few hundred connections may leave behind in this process (node
 # and clients share it): caches warm up, nothing per connection stays.
 RSS_SLACK = 80 * 1024 * 1024
+# How soon an honest client must be through while handshakes are stalled:
+# refused, it would wait out py-libp2p's 10 s upgrade timeout.
+PROMPT_S = 5.0
 
 
 def wait_for(condition, what: str, timeout_s: float = WAIT_S) -> None:
@@ -59,6 +65,22 @@ def settled(node: NodeThread) -> bool:
 
 async def one_query(client):
     return (await client.query(QUERY)).status_code
+
+
+def warmed_rss(node: NodeThread) -> int:
+    """The process's RSS once one connection and query have warmed the
+    node's and the clients' caches (the node runs in this process)."""
+    assert trio.run(try_client, "127.0.0.1", node.tcp_addr, one_query) == ("ok", 200)
+    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    return rss()
+
+
+def assert_recovered(node: NodeThread, before: int) -> None:
+    """Nothing held, memory near where it was, and the node answers."""
+    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    grown = rss() - before
+    assert grown < RSS_SLACK, f"RSS grew {grown / 2**20:.0f} MB"
+    assert trio.run(try_client, "127.0.0.1", node.tcp_addr, one_query) == ("ok", 200)
 
 
 @pytest.fixture
@@ -152,22 +174,96 @@ def test_hundreds_of_fresh_keys_meet_the_per_address_and_total_caps(start_node):
     assert trio.run(try_client, "127.0.0.1", peer, one_query) == ("ok", 200)
 
 
-def test_handshakes_in_progress_are_capped_before_any_noise_work(start_node):
-    node = start_node(max_handshakes=3, ip_colocation_limit=0)
+def test_stalled_handshakes_cannot_lock_out_an_honest_client(start_node):
+    # The default caps: 16 handshakes in progress, 2 connections per address.
+    node = start_node(ip_colocation_limit=2)
     port = tcp_port(node.tcp_addr)
-    stalled = [stalling_socket(f"127.0.2.{i + 1}", port) for i in range(5)]
+    before = warmed_rss(node)
+    # Ten addresses try three stalled handshakes each: the third of each is
+    # refused before any Noise work, twenty start, sixteen at most stay in
+    # progress.
+    stalled, refused_at_once = [], 0
+    for i in range(10):
+        for _ in range(3):
+            sock = stalling_socket(f"127.0.2.{i + 1}", port)
+            seen = len(stalled) + refused_at_once + 1
+            wait_for(lambda seen=seen: node.gatekeeper.handshakes + node.gatekeeper.refused["max_handshakes"]
+                     + node.gatekeeper.refused["ip_colocation"] == seen, "the node did not take the connection in")
+            if node.gatekeeper.refused["ip_colocation"] > refused_at_once:
+                refused_at_once += 1
+                assert is_closed_by_peer(sock, wait_s=1.0)
+                sock.close()
+            else:
+                stalled.append(sock)
     try:
-        wait_for(lambda: node.gatekeeper.handshakes == 3 and node.gatekeeper.refused["max_handshakes"] == 2,
+        # An honest client from another address gets through at once: its
+        # handshake replaces the oldest stalled one.
+        started = time.monotonic()
+        assert trio.run(try_client, "127.0.0.1", node.tcp_addr, one_query) == ("ok", 200)
+        assert time.monotonic() - started < PROMPT_S
+        assert refused_at_once == 10 and len(stalled) == 20
+        # The five oldest were replaced by newer ones (four stalled, one
+        # honest) and closed; the other fifteen are still in progress.
+        wait_for(lambda: node.gatekeeper.handshakes == 15 and node.gatekeeper.refused["max_handshakes"] == 5,
                  f"handshakes not capped: {node.gatekeeper.snapshot()}")
-        # The two past the cap were closed at once, without a handshake.
-        assert sum(is_closed_by_peer(s, wait_s=1.0) for s in stalled[3:]) == 2
-        assert trio.run(try_client, "127.0.0.9", node.tcp_addr, one_query)[0] == "refused"
+        assert [is_closed_by_peer(s, wait_s=1.0) for s in stalled[:5]] == [True] * 5
+        assert not any(is_closed_by_peer(s) for s in stalled[5:])
     finally:
         for sock in stalled:
             sock.close()
-    wait_for(lambda: node.gatekeeper.handshakes == 0, "stalled handshakes were never released")
-    assert trio.run(try_client, "127.0.0.9", node.tcp_addr, one_query) == ("ok", 200)
-    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    assert_recovered(node, before)
+
+
+# --- idle connections ------------------------------------------------------------
+
+
+class RelayNodeThread(NodeThread):
+    with_relay = True
+
+
+def test_a_silent_connection_is_closed_and_its_slot_freed_while_connections_with_streams_stay(engine, tmp_path):
+    from libp2p.custom_types import TProtocol
+
+    from wakustore.clients.relay import relay_publisher
+
+    node = RelayNodeThread(node_config(tmp_path, idle_connection_timeout_s=1.0, max_connections=3),
+                           engine, RateLimits.parse(["0/1s"])).start()
+    try:
+        before = warmed_rss(node)
+
+        async def scenario():
+            async with relay_publisher(node.tcp_addr, [PUBSUB_TOPIC]) as (_pubsub, relay_host, node_id), \
+                    client_from("127.0.0.2", node.tcp_addr) as holder:
+                # A client keeping a request stream open, as js-waku does.
+                await holder.host.new_stream(holder.peer_id, [TProtocol(store_v3.PROTOCOL_ID)])
+                # Connected last: a peer that says nothing more.
+                async with client_from("127.0.0.3", node.tcp_addr) as silent:
+                    silent_conns = silent.host.get_network().connections
+                    with trio.fail_after(WAIT_S):
+                        while node.gatekeeper.refused["idle_connection"] < 1:
+                            await trio.sleep(0.05)
+                    with trio.fail_after(WAIT_S):
+                        while silent_conns.get(silent.peer_id):
+                            await trio.sleep(0.05)
+                    # Both others were connected longer than the timeout.
+                    with trio.fail_after(WAIT_S):
+                        while node.gatekeeper.connections > 2:
+                            await trio.sleep(0.05)
+                    assert node.gatekeeper.refused["idle_connection"] == 1
+                    assert node.gatekeeper.connections == 2
+                    assert relay_host.get_network().connections.get(node_id)
+                    # The freed slot (three in all) takes a new client.
+                    assert (await try_client("127.0.0.4", node.tcp_addr, one_query)) == ("ok", 200)
+                    status = await one_query(holder)
+                # py-libp2p leaves the socket open when its host stops; a
+                # relay peer that leaves closes its connection.
+                await relay_host.get_network().close_peer(node_id)
+                return status
+
+        assert trio.run(scenario) == 200
+        assert_recovered(node, before)
+    finally:
+        node.stop()
 
 
 # --- streams ---------------------------------------------------------------------
@@ -188,6 +284,7 @@ async def open_streams(client, protocol: str, count: int) -> list:
 
 def test_streams_opened_and_never_written_are_capped_and_good_streams_still_work(start_node):
     node = start_node(max_idle_streams_per_connection=3)
+    before = warmed_rss(node)
 
     async def scenario():
         async with client_from("127.0.0.2", node.tcp_addr) as client:
@@ -205,11 +302,12 @@ def test_streams_opened_and_never_written_are_capped_and_good_streams_still_work
 
     idle, status = trio.run(scenario)
     assert idle == 3 and status == 200
-    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    assert_recovered(node, before)
 
 
 def test_streams_per_connection_are_capped(start_node):
     node = start_node(max_streams_per_connection=4, max_idle_streams_per_connection=100)
+    before = warmed_rss(node)
 
     async def scenario():
         async with client_from("127.0.0.2", node.tcp_addr) as client:
@@ -230,11 +328,12 @@ def test_streams_per_connection_are_capped(start_node):
     # The gossipsub, identify and ping streams count too; a node without
     # relay has none open here.
     assert held == 4 and status == 200
-    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    assert_recovered(node, before)
 
 
 def test_requests_in_flight_per_protocol_are_capped(start_node):
     node = start_node(max_requests_in_flight=2)
+    before = warmed_rss(node)
 
     async def scenario():
         from libp2p.custom_types import TProtocol
@@ -258,12 +357,13 @@ def test_requests_in_flight_per_protocol_are_capped(start_node):
 
     in_flight, status = trio.run(scenario)
     assert in_flight == 2 and status == 200
-    wait_for(lambda: settled(node), f"the node still holds {node.gatekeeper.snapshot()}")
+    assert_recovered(node, before)
 
 
 def test_a_request_has_a_deadline_once_its_first_byte_is_in(start_node):
     # The frame deadline is pushed far out: only the whole-request deadline can end this.
     node = start_node(request_timeout_s=1.0, protocol_options={"read_timeout_s": 120.0})
+    before = warmed_rss(node)
 
     async def scenario():
         from libp2p.custom_types import TProtocol
@@ -284,6 +384,7 @@ def test_a_request_has_a_deadline_once_its_first_byte_is_in(start_node):
     waited, status = trio.run(scenario)
     assert waited < 10.0 and status == 200
     assert node.gatekeeper.refused["request_timeout"] == 1
+    assert_recovered(node, before)
 
 
 # --- rate limits -----------------------------------------------------------------
@@ -291,6 +392,7 @@ def test_a_request_has_a_deadline_once_its_first_byte_is_in(start_node):
 
 def test_key_rotating_queries_from_one_address_get_429(start_node):
     node = start_node(rate_limits=RateLimits.parse(["store:5/1h"]))
+    before = warmed_rss(node)
 
     async def scenario():
         rotating = [(await try_client("127.0.0.2", node.tcp_addr, one_query))[1] for _ in range(8)]
@@ -300,6 +402,73 @@ def test_key_rotating_queries_from_one_address_get_429(start_node):
     rotating, elsewhere = trio.run(scenario)
     assert rotating == [200] * 5 + [429] * 3
     assert elsewhere == 200
+    assert_recovered(node, before)
+
+
+JS_MESSAGES = 20
+JS_PAGE = 4
+# Per peer and per address: js-waku's six pages fit; every flooding address
+# runs dry after twenty.
+FLOOD_LIMIT = 20
+FLOOD_ADDRESSES = [f"127.0.3.{i + 1}" for i in range(4)]
+# Queries per flooding address at most (the flood stops with js-waku).
+FLOOD_MAX = 10 * FLOOD_LIMIT
+
+
+@pytest.mark.slow
+def test_js_waku_pages_through_a_key_rotating_query_flood(start_node, node_binary):  # noqa: F811 (the fixture)
+    from wakustore.protocols.message import WakuMessage
+
+    # The connection caps are other tests': here each query of the flood
+    # comes on a connection of its own, which the node may see close late.
+    node = start_node(rate_limits=RateLimits.parse([f"store:{FLOOD_LIMIT}/1h"]), ip_colocation_limit=0,
+                      max_connections=0)
+    now = time.time_ns()
+    messages = [(PUBSUB_TOPIC, WakuMessage(b"js-%02d" % i, QUERY.content_topics[0], timestamp=now - (JS_MESSAGES - i) * 10**6),
+                 now) for i in range(JS_MESSAGES)]
+    trio.from_thread.run(node.service.put, messages, trio_token=node._token)
+    assert node.flush() == JS_MESSAGES
+    before = warmed_rss(node)
+    job = {"peer": node.ws_addr, "transport": "ws", "clusterId": CLUSTER_ID, "shard": 0,
+           "contentTopics": list(QUERY.content_topics), "timeoutMs": 60_000,
+           "query": {"pageSize": JS_PAGE, "forward": True}}
+
+    async def scenario():
+        flood: dict[str, list] = {address: [] for address in FLOOD_ADDRESSES}
+        js_done = trio.Event()
+
+        async def rotate_keys(address: str):
+            while not js_done.is_set() and len(flood[address]) < FLOOD_MAX:
+                flood[address].append((await try_client(address, node.tcp_addr, one_query))[1])
+
+        async with trio.open_nursery() as nursery:
+            for address in FLOOD_ADDRESSES:
+                nursery.start_soon(rotate_keys, address)
+            # js-waku starts once every flooding address is refused.
+            with trio.fail_after(60):
+                while not all(429 in statuses for statuses in flood.values()):
+                    await trio.sleep(0.05)
+            try:
+                result = await trio.run_process(
+                    [str(node_binary), str(SCRIPT)], stdin=json.dumps(job).encode(), cwd=INTEROP_DIR,
+                    capture_stdout=True, capture_stderr=True, check=False)
+            finally:
+                js_done.set()
+                running = {address: len(statuses) < FLOOD_MAX for address, statuses in flood.items()}
+        return flood, result, running
+
+    flood, result, running = trio.run(scenario)
+    # The flood went on for the whole of js-waku's session.
+    assert all(running.values()), {address: len(statuses) for address, statuses in flood.items()}
+    events = [json.loads(line) for line in result.stdout.decode().splitlines() if line.startswith("{")]
+    assert result.returncode == 0, (events[-3:], result.stderr.decode()[-3000:])
+    seen = [bytes.fromhex(e["payload"]) for e in events if e["event"] == "message"]
+    assert seen == [m.payload for _, m, _ in messages]
+    for address, statuses in flood.items():
+        # Fresh keys do not help: twenty answers per address, then 429s.
+        assert statuses.count(200) == FLOOD_LIMIT, (address, statuses)
+        assert statuses.count(429) == len(statuses) - FLOOD_LIMIT > 0, (address, statuses)
+    assert_recovered(node, before)
 
 
 def test_rate_limiter_memory_stays_bounded_under_churn():
@@ -317,10 +486,6 @@ def test_rate_limiter_memory_stays_bounded_under_churn():
 # --- relay -----------------------------------------------------------------------
 
 
-class RelayNodeThread(NodeThread):
-    with_relay = True
-
-
 def test_relay_peer_flooding_invalid_messages_is_pruned_graylisted_and_disconnected(engine, tmp_path):
     from libp2p.peer.id import ID
 
@@ -328,6 +493,8 @@ def test_relay_peer_flooding_invalid_messages_is_pruned_graylisted_and_disconnec
 
     node = RelayNodeThread(node_config(tmp_path), engine, RateLimits.parse(["0/1s"])).start()
     try:
+        before = warmed_rss(node)
+
         async def scenario():
             async with relay_publisher(node.tcp_addr, [PUBSUB_TOPIC]) as (pubsub, host, _peer):
                 me: ID = host.get_id()
@@ -348,5 +515,6 @@ def test_relay_peer_flooding_invalid_messages_is_pruned_graylisted_and_disconnec
         assert me not in node.relay.router.mesh.get(PUBSUB_TOPIC, ())
         assert me in node.relay.pubsub.blacklisted_peers
         assert trio.run(try_client, "127.0.0.3", node.tcp_addr, one_query) == ("ok", 200)
+        assert_recovered(node, before)
     finally:
         node.stop()
