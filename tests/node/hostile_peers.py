@@ -5,40 +5,15 @@ machine plays many remote hosts) and raw sockets that never handshake."""
 from __future__ import annotations
 
 import socket
-from contextlib import asynccontextmanager
 
 import trio
 
-from wakustore.clients.store import StoreClient, parse_peer
+from wakustore.bench.hostile import connect_from
 
 
-@asynccontextmanager
-async def client_from(source_ip: str, peer: str, timeout_s: float = 10.0):
-    """A :class:`StoreClient` with a fresh key whose TCP connection leaves
-    from ``source_ip``. Raises OSError or a libp2p error when the node
-    refuses the connection."""
-    from libp2p import new_host
-    from libp2p.crypto.secp256k1 import create_new_key_pair
-
-    from wakustore.node.host import stop_auto_dialing
-
-    info = parse_peer(peer)
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
-    async with host.run(listen_addrs=[]):
-        await stop_auto_dialing(host)
-        swarm = host.get_network()
-        maddr = info.addrs[0]
-        transport = swarm.transport_manager.transport_for_dialing(maddr)
-        with trio.fail_after(timeout_s):
-            raw = await transport.dial_with_source(maddr, (source_ip, 0))
-            await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
-        try:
-            yield StoreClient(host, info.peer_id, timeout_s)
-        finally:
-            # py-libp2p 0.8.1 leaves the socket open when its host stops;
-            # a client that leaves closes its connection.
-            with trio.move_on_after(5):
-                await swarm.close_peer(info.peer_id)
+# A StoreClient with a fresh key whose TCP connection leaves from a chosen
+# address: the benchmark's hostile load dials the same way.
+client_from = connect_from
 
 
 async def try_client(source_ip: str, peer: str, body, timeout_s: float = 10.0):
