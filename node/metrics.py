@@ -53,6 +53,20 @@ class NodeMetrics:
         self.engine_generation = Gauge(
             "wakustore_engine_generation", "Engine sessions started (restarts + 1), as /health reports it", registry=r
         )
+        # Waku Sync and Store Resume (node/sync.py).
+        self.sync_sessions = Counter(
+            "wakustore_sync_sessions", "Waku Sync reconciliation sessions (with the transfer after them)",
+            ["role", "outcome"], registry=r,
+        )
+        self.sync_transfer_messages = Counter(
+            "wakustore_sync_transfer_messages", "Messages over /vac/waku/transfer/1.0.0", ["direction"], registry=r
+        )
+        self.sync_transfer_streams = Counter(
+            "wakustore_sync_transfer_streams", "Incoming transfer streams by how they ended", ["outcome"], registry=r
+        )
+        self.resumes = Counter("wakustore_store_resumes", "Store Resume attempts, one per sync peer asked",
+                               ["outcome"], registry=r)
+        self.resumed = Counter("wakustore_store_resumed_messages", "Messages stored by Store Resume", registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,7 +53,17 @@ fetched once more.
 A bad payload on either protocol (undecodable, over a limit, a session
 that does not converge within :data:`~wakustore.protocols.sync.MAX_ROUNDS`)
 resets the stream: the protocol has no status code, and nwaku treats a
-reset or closed stream as a failed session.
+reset or closed stream as a failed session. On transfer, nwaku
+(waku_store_sync/transfer.nim) ends the stream at a frame over its size
+limit and skips one it cannot decode; this node resets at either (the
+bytes after an oversized prefix cannot be framed, and a peer whose frames
+do not decode is not a store node), keeping the messages that came
+before. A message that fails the storable checks is skipped and the
+stream goes on, as in nwaku.
+
+A session in progress when the node stops is cancelled with the node's
+peer tasks (the initiator side) or the host (the responder side): its
+stream is reset and nothing is logged above debug level.
 """
 
 from __future__ import annotations
@@ -127,6 +137,21 @@ MAX_SEEN_IDS = 200_000
 MAX_RESUME_MESSAGES = 2_000_000
 RESUME_PAGE = 100
 
+# Metric labels (node/metrics.py): a session's role and outcome, a
+# transfer's direction, how an incoming transfer stream ended, a resume's
+# outcome.
+INITIATOR = "initiator"
+RESPONDER = "responder"
+OUTCOME_OK = "ok"
+OUTCOME_FAILED = "failed"
+RECEIVED = "received"
+SENT = "sent"
+TRANSFER_OK = "ok"
+TRANSFER_REFUSED = "refused"  # no recent session with the peer
+TRANSFER_RESET = "reset"  # a bad frame, a broken stream or a failing store
+RESUME_OK = "ok"
+RESUME_FAILED = "failed"
+
 
 class SeenIds:
     """Ids (hash -> timestamp ns) handled from sync or resume, at most
@@ -181,6 +206,7 @@ class SyncService:
         self.resumed = 0
         self.received = 0
         self.progress = trio.Event()
+        self.metrics = getattr(service, "metrics", None)
         self._transfer_until: dict[str, float] = {}
         self._last_online_path = Path(config.data_dir) / LAST_ONLINE_FILE
         self.last_online_ns = read_last_online(self._last_online_path)
@@ -226,10 +252,10 @@ class SyncService:
                 await self.sync_with(peer)
             except (SyncError, OSError, IOException, trio.TooSlowError, trio.BrokenResourceError,
                     trio.ClosedResourceError) as exc:
-                self._count_failure()
+                self._count_failure(INITIATOR)
                 log.warning("sync with %s failed: %s", peer, exc)
             except Exception as exc:  # a dial failure is any libp2p error
-                self._count_failure()
+                self._count_failure(INITIATOR)
                 log.warning("sync with %s failed: %r", peer, exc)
 
     async def sync_with(self, peer: str) -> sync.Session:
@@ -269,7 +295,7 @@ class SyncService:
         log.info("sync with %s: %d rounds, %d to send, %d to receive", peer_id, session.rounds,
                  len(session.to_send), len(session.to_receive))
         await self._send_missing(info.peer_id, session)
-        self._finished()
+        self._finished(INITIATOR)
         return session
 
     # --- server side ----------------------------------------------------------
@@ -308,17 +334,17 @@ class SyncService:
                         break
                     payload = session.receive(raw)
         except (SyncError, FramingError, trio.TooSlowError) as exc:
-            self._count_failure()
+            self._count_failure(RESPONDER)
             log.info("reconciliation from %s: %s: resetting", peer, exc)
             await reset_stream(stream)
             return
         except (IOException, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._count_failure()
+            self._count_failure(RESPONDER)
             log.debug("reconciliation from %s: stream failed: %r", peer, exc)
             await reset_stream(stream)
             return
         except Exception:
-            self._count_failure()
+            self._count_failure(RESPONDER)
             log.exception("reconciliation from %s failed", peer)
             await reset_stream(stream)
             return
@@ -327,13 +353,16 @@ class SyncService:
         try:
             await self._send_missing(stream.muxed_conn.peer_id, session)
         except Exception as exc:
+            self._count_failure(RESPONDER)
             log.warning("transfer to %s failed: %r", peer, exc)
-        self._finished()
+            return
+        self._finished(RESPONDER)
 
     async def handle_transfer(self, stream) -> None:
         peer = peer_of(stream)
         if self._transfer_until.get(peer, 0.0) < trio.current_time():
             log.info("transfer from %s without a sync session: resetting", peer)
+            self._count_transfer(TRANSFER_REFUSED)
             await reset_stream(stream)
             return
         frames = _Frames(stream, sync.TRANSFER_MAX_FRAME_SIZE)
@@ -349,6 +378,8 @@ class SyncService:
                 if received > sync.MAX_DIFFERENCES:
                     raise SyncError(f"more than {sync.MAX_DIFFERENCES} messages on one transfer stream")
                 topic, message, size = sync.decode_transfer(raw)
+                if self.metrics is not None:
+                    self.metrics.sync_transfer_messages.labels(RECEIVED).inc()
                 item = self._admit(topic, message, size, "sync")
                 if item is not None:
                     batch.append(item)
@@ -359,15 +390,25 @@ class SyncService:
                 await self._store(batch, "sync")
         except (SyncError, FramingError, trio.TooSlowError) as exc:
             self._count_failure()
+            self._count_transfer(TRANSFER_RESET)
             log.info("transfer from %s: %s: resetting", peer, exc)
             if batch:
                 await self._store_quietly(batch)
             await reset_stream(stream)
             return
-        except Exception as exc:
+        except (IOException, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._count_transfer(TRANSFER_RESET)
+            log.debug("transfer from %s: stream failed: %r", peer, exc)
+            if batch:
+                await self._store_quietly(batch)
+            await reset_stream(stream)
+            return
+        except Exception as exc:  # the store failed: the sender finds the rest missing next round
+            self._count_transfer(TRANSFER_RESET)
             log.warning("transfer from %s failed: %r", peer, exc)
             await reset_stream(stream)
             return
+        self._count_transfer(TRANSFER_OK)
         await close_stream(stream)
 
     # --- Store Resume ---------------------------------------------------------
@@ -417,13 +458,13 @@ class SyncService:
                         break
             except (ClientError, ProtocolError, trio.TooSlowError, OSError) as exc:
                 log.warning("store resume from %s failed: %s", peer, exc)
-                self.resumed += stored
+                self._count_resume(RESUME_FAILED, stored)
                 continue
             except Exception as exc:  # a dial failure is any libp2p error
                 log.warning("store resume from %s failed: %r", peer, exc)
-                self.resumed += stored
+                self._count_resume(RESUME_FAILED, stored)
                 continue
-            self.resumed += stored
+            self._count_resume(RESUME_OK, stored)
             log.info("store resume from %s: %d messages stored since %d", peer, stored, since)
             self._finished()
             return stored
@@ -464,20 +505,24 @@ class SyncService:
 
     def _admit(self, topic: str, message: WakuMessage, size: int, source: str):
         """The (topic, message, arrival) triple to store, or None when the
-        ingest checks refuse it; either way the id counts as handled."""
+        ingest checks refuse it. A refused id counts as handled at once, a
+        stored one when the store has taken it (:meth:`_store`)."""
         now = self.clock()
-        hash_ = message_hash(topic, message)
-        self.seen.add(hash_, message.timestamp or now)
         try:
             # Judged as of its own time (not older than it is), never ahead of ours.
             self.ingest.check(topic, message, size, min(message.timestamp, now) if message.timestamp else now)
         except Refused as refusal:
             self.ingest.count(source, refusal)
+            self.seen.add(message_hash(topic, message), message.timestamp or now)
             return None
         return topic, message, now
 
     async def _store(self, batch: list[tuple[str, WakuMessage, int]], source: str) -> int:
         result = await self.ingest.store(batch, source=source)
+        # Remembered only once the store took them: a batch lost to a
+        # failing store stays missing, so the next round fetches it again.
+        for topic, message, arrival in batch:
+            self.seen.add(message_hash(topic, message), message.timestamp or arrival)
         return result.accepted
 
     async def _store_quietly(self, batch) -> None:
@@ -504,6 +549,8 @@ class SyncService:
                     if m.message is not None:
                         await _write(stream, sync.encode_transfer(m.pubsub_topic, m.message))
                         sent += 1
+                        if self.metrics is not None:
+                            self.metrics.sync_transfer_messages.labels(SENT).inc()
         except BaseException:
             await reset_stream(stream)
             raise
@@ -516,15 +563,31 @@ class SyncService:
         for p in [p for p, until in self._transfer_until.items() if until < now]:
             del self._transfer_until[p]
 
-    def _finished(self) -> None:
+    def _finished(self, role: str | None = None) -> None:
+        """A session in ``role`` (None: a resume) ended well."""
         self.sessions += 1
+        if role is not None and self.metrics is not None:
+            self.metrics.sync_sessions.labels(role, OUTCOME_OK).inc()
         self.progress.set()
         self.progress = trio.Event()
 
-    def _count_failure(self) -> None:
+    def _count_failure(self, role: str | None = None) -> None:
+        """A session in ``role`` failed (None: a transfer stream)."""
         self.failures += 1
+        if role is not None and self.metrics is not None:
+            self.metrics.sync_sessions.labels(role, OUTCOME_FAILED).inc()
         self.progress.set()
         self.progress = trio.Event()
+
+    def _count_transfer(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.sync_transfer_streams.labels(outcome).inc()
+
+    def _count_resume(self, outcome: str, stored: int) -> None:
+        self.resumed += stored
+        if self.metrics is not None:
+            self.metrics.resumes.labels(outcome).inc()
+            self.metrics.resumed.inc(stored)
 
     async def _last_online_loop(self) -> None:
         while True:
