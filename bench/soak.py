@@ -173,6 +173,9 @@ class NodeProcess:
             # The node's own maintenance (retention of 30 days: nothing here
             # is that old; compaction racing the commits) runs all along.
             f"maintenance_interval_s = {MAINTENANCE_INTERVAL_S}\n"
+            # Every client of the soak dials from 127.0.0.1, as many
+            # remote hosts would: the per-address cap is for those.
+            "ip_colocation_limit = 0\n"
         )
 
     def start(self) -> None:
