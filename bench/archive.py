@@ -40,7 +40,7 @@ from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.node import archive as node_archive
 from wakustore.node import config as node_config
 from wakustore.node import torrent
-from wakustore.bench.store import RssSampler, _proc_memory
+from wakustore.bench.store import RssSampler
 from wakustore.protocols import archive, topics, waku_v1
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.crypto import keccak256, sign_recoverable
@@ -77,16 +77,20 @@ def _say(text: str) -> None:
 
 
 class PeakMemory:
-    """Peak RSS of this process (sampled) and of the engine, in bytes."""
+    """Peak resident memory (sampled) of this process, apart: anonymous
+    memory (heap, Arrow buffers, libtorrent's own buffers) and file pages
+    mapped into it (libtorrent's memory-mapped disk I/O, shared libraries),
+    which the kernel reclaims under pressure; of the worker processes an
+    export or import starts; and of the engine. Current RSS each sample,
+    not the high-water mark, so that one stage's peak is its own."""
 
     def __init__(self, engine) -> None:
         self.engine = RssSampler(engine)
-        self.node_peak = 0
+        self.peaks = {"node": 0, "node_anon": 0, "node_file": 0, "workers": 0, "engine": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-rss", daemon=True)
 
     def __enter__(self) -> PeakMemory:
-        self.engine.__enter__()
         self._sample()
         self._thread.start()
         return self
@@ -95,18 +99,46 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
         self._sample()
-        self.engine.__exit__(*exc)
 
     def _loop(self) -> None:
         while not self._stop.wait(SAMPLE_S):
             self._sample()
 
     def _sample(self) -> None:
-        self.node_peak = max(self.node_peak, _proc_memory(os.getpid())[0])
+        import psutil
+
+        status = _status(os.getpid())
+        anon, file = status.get("RssAnon", 0), status.get("RssFile", 0) + status.get("RssShmem", 0)
+        try:
+            engine_pids = set(self.engine._pids())
+        except Exception:
+            engine_pids = set()
+        engine = sum(_status(pid).get("VmRSS", 0) for pid in engine_pids)
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            children = []
+        workers = sum(_status(c.pid).get("VmRSS", 0) for c in children if c.pid not in engine_pids)
+        for name, value in (("node", anon + file + workers), ("node_anon", anon), ("node_file", file),
+                            ("workers", workers), ("engine", engine)):
+            self.peaks[name] = max(self.peaks[name], value)
 
     def figures(self) -> dict:
-        return {"node": round(self.node_peak / MIB, 1),
-                "engine": round(self.engine.engine_peak / MIB, 1) if self.engine.engine_pids else None}
+        return {name: round(value / MIB, 1) for name, value in self.peaks.items()}
+
+
+def _status(pid: int) -> dict[str, int]:
+    """The memory lines of /proc/<pid>/status in bytes; empty when gone."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
+                    name, value = line.split(":", 1)
+                    found[name] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return found
 
 
 def run_archive_bench(args: argparse.Namespace) -> int:
@@ -124,7 +156,7 @@ def run_archive_bench(args: argparse.Namespace) -> int:
     )
     report: dict = {"messages": args.messages, "days": args.days, "channels": args.channels, "layout": args.layout,
                     "sealed_share": args.sealed_share,
-                    "machine": {"cpus": os.cpu_count()}}
+                    "machine": {"cpus": os.cpu_count(), "load_before": _load()}}
     engine, control = open_store(config)
     try:
         _, member = open_store(member_config, engine)
@@ -179,11 +211,16 @@ def run_archive_bench(args: argparse.Namespace) -> int:
             engine.close()
             if args.data_dir is None:
                 shutil.rmtree(base, ignore_errors=True)
+    report["machine"]["load_after"] = _load()
     _print(report)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["member_matches_control"] else 1
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _ingest(store, settings: node_archive.ArchiveSettings, args: argparse.Namespace, now_s: int) -> None:
@@ -229,9 +266,15 @@ def _print(report: dict) -> None:
     print(f"{report['messages']} messages, {report['days']} days, {report['channels']} channels, "
           f"{report['layout']} layout, {report['sealed_share']:.0%} sealed (ingest {report['ingest_s']} s)")
     print(f"export : {export['seconds']} s, {export['msgs_per_s']} msg/s, {export['archives']} archives in "
-          f"{export['windows']} windows, {export['data_mb']} MB; peak RSS node {export['peak_rss_mb']['node']} MB, "
-          f"engine {export['peak_rss_mb']['engine']} MB")
+          f"{export['windows']} windows, {export['data_mb']} MB; {_memory(export['peak_rss_mb'])}")
     print(f"fetch  : download {fetch['download_s']} s ({fetch['download_mb_per_s']} MB/s), hydrate "
-          f"{fetch['hydrate_s']} s ({fetch['hydrate_msgs_per_s']} msg/s); peak RSS node "
-          f"{fetch['peak_rss_mb']['node']} MB, engine {fetch['peak_rss_mb']['engine']} MB")
+          f"{fetch['hydrate_s']} s ({fetch['hydrate_msgs_per_s']} msg/s); {_memory(fetch['peak_rss_mb'])}")
     print(f"member table matches the control node: {report['member_matches_control']}")
+    load = report["machine"].get("load_before"), report["machine"].get("load_after")
+    print(f"load average (1, 5, 15 min) before {load[0]}, after {load[1]} on {report['machine']['cpus']} CPUs")
+
+
+def _memory(peaks: dict) -> str:
+    return (f"peak RSS node {peaks['node']} MB (anonymous {peaks['node_anon']}, file-backed {peaks['node_file']}, "
+            f"workers {peaks['workers']}), engine {peaks['engine']} MB, "
+            f"node + engine {round(peaks['node'] + peaks['engine'], 1)} MB")

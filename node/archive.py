@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,15 +35,14 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node import torrent
+from wakustore.node import archive_work, torrent
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import ArchiveWriter, IndexEntry, Layout, MagnetLink, Window
 from wakustore.protocols.crypto import private_key_from_bytes
 from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
-from wakustore.storage.archive_window import oldest_timestamp_ns
-from wakustore.storage.rows import Row
+from wakustore.storage.archive_window import export_batches, oldest_timestamp_ns
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,13 @@ DEFAULT_PUBSUB_TOPIC = topics.shard_pubsub_topic(topics.STATUS_CLUSTER_ID, 32)
 SEED_POLL_S = 5.0
 EMPTY_RECHECK_S = 3600.0
 EXPORT_RETRY_S = 300.0
+
+# Worker processes start (a second or so) once an export has read this
+# many messages, or for an import of this many bytes of archives; below,
+# the work runs in the calling thread. Export batches: rows per worker task.
+POOL_MIN_ROWS = 10_000
+POOL_MIN_BYTES = 32 * 1024 * 1024
+EXPORT_BATCH_ROWS = 4096
 
 Report = Callable[[str], None]
 # Work done so far: (what is counted, done, total), e.g. ("pieces", 40, 120);
@@ -178,9 +185,12 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     """Archive every window from the end of the last one (or the oldest
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
-    community's magnet topic. Blocking (Spark, file I/O). ``stop``, once
-    set, ends the export with :class:`Stopped` before its next day of
-    messages (what was appended is cut off by the next export)."""
+    community's magnet topic. Blocking (Spark, file I/O). The engine reads
+    a day at a time as Arrow; records are encoded in batches, by worker
+    processes once the export is large (:mod:`archive_work`), in order, so
+    the bytes are the same either way. ``stop``, once set, ends the export
+    with :class:`Stopped` before its next day of messages (what was
+    appended is cut off by the next export)."""
     layout, content_topics = Layout(settings.layout), settings.content_topics
     community_dir = settings.archive_dir / settings.community_id
     community_dir.mkdir(parents=True, exist_ok=True)
@@ -198,31 +208,53 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         start = _oldest_second(store, content_topics)
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
-    with open(community_dir / "data", "ab") as data:
-        for done, window in enumerate(windows):
-            if progress is not None:
-                progress("windows", done, len(windows))
-            chunker = archive.Chunker()
-            before = len(writer.new_entries)
-            _check(stop)
-            for rows in store.stream_window(window.start_ns, window.end_ns, content_topics):
+    # Records are encoded here until a day holds enough messages to pay for
+    # starting worker processes; either way they come back in order.
+    workers = archive_work.Workers(0)
+    keys_items = archive_work.key_items(keys)
+    seen_rows = 0
+    try:
+        with open(community_dir / "data", "ab") as data:
+            for done, window in enumerate(windows):
+                if progress is not None:
+                    progress("windows", done, len(windows))
+                chunker = archive.Chunker()
+                before = len(writer.new_entries)
+
+                def take(window=window, chunker=chunker) -> None:
+                    _, (records, sizes) = workers.take()
+                    for record, size in zip(records, sizes):
+                        full = chunker.add_encoded(record, size)
+                        if full:
+                            data.write(writer.add(window, content_topics, full))
+                            result.messages += len(full)
+
                 _check(stop)
-                for row in rows:
-                    full = chunker.add(archive.encode_archived_message(
-                        layout, row.pubsub_topic, row.message, row.arrival_time, keys.get(row.message.content_topic)))
-                    if full:
-                        data.write(writer.add(window, content_topics, full))
-                        result.messages += len(full)
-            last = chunker.finish()
-            if last:
-                data.write(writer.add(window, content_topics, last))
-                result.messages += len(last)
-            result.dropped += chunker.dropped
-            report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
-        if progress is not None and windows:
-            progress("windows", len(windows), len(windows))
-        data.flush()
-        os.fsync(data.fileno())
+                for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics):
+                    _check(stop)
+                    seen_rows += table.num_rows
+                    if workers.processes == 0 and seen_rows >= POOL_MIN_ROWS:
+                        while len(workers):
+                            take()
+                        workers = archive_work.Workers()
+                    for batch in export_batches(table, EXPORT_BATCH_ROWS):
+                        while workers.full:
+                            take()
+                        workers.submit(None, archive_work.encode_batch, layout, keys_items, batch)
+                while len(workers):
+                    take()
+                last = chunker.finish()
+                if last:
+                    data.write(writer.add(window, content_topics, last))
+                    result.messages += len(last)
+                result.dropped += chunker.dropped
+                report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
+            if progress is not None and windows:
+                progress("windows", len(windows), len(windows))
+            data.flush()
+            os.fsync(data.fileno())
+    finally:
+        workers.close()
     result.archives = list(writer.new_entries)
     if windows:
         state.last_end_s = windows[-1].end_s
@@ -626,14 +658,48 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
     fails a check is left alone and listed in ``result.rejected``.
+    Archives are decoded into Arrow rows (no object per message), by
+    worker processes when there are many, ahead of the window being
+    committed.
     ``stop``, once set, ends it with :class:`Stopped` before the next window."""
     started = time.monotonic()
-    with open(data_path, "rb") as data:
+    entries = [(number, entry) for number, group in enumerate(groups) for entry in group]
+    big = sum(entry.size for _, entry in entries) >= POOL_MIN_BYTES
+    allowed = tuple(allowed_topics) if allowed_topics is not None else None
+    keys_items = archive_work.key_items(keys)
+    # Archives are checked and decoded ahead, in order, by worker processes
+    # (a bounded queue), so that the next window is being decoded while
+    # the engine commits this one.
+    # Workers hand rows back as files beside the data (archive_work.rows_of).
+    with tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool, \
+            archive_work.Workers(None if big else 0) as workers:
+        waiting = iter(entries)
+
+        def fill() -> None:
+            while not workers.full:
+                item = next(waiting, None)
+                if item is None:
+                    return
+                out = Path(spool) / f"{item[1].offset}.arrow" if workers.processes else None
+                workers.submit(item[0], archive_work.decode_archive, data_path, item[1], layout,
+                               default_pubsub_topic, allowed, keys_items, out)
+
+        def tables(number: int, group: list[IndexEntry]):
+            for _ in group:
+                fill()
+                due, result = workers.take()
+                assert due == number, "archives are taken in the order they were queued"
+                yield archive_work.rows_of(result)
+
         for done, group in enumerate(groups):
             _check(stop)
             if progress is not None:
                 progress("windows imported", done, len(groups))
-            _import_window(store, data, layout, group, default_pubsub_topic, allowed_topics, keys, record, result, report)
+            fill()
+            while len(workers) and workers.peek_tag() < done:
+                workers.drop()  # the rest of a rejected window
+                fill()
+            _import_window(store, group, tables(done, group), record, result, report)
             record.save(record_path)
         if progress is not None and groups:
             progress("windows imported", len(groups), len(groups))
@@ -659,23 +725,14 @@ def _select(groups: list[list[IndexEntry]], imported: set[str], selection: Selec
     return missing
 
 
-def _import_window(store, data, layout: Layout, group: list[IndexEntry], default_pubsub_topic: str,
-                   allowed_topics, keys: dict[str, bytes], record: MemberRecord, result: FetchResult,
+def _import_window(store, group: list[IndexEntry], tables, record: MemberRecord, result: FetchResult,
                    report: Report) -> None:
-    """Check every archive of one window while its rows stream into one
-    window replacement; a failed check aborts it before anything commits."""
+    """Replace one window with the rows of its archives (``tables``, which
+    checks each archive as it is read), in one window replacement; a failed
+    check aborts it before anything commits."""
     first = group[0]
-
-    def rows():
-        for entry in group:
-            data.seek(entry.offset)
-            content = archive.read_archive(layout, entry, data.read(entry.size), default_pubsub_topic,
-                                           allowed_topics, keys)
-            for m in content.messages:
-                yield Row.build(m.pubsub_topic, m.message, m.arrival_ns)
-
     try:
-        written = store.replace_window(first.start_ns, first.end_ns, list(first.content_topics), rows())
+        written = store.replace_window_tables(first.start_ns, first.end_ns, list(first.content_topics), tables)
     except ArchiveError as exc:
         for entry in group:
             result.rejected[entry.archive_id] = str(exc)

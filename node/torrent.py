@@ -55,6 +55,18 @@ TORRENT_THREADS = 2
 # a session goes away (its default is 5 s), which a stopping node spends.
 STOP_TRACKER_TIMEOUT_S = 1
 HASH_CHUNK = 1024 * 1024
+# libtorrent 2's default disk I/O maps the files into the process: every
+# page fetched or seeded stays resident in this process (file-backed RSS)
+# until the kernel needs it, a whole gigabyte of ``data`` for a full fetch.
+# The pread backend (libtorrent 2.1) reads and writes with pread/pwrite
+# through the page cache, holding only its bounded store buffer. The name
+# is the Python binding's (session.cpp set_disk_io); an unknown one falls
+# back to the default silently.
+DISK_IO = "pread_disk_io_constructor"
+# Blocks received and waiting for the disk: libtorrent 2.1.1 allows 100 MiB
+# (settings_pack max_queued_disk_bytes); a quarter keeps a loopback fetch
+# at full speed (the disk drains faster than peers fill it).
+MAX_QUEUED_DISK_BYTES = 32 * 1024 * 1024
 
 PRIORITY_SKIP, PRIORITY_NORMAL, PRIORITY_TOP = 0, 1, 7
 
@@ -122,10 +134,13 @@ def open_session(listen: str = "0.0.0.0:0", isolated: bool = False) -> lt.sessio
         # Incoming uTP is still accepted.
         "enable_outgoing_utp": False,
         "stop_tracker_timeout": STOP_TRACKER_TIMEOUT_S,
+        "max_queued_disk_bytes": MAX_QUEUED_DISK_BYTES,
     }
     if isolated:
         settings.update(enable_dht=False, enable_lsd=False, enable_upnp=False, enable_natpmp=False)
-    return lt.session(settings)
+    params = lt.session_params(settings)
+    params.disk_io_constructor = DISK_IO
+    return lt.session(params)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

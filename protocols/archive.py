@@ -20,7 +20,7 @@ records) is in :mod:`wakustore.protocols.archive_records`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -28,8 +28,11 @@ from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: the archive API)
     NS_PER_S,
     ArchivedMessage,
+    DecodedRecord,
     Layout,
     Record,
+    RecordDecoder,
+    RecordEncoder,
     channel_key,
     decode_archived_message,
     encode_archived_message,
@@ -40,6 +43,7 @@ from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: t
 )
 from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key, sign_recoverable
 from wakustore.protocols.errors import ArchiveError, ProtocolError, WakuV1Error
+from wakustore.protocols.message import WakuMessage
 from wakustore.protos import (
     application_metadata_pb2,
     archive_magnetlink_pb2,
@@ -127,14 +131,18 @@ class Chunker:
 
     def add(self, record: Record) -> list[bytes] | None:
         """Add one message; returns a full chunk when this one did not fit."""
-        if record.payload_size > self.limit:
+        return self.add_encoded(record.data, record.payload_size)
+
+    def add_encoded(self, data: bytes, payload_size: int) -> list[bytes] | None:
+        """:meth:`add` for a record given as its two parts."""
+        if payload_size > self.limit:
             self.dropped += 1
             return None
         full = None
-        if self._chunk and self._size + record.payload_size > self.limit:
+        if self._chunk and self._size + payload_size > self.limit:
             full, self._chunk, self._size = self._chunk, [], 0
-        self._chunk.append(record.data)
-        self._size += record.payload_size
+        self._chunk.append(data)
+        self._size += payload_size
         return full
 
     def finish(self) -> list[bytes] | None:
@@ -302,11 +310,30 @@ def read_archive(layout: Layout, entry: IndexEntry, data: bytes, default_pubsub_
     (content topic -> :func:`channel_key`) seal decrypted status-go
     records again. Raises ArchiveError.
     """
-    layout = Layout(layout)
+    decoder = RecordDecoder(layout, default_pubsub_topic, channel_keys)
+    records = read_archive_records(entry, data, decoder, allowed_topics)
+    messages = [ArchivedMessage(p, WakuMessage(pl, c, v, t, m, False, r), a) for p, c, pl, m, v, t, r, a, _ in records]
+    return Archive(entry.start_ns, entry.end_ns, entry.content_topics, messages)
+
+
+def read_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
+                         allowed_topics: Iterable[str] | None = None) -> list[DecodedRecord]:
+    """:func:`read_archive`'s checks, the messages as
+    :data:`DecodedRecord` tuples (what a member's table takes, without a
+    message object per row). Raises ArchiveError."""
+    return list(iter_archive_records(entry, data, decoder, allowed_topics))
+
+
+def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
+                         allowed_topics: Iterable[str] | None = None) -> Iterator[DecodedRecord]:
+    """:func:`read_archive_records` a record at a time (the archive's
+    framing and metadata are checked before the first); raises ArchiveError
+    at the first bad record."""
+    layout = decoder.layout
     if len(data) != entry.size:
         raise ArchiveError(f"archive {entry.archive_id}: got {len(data)} bytes, expected {entry.size}")
     body = data[: entry.encoded_size]
-    if any(data[entry.encoded_size:]):
+    if any(memoryview(data)[entry.encoded_size:]):
         raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     metadata_raw, raw_messages = None, []
     for number, wire, value in proto_fields(body):
@@ -326,21 +353,23 @@ def read_archive(layout: Layout, entry: IndexEntry, data: bytes, default_pubsub_
     if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
         raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
     listed = set(content_topics)
-    allowed = set(allowed_topics) if allowed_topics is not None else None
-    messages = []
+    if allowed_topics is not None:
+        listed &= set(allowed_topics)
+    decode = decoder.decode
     for i, raw in enumerate(raw_messages):
         try:
-            item = decode_archived_message(layout, raw, default_pubsub_topic, channel_keys)
+            record = decode(raw)
         except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
             raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
-        topic = item.message.content_topic
-        if topic not in listed or (allowed is not None and topic not in allowed):
+        topic = record[1]
+        if topic not in listed:
             raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
-        if not start <= item.timestamp < end:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {item.timestamp} "
+        ordering = record[5] or record[7]
+        if not start <= ordering < end:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
                                f"outside [{start}, {end})")
-        messages.append(item)
-    return Archive(start, end, content_topics, messages)
+        raw_messages[i] = None  # each record's bytes are dropped once decoded
+        yield record
 
 
 # --- the magnet-link message -----------------------------------------------------

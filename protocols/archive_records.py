@@ -39,16 +39,21 @@ default (the community's shard); the hash cannot be checked then.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import hashlib
+import struct
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from coincurve._libsecp256k1 import ffi as _ffi
+from coincurve._libsecp256k1 import lib as _lib
+from coincurve.context import GLOBAL_CONTEXT
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakustore.protocols import message_codec, topics, waku_v1
-from wakustore.protocols.crypto import keccak256, public_key_from_bytes, recover_public_key
+from wakustore.protocols.crypto import keccak256
 from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError, TopicError
 from wakustore.protocols.message import WakuMessage, message_hash
@@ -66,6 +71,7 @@ EXT_PROOF = 1006
 EXT_NONCE = 1007
 EXT_SIGNATURE = 1008
 _EXT_FIRST = 1000
+_CTX = GLOBAL_CONTEXT.ctx
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 
 
@@ -110,35 +116,105 @@ def encode_archived_message(layout: Layout, pubsub_topic: str, message: WakuMess
     ``channel_key`` (the message's channel key) makes the record readable by
     Status clients (see the module docstring). Raises ArchiveError for a
     content topic that is not ``/waku/1/0x<8 hex>/rfc26`` (status-go)."""
-    ordering = message.timestamp or arrival_ns
-    ext = [field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode()), field_varint(EXT_ARRIVAL, arrival_ns)]
     if layout is Layout.SPEC:
-        return Record(message_codec.encode_message(message) + b"".join(ext), len(message.payload))
-    try:
-        topic = topics.topic_bytes_from_content_topic(message.content_topic)
-    except ProtocolError as exc:
-        raise ArchiveError(str(exc)) from None
-    record = archive_status_go_pb2.WakuMessage(
-        timestamp=ordering // NS_PER_S, topic=topic, payload=message.payload,
-        hash=message_hash(pubsub_topic, message),
-    )
-    opened = _open_reproducibly(message.payload, channel_key) if channel_key and message.version == 1 else None
-    if opened is not None:
-        payload, padding, signer, signature, nonce = opened
-        record.payload, record.padding = payload, padding
-        ext.append(field_bytes(EXT_NONCE, nonce))
-        if signature:
-            record.sig = public_key_from_bytes(signer).format(compressed=False)
-            ext.append(field_bytes(EXT_SIGNATURE, signature))
-    if message.timestamp:
-        ext.append(field_varint(EXT_TIMESTAMP, _zigzag(message.timestamp)))
-    if message.meta:
-        ext.append(field_bytes(EXT_META, message.meta))
-    if message.version:
-        ext.append(field_varint(EXT_VERSION, message.version))
-    if message.rate_limit_proof:
-        ext.append(field_bytes(EXT_PROOF, message.rate_limit_proof))
-    return Record(record.SerializeToString() + b"".join(ext), len(record.payload) + len(record.sig))
+        ext = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode()) + field_varint(EXT_ARRIVAL, arrival_ns)
+        return Record(message_codec.encode_message(message) + ext, len(message.payload))
+    encoder = RecordEncoder(layout, {message.content_topic: channel_key} if channel_key else {})
+    m = message
+    data, payload_size = encoder.status_go(pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp,
+                                           m.rate_limit_proof, arrival_ns, message_hash(pubsub_topic, m))
+    return Record(data, payload_size)
+
+
+class RecordEncoder:
+    """Encodes many messages of one export: the channel ciphers, topic
+    bytes and pubsub-topic fields are made once, not once a message.
+
+    :meth:`encode_columns` takes a batch as columns (what the table
+    holds), so that a worker process can encode it without building a
+    WakuMessage per row; the bytes are :func:`encode_archived_message`'s.
+    """
+
+    def __init__(self, layout: Layout, channel_keys: Mapping[str, bytes] | None = None):
+        self.layout = Layout(layout)
+        self._ciphers = {topic: AESGCM(key) for topic, key in (channel_keys or {}).items()}
+        self._keys = dict(channel_keys or {})
+        self._topics: dict[str, bytes] = {}
+        self._pubsub: dict[str, bytes] = {}
+
+    def encode_columns(self, pubsub_topics: Sequence[str], content_topics: Sequence[str],
+                       payloads: Sequence[bytes], metas: Sequence[bytes], versions: Sequence[int],
+                       timestamps: Sequence[int], proofs: Sequence[bytes], arrivals: Sequence[int],
+                       hashes: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
+        """(records, payload sizes) of a batch; ``timestamps`` are the
+        sender timestamps (0 when unset), ``hashes`` the rows' message
+        hashes (the table's column). Raises ArchiveError as
+        :func:`encode_archived_message` does."""
+        if self.layout is Layout.SPEC:
+            records = [
+                encode_archived_message(self.layout, p, WakuMessage(pl, c, v, t, m, False, r), a)
+                for p, c, pl, m, v, t, r, a in zip(pubsub_topics, content_topics, payloads, metas, versions,
+                                                   timestamps, proofs, arrivals)
+            ]
+            return [r.data for r in records], [r.payload_size for r in records]
+        datas, sizes = [], []
+        encode = self.status_go
+        for row in zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals,
+                       hashes):
+            data, size = encode(*row)
+            datas.append(data)
+            sizes.append(size)
+        return datas, sizes
+
+    def status_go(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
+                  timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes) -> tuple[bytes, int]:
+        """status-go's record plus the extra fields, written field by field
+        in the order protobuf serialises them (by number), then the extra
+        fields in their fixed order."""
+        topic = self._topics.get(content_topic)
+        if topic is None:
+            try:
+                topic = topics.topic_bytes_from_content_topic(content_topic)
+            except ProtocolError as exc:
+                raise ArchiveError(str(exc)) from None
+            self._topics[content_topic] = topic
+        ordering = timestamp or arrival_ns
+        if ordering < 0:
+            raise ArchiveError(f"time {ordering} ns is before 1970: status-go's record holds unsigned seconds")
+        cipher = self._ciphers.get(content_topic) if version == 1 else None
+        opened = _open_reproducibly(payload, cipher) if cipher is not None else None
+        parts = []
+        signer = padding = b""
+        if opened is not None:
+            payload, padding, signer, signature, nonce = opened
+            if signer:
+                parts += (b"\x0a", varint(len(signer)), signer)
+        seconds = ordering // NS_PER_S
+        if seconds:
+            parts += (b"\x10", varint(seconds))
+        parts += (b"\x1a", varint(len(topic)), topic)
+        if payload:
+            parts += (b"\x22", varint(len(payload)), payload)
+        if padding:
+            parts += (b"\x2a", varint(len(padding)), padding)
+        parts += (b"\x32", varint(len(hash_)), hash_)
+        pubsub = self._pubsub.get(pubsub_topic)
+        if pubsub is None:
+            pubsub = self._pubsub[pubsub_topic] = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode())
+        parts += (pubsub, _ARRIVAL_KEY, varint(arrival_ns))
+        if opened is not None:
+            parts += (_NONCE_KEY, varint(len(nonce)), nonce)
+            if signature:
+                parts += (_SIGNATURE_KEY, varint(len(signature)), signature)
+        if timestamp:
+            parts += (_TIMESTAMP_KEY, varint(_zigzag(timestamp)))
+        if meta:
+            parts += (_META_KEY, varint(len(meta)), meta)
+        if version:
+            parts += (_VERSION_KEY, varint(version))
+        if proof:
+            parts += (_PROOF_KEY, varint(len(proof)), proof)
+        return b"".join(parts), len(payload) + len(signer)
 
 
 def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
@@ -148,70 +224,121 @@ def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: st
     when it holds a decrypted payload) and must match its ``hash``; without
     them it maps as the module docstring says. Raises ArchiveError for
     every malformed input (a bad message or topic field included)."""
-    try:
-        return _decode_archived_message(layout, raw, default_pubsub_topic, channel_keys)
-    except (MessageError, TopicError) as exc:
-        raise ArchiveError(str(exc)) from None
+    pubsub, topic, payload, meta, version, timestamp, proof, arrival, _ = RecordDecoder(
+        layout, default_pubsub_topic, channel_keys).decode(raw)
+    return ArchivedMessage(pubsub, WakuMessage(payload, topic, version, timestamp, meta, False, proof), arrival)
 
 
-def _decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
-                             channel_keys: Mapping[str, bytes] | None) -> ArchivedMessage:
-    ext = {number: (wire, value) for number, wire, value in proto_fields(raw) if number > _EXT_FIRST}
-    pubsub = _ext_bytes(ext, EXT_PUBSUB_TOPIC)
-    arrival = _ext_int(ext, EXT_ARRIVAL)
-    if layout is Layout.SPEC:
-        message = message_codec.decode_message(raw)
-        pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else default_pubsub_topic
-        return ArchivedMessage(pubsub_topic, message, arrival if arrival is not None else message.timestamp)
-    record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
-    if record is None:
-        raise ArchiveError("undecodable archive message")
-    content_topic = topics.content_topic_from_bytes(record.topic)
-    if arrival is None:  # an archive status-go made: see the module docstring
-        ts = record.timestamp * NS_PER_S
-        return ArchivedMessage(default_pubsub_topic, WakuMessage(record.payload, content_topic, timestamp=ts), ts)
-    if pubsub is None:
-        raise ArchiveError("archive message has an arrival time but no pubsub topic")
-    payload, nonce = record.payload, _ext_bytes(ext, EXT_NONCE)
-    if nonce is not None:
-        key = channel_keys.get(content_topic) if channel_keys else None
-        if key is None:
-            raise ArchiveError(f"a message on {content_topic} is archived decrypted: rebuilding it needs its channel key")
-        if len(nonce) != waku_v1.AES_NONCE_SIZE:
-            raise ArchiveError(f"nonce of {len(nonce)} bytes")
-        payload = _seal(key, nonce, record.payload, record.padding, _ext_bytes(ext, EXT_SIGNATURE) or b"")
-    message = WakuMessage(
-        payload=payload,
-        content_topic=content_topic,
-        version=_ext_int(ext, EXT_VERSION) or 0,
-        timestamp=_unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
-        meta=_ext_bytes(ext, EXT_META) or b"",
-        rate_limit_proof=_ext_bytes(ext, EXT_PROOF) or b"",
-    )
-    item = ArchivedMessage(_utf8(pubsub, "pubsub topic"), message, arrival)
-    if item.timestamp // NS_PER_S != record.timestamp:
-        raise ArchiveError(f"timestamp {record.timestamp} s does not match {item.timestamp} ns")
-    if message_hash(item.pubsub_topic, message) != record.hash:
-        raise ArchiveError("message hash does not match the rebuilt message")
-    try:
-        message_codec.encode_message(message)
-    except MessageError as exc:
-        raise ArchiveError(str(exc)) from None
-    return item
+# What a record decodes to, as the table's columns hold it: pubsub topic,
+# content topic, payload, meta, version, sender timestamp (0: unset),
+# rate-limit proof, arrival (ns) and the message hash.
+DecodedRecord = tuple[str, str, bytes, bytes, int, int, bytes, int, bytes]
+
+_UINT32_MAX = 2**32 - 1
+_INT64_BE = struct.Struct(">q")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _open_reproducibly(data: bytes, key: bytes) -> tuple[bytes, bytes, bytes | None, bytes, bytes] | None:
+class RecordDecoder:
+    """Decodes the records of many archives: channel ciphers and topic
+    names are made once, and a record becomes a :data:`DecodedRecord`
+    tuple (no message object), which a hydrating member turns into table
+    columns. Checks and errors are :func:`decode_archived_message`'s."""
+
+    def __init__(self, layout: Layout, default_pubsub_topic: str,
+                 channel_keys: Mapping[str, bytes] | None = None):
+        self.layout = Layout(layout)
+        self.default_pubsub_topic = default_pubsub_topic
+        self._keys = dict(channel_keys or {})
+        self._ciphers: dict[str, AESGCM] = {}
+        self._topics: dict[bytes, str] = {}
+        self._pubsub: dict[bytes, str] = {}
+
+    def decode(self, raw: bytes) -> DecodedRecord:
+        try:
+            return self._decode(raw)
+        except (MessageError, TopicError) as exc:
+            raise ArchiveError(str(exc)) from None
+
+    def _decode(self, raw: bytes) -> DecodedRecord:
+        ext = _ext_fields(raw)
+        pubsub = _ext_bytes(ext, EXT_PUBSUB_TOPIC)
+        arrival = _ext_int(ext, EXT_ARRIVAL)
+        if self.layout is Layout.SPEC:
+            m = message_codec.decode_message(raw)
+            pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else self.default_pubsub_topic
+            return (pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof,
+                    arrival if arrival is not None else m.timestamp, message_hash(pubsub_topic, m))
+        record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
+        if record is None:
+            raise ArchiveError("undecodable archive message")
+        raw_topic = record.topic
+        content_topic = self._topics.get(raw_topic)
+        if content_topic is None:
+            content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
+        if arrival is None:  # an archive status-go made: see the module docstring
+            ts = record.timestamp * NS_PER_S
+            pubsub_topic = self.default_pubsub_topic
+            return (pubsub_topic, content_topic, record.payload, b"", 0, ts, b"", ts,
+                    _hash(pubsub_topic, record.payload, content_topic, b"", ts))
+        if pubsub is None:
+            raise ArchiveError("archive message has an arrival time but no pubsub topic")
+        payload, nonce = record.payload, _ext_bytes(ext, EXT_NONCE)
+        if nonce is not None:
+            cipher = self._cipher(content_topic)
+            if len(nonce) != waku_v1.AES_NONCE_SIZE:
+                raise ArchiveError(f"nonce of {len(nonce)} bytes")
+            payload = _seal(cipher, nonce, payload, record.padding, _ext_bytes(ext, EXT_SIGNATURE) or b"")
+        version = _ext_int(ext, EXT_VERSION) or 0
+        timestamp = _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0)
+        meta = _ext_bytes(ext, EXT_META) or b""
+        proof = _ext_bytes(ext, EXT_PROOF) or b""
+        pubsub_topic = self._pubsub.get(pubsub)
+        if pubsub_topic is None:
+            pubsub_topic = self._pubsub[pubsub] = _utf8(pubsub, "pubsub topic")
+        ordering = timestamp or arrival
+        if ordering // NS_PER_S != record.timestamp:
+            raise ArchiveError(f"timestamp {record.timestamp} s does not match {ordering} ns")
+        # What message_codec.encode_message would refuse: the wire types of
+        # version (uint32) and timestamp (sint64, also the hash's 8 bytes).
+        if not 0 <= version <= _UINT32_MAX or not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise ArchiveError(f"message does not fit the wire format: version {version}, timestamp {timestamp}")
+        hash_ = record.hash
+        if _hash(pubsub_topic, payload, content_topic, meta, timestamp) != hash_:
+            raise ArchiveError("message hash does not match the rebuilt message")
+        return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_
+
+    def _cipher(self, content_topic: str) -> AESGCM:
+        cipher = self._ciphers.get(content_topic)
+        if cipher is None:
+            key = self._keys.get(content_topic)
+            if key is None:
+                raise ArchiveError(
+                    f"a message on {content_topic} is archived decrypted: rebuilding it needs its channel key")
+            cipher = self._ciphers[content_topic] = AESGCM(key)
+        return cipher
+
+
+def _hash(pubsub_topic: str, payload: bytes, content_topic: str, meta: bytes, timestamp: int) -> bytes:
+    """:func:`message_hash` of the message these fields make, without
+    making the message (the round-trip tests hold the two equal)."""
+    return hashlib.sha256(b"".join((pubsub_topic.encode(), payload, content_topic.encode(), meta,
+                                    _INT64_BE.pack(timestamp)))).digest()
+
+
+def _open_reproducibly(data: bytes, cipher: AESGCM) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
     """(payload, padding, signer, signature, nonce) of a Waku v1 symmetric
     payload (waku_v1.decrypt_symmetric's format) whose plaintext is in the
     canonical form :func:`_seal` writes, so that sealing it again with the
     same key and nonce gives ``data`` back (AES-GCM is deterministic);
-    None for anything else."""
+    ``signer`` is the 65-byte uncompressed key status-go's record holds
+    (empty when unsigned). None for anything else."""
     nonce_size = waku_v1.AES_NONCE_SIZE
     if len(data) <= nonce_size + waku_v1.GCM_TAG_SIZE:
         return None
     nonce, sealed = data[-nonce_size:], data[:-nonce_size]
     try:
-        plain = AESGCM(key).decrypt(nonce, sealed, None)
+        plain = cipher.decrypt(nonce, sealed, None)
     except (InvalidTag, ValueError):
         return None
     flags, count = plain[0], plain[0] & waku_v1.SIZE_FIELD_MASK
@@ -223,22 +350,41 @@ def _open_reproducibly(data: bytes, key: bytes) -> tuple[bytes, bytes, bytes | N
     if count != _size_field_length(size) or 1 + count + size > end:
         return None
     payload, padding, signature = plain[1 + count : 1 + count + size], plain[1 + count + size : end], plain[end:]
-    signer = None
+    signer = b""
     if signed:
-        try:
-            signer = recover_public_key(signature, keccak256(plain[:end]))
-        except ProtocolError:
+        signer = _recover_uncompressed(signature, keccak256(plain[:end]))
+        if signer is None:
             return None
     return payload, padding, signer, signature, nonce
 
 
-def _seal(key: bytes, nonce: bytes, payload: bytes, padding: bytes, signature: bytes) -> bytes:
+def _recover_uncompressed(signature: bytes, digest: bytes) -> bytes | None:
+    """The 65-byte uncompressed key that made a 65-byte R||S||V signature
+    of ``digest``; None when it recovers none. libsecp256k1 through
+    coincurve's own bindings: the key object and the compressed round trip
+    of :func:`recover_public_key` cost a fifth more, once per archived
+    message."""
+    if len(signature) != 65 or signature[64] > 3:
+        return None
+    parsed = _ffi.new("secp256k1_ecdsa_recoverable_signature *")
+    if not _lib.secp256k1_ecdsa_recoverable_signature_parse_compact(_CTX, parsed, signature[:64], signature[64]):
+        return None
+    key = _ffi.new("secp256k1_pubkey *")
+    if not _lib.secp256k1_ecdsa_recover(_CTX, key, parsed, digest):
+        return None
+    out = _ffi.new("unsigned char[65]")
+    size = _ffi.new("size_t *", 65)
+    _lib.secp256k1_ec_pubkey_serialize(_CTX, out, size, key, _lib.SECP256K1_EC_UNCOMPRESSED)
+    return bytes(_ffi.buffer(out, size[0]))
+
+
+def _seal(cipher: AESGCM, nonce: bytes, payload: bytes, padding: bytes, signature: bytes) -> bytes:
     """status-go's symmetric Waku v1 payload with a given nonce: flags, the
     payload size (minimal little-endian), payload, padding, signature;
     AES-256-GCM ciphertext || tag || nonce."""
     size = len(payload).to_bytes(_size_field_length(len(payload)), "little")
     flags = len(size) | (waku_v1.FLAG_SIGNED if signature else 0)
-    return AESGCM(key).encrypt(nonce, bytes([flags]) + size + payload + padding + signature, None) + nonce
+    return cipher.encrypt(nonce, b"".join((bytes((flags,)), size, payload, padding, signature)), None) + nonce
 
 
 def _size_field_length(size: int) -> int:
@@ -270,6 +416,48 @@ def _ext_bytes(ext: dict, number: int) -> bytes | None:
     return value
 
 
+def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
+    """The extra fields (numbers above 1000) of a record, the last of each
+    number winning: :func:`proto_fields` with its checks, inlined for the
+    one-byte varints that most keys and lengths are (once per archived
+    message on a hydrating member)."""
+    ext = {}
+    pos, end = 0, len(raw)
+    while pos < end:
+        key = raw[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _read_varint(raw, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ArchiveError("protobuf field number 0")
+        if wire == _WIRE_LEN:
+            if pos < end and raw[pos] < 0x80:
+                length = raw[pos]
+                pos += 1
+            else:
+                length, pos = _read_varint(raw, pos)
+            if pos + length > end:
+                raise ArchiveError("truncated protobuf field")
+            if number > _EXT_FIRST:
+                ext[number] = (wire, raw[pos : pos + length])
+            pos += length
+        elif wire == _WIRE_VARINT:
+            value, pos = _read_varint(raw, pos)
+            if number > _EXT_FIRST:
+                ext[number] = (wire, value)
+        elif wire in (_WIRE_I64, _WIRE_I32):
+            pos += 8 if wire == _WIRE_I64 else 4
+            if pos > end:
+                raise ArchiveError("truncated protobuf field")
+            if number > _EXT_FIRST:
+                ext[number] = (wire, None)
+        else:
+            raise ArchiveError(f"unsupported protobuf wire type {wire}")
+    return ext
+
+
 def proto_fields(raw: bytes) -> Iterator[tuple[int, int, int | bytes | None]]:
     """(field number, wire type, value) of a protobuf encoding; values are
     ints (varint), bytes (length-delimited) or None (fixed-size)."""
@@ -297,6 +485,15 @@ def proto_fields(raw: bytes) -> Iterator[tuple[int, int, int | bytes | None]]:
 
 
 def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    # One and two bytes first: field keys up to 2047 (the extra fields),
+    # lengths up to 16 KiB.
+    if pos + 1 < len(raw):
+        first = raw[pos]
+        if first < 0x80:
+            return first, pos + 1
+        second = raw[pos + 1]
+        if second < 0x80:
+            return (first & 0x7F) | second << 7, pos + 2
     value = shift = 0
     for i in range(10):
         if pos + i >= len(raw):
@@ -309,7 +506,13 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
     raise ArchiveError("varint longer than 10 bytes")
 
 
-varint = encode_uvarint
+_SMALL_VARINTS = [bytes((n,)) for n in range(0x80)]
+
+
+def varint(value: int) -> bytes:
+    """:func:`encode_uvarint`, values below 128 from a table (most lengths
+    and flags of a record)."""
+    return _SMALL_VARINTS[value] if 0 <= value < 0x80 else encode_uvarint(value)
 
 
 def field_varint(number: int, value: int) -> bytes:
@@ -326,3 +529,16 @@ def _zigzag(value: int) -> int:
 
 def _unzigzag(value: int) -> int:
     return (value >> 1) ^ -(value & 1)
+
+
+def _key(number: int, wire: int) -> bytes:
+    return varint(number << 3 | wire)
+
+
+_TIMESTAMP_KEY = _key(EXT_TIMESTAMP, _WIRE_VARINT)
+_META_KEY = _key(EXT_META, _WIRE_LEN)
+_VERSION_KEY = _key(EXT_VERSION, _WIRE_VARINT)
+_ARRIVAL_KEY = _key(EXT_ARRIVAL, _WIRE_VARINT)
+_PROOF_KEY = _key(EXT_PROOF, _WIRE_LEN)
+_NONCE_KEY = _key(EXT_NONCE, _WIRE_LEN)
+_SIGNATURE_KEY = _key(EXT_SIGNATURE, _WIRE_LEN)

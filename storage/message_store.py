@@ -334,9 +334,14 @@ class MessageStore:
     ) -> Iterator[list[Row]]:
         """Messages with start <= timestamp < end on these topics, in
         timestamp order, one day at a time (memory bounded by a day)."""
-        self.flush()
-        for table in self.table.window_days(start_ns, end_ns, content_topics):
+        for table in self.stream_window_tables(start_ns, end_ns, content_topics):
             yield rows_from_arrow(table)
+
+    def stream_window_tables(self, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> Iterator:
+        """:meth:`stream_window` as Arrow tables of the table's schema, one
+        a day (an export encodes them without an object per message)."""
+        self.flush()
+        yield from self.table.window_days(start_ns, end_ns, content_topics)
 
     def replace_window(
         self, start_ns: int, end_ns: int, content_topics: Sequence[str], messages: Iterable[Row]
@@ -370,6 +375,65 @@ class MessageStore:
         self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
+
+    def replace_window_tables(
+        self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable
+    ) -> int:
+        """:meth:`replace_window` for rows given a batch at a time in the
+        table's Arrow schema (:func:`rows.records_to_arrow`), so that a
+        window of a million messages builds no object per message. The same
+        guarantees: one transaction, staged beyond a chunk, nothing
+        committed if ``tables`` raises or a row lies outside the window."""
+        import pyarrow as pa  # here: the rest of the store needs only rows.py's conversions
+        import pyarrow.compute as pc
+
+        self.flush()
+        listed = pa.array(list(content_topics), pa.string())
+        seen: set[bytes] = set()
+        muids: list[bytes] = []
+        days: list[object] = []
+        # The hot tier takes the rows of its window (a day at most); for the
+        # older rows it claims, the newest one makes it give up below that
+        # time, as import_rows does: a window of a million rows makes no
+        # object per row and no tier of a million rows.
+        recent: list[Row] = []
+        older: Row | None = None
+        now = time.time_ns()
+        tier_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
+        horizon = None if tier_from is None else max(tier_from, now - self.hot.window_ns)
+        with StagedRows(self.table.uri) as staged:
+            for table in tables:
+                if not table.num_rows:
+                    continue
+                low, high = (v.as_py() for v in pc.min_max(table.column("timestamp")).values())
+                if low < start_ns or high >= end_ns or not pc.all(
+                        pc.is_in(table.column("content_topic"), value_set=listed)).as_py():
+                    raise ValueError("a message lies outside the window it replaces")
+                keys = table.column("muid").to_pylist()
+                keep = [key not in seen and not seen.add(key) for key in keys]
+                if not all(keep):  # the first copy wins, as replace_window keeps it
+                    table = table.filter(pa.array(keep))
+                    keys = [key for key, kept in zip(keys, keep) if kept]
+                muids += keys
+                days += table.column(schema.MESSAGES_PARTITION).to_pylist()
+                staged.add_table(table)
+                if tier_from is not None and high >= tier_from:
+                    stamps = table.column("timestamp")
+                    recent += rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
+                    below = table.filter(pc.and_(pc.greater_equal(stamps, tier_from), pc.less(stamps, horizon)))
+                    if below.num_rows:
+                        stamps = below.column("timestamp")
+                        candidate = rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0]
+                        if older is None or candidate.timestamp > older.timestamp:
+                            older = candidate
+            source = staged.source()
+            retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+        self._forget_removed()
+        self.writes.remember(muids, days)
+        self.hot.replace(start_ns, end_ns, content_topics, recent)
+        if older is not None:
+            self.hot.add([older], now)
+        return len(muids)
 
     # --- bulk import ------------------------------------------------------
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from wakustore.protocols.message import WakuMessage, message_hash, muid
+from wakustore.protocols.message import _MUID_META_PART, WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import StoredMessage
 from wakustore.storage import schema
 
@@ -159,3 +160,50 @@ def rows_from_arrow(table: pa.Table) -> list[Row]:
         )
         for i in range(table.num_rows)
     ]
+
+
+# --- columnar building ----------------------------------------------------
+
+_NS_PER_DAY = 86_400 * 1_000_000_000
+
+
+def records_to_arrow(records: Sequence[tuple]) -> pa.Table:
+    """The table rows of decoded archive records (protocols.archive_records
+    ``DecodedRecord``: pubsub topic, content topic, payload, meta, version,
+    sender timestamp, proof, arrival, message hash), built a column at a
+    time: the same rows :meth:`Row.build` and :func:`to_arrow` make, with
+    no object per message. The hash is the record's, checked by the
+    decoder against the rebuilt message."""
+    if not records:
+        return schema.MESSAGES.empty_table()
+    pubsub, content, payload, meta, version, sender, proof, arrival, hashes = zip(*records)
+    sha = hashlib.sha256
+    encoded_pubsub = {t: t.encode() for t in set(pubsub)}
+    encoded_content = {t: t.encode() for t in set(content)}
+    muids = [
+        sha(b"".join((encoded_pubsub[p], encoded_content[c], m, pl))).digest() + m[:_MUID_META_PART]
+        for p, c, m, pl in zip(pubsub, content, meta, payload)
+    ]
+    digests = [sha(encoded_content[c] + pl).digest() for c, pl in zip(content, payload)]
+    timestamps = [s or a for s, a in zip(sender, arrival)]
+    ts = pa.array(timestamps, pa.int64())
+    # schema.day_of_ns, vectorised: negative times clamp to the epoch.
+    days = pc.divide(pc.max_element_wise(ts, 0), _NS_PER_DAY).cast(pa.int32()).cast(pa.date32())
+    return pa.Table.from_arrays(
+        [
+            pa.array(muids, pa.binary()),
+            pa.array(hashes, pa.binary()),
+            pa.array(digests, pa.binary()),
+            pa.array(pubsub, pa.string()),
+            pa.array(content, pa.string()),
+            pa.array(payload, pa.binary()),
+            pa.array(meta, pa.binary()),
+            pa.array(version, pa.int32()),
+            ts,
+            pa.array(sender, pa.int64()),
+            pa.array(proof, pa.binary()),
+            pa.array(arrival, pa.int64()),
+            days,
+        ],
+        schema=schema.MESSAGES,
+    )

@@ -641,3 +641,59 @@ def test_serve_stops_on_sigterm_within_10_s_while_seeding_waits_and_an_export_ru
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- worker processes ------------------------------------------------------------------
+
+
+def test_exports_in_worker_processes_write_the_same_bytes_as_in_this_one(tmp_path, make_store, monkeypatch):
+    """Large exports encode in worker processes: the data and index are
+    byte for byte (and the torrent's info hash the same as) what the
+    calling thread writes alone."""
+    _, store = make_store("control")
+    put_days(store, range(9), per_day=12)
+    written = {}
+    for name, pool_min_rows in (("inline", 10**9), ("workers", 1)):
+        monkeypatch.setattr(node_archive, "POOL_MIN_ROWS", pool_min_rows)
+        monkeypatch.setattr(node_archive, "EXPORT_BATCH_ROWS", 5)  # several batches a day, results in order
+        control = settings(tmp_path / name)
+        result = node_archive.export_community(store, control, T0 + 14 * DAY)
+        assert result.messages == 9 * 12 and len(result.archives) == 2
+        community = control.archive_dir / CID
+        written[name] = [(community / "data").read_bytes(), (community / "index").read_bytes(),
+                         torrent.info_hash(control.torrent_path.read_bytes())]
+    assert written["workers"] == written["inline"]
+
+
+@pytest.mark.slow
+def test_an_import_in_worker_processes_rejects_a_bad_window_whole_and_imports_the_others(
+        tmp_path, make_store, monkeypatch):
+    """Archives decoded by worker processes: a window whose archive fails a
+    check (a flipped byte in a record) leaves the table as it was, the
+    next window is imported, and the member holds exactly the control
+    node's messages there."""
+    monkeypatch.setattr(node_archive, "POOL_MIN_BYTES", 0)
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0, 8])
+    put_days(member_store, [1], topic_list=TOPICS[:1])
+    node_archive.export_community(control_store, control, T0 + 14 * DAY)
+    community = tmp_path / "out" / CID
+    first, second = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes())
+    data = bytearray((community / "data").read_bytes())
+    body = data.find(bytes([0, 0]) * 50, first.offset)  # the first message's payload
+    assert first.offset < body < first.offset + first.encoded_size
+    data[body + 10] ^= 0x01  # no longer the message its hash names
+    (community / "data").write_bytes(bytes(data))
+    control.torrent_path.write_bytes(torrent.create_torrent(control.archive_dir, CID, archive.PIECE_LENGTH, ()))
+    magnet = torrent.magnet_uri(control.torrent_path.read_bytes())
+    before = hashes(member_store, T0, T0 + 7 * DAY)
+    seeder = seeder_for(control)
+    try:
+        got = fetch(member_store, member_dir, seeder, magnet)
+    finally:
+        seeder.stop()
+    assert list(got.rejected) == [first.archive_id] and got.imported == [second.archive_id]
+    assert hashes(member_store, T0, T0 + 7 * DAY) == before != []
+    assert hashes(member_store, T0 + 7 * DAY, T0 + 14 * DAY) == hashes(control_store, T0 + 7 * DAY, T0 + 14 * DAY) != []

@@ -19,6 +19,8 @@ from wakustore.protocols.archive_records import (
     NS_PER_S,
     ArchivedMessage,
     Layout,
+    RecordDecoder,
+    RecordEncoder,
     channel_key,
     decode_archived_message,
     encode_archived_message,
@@ -189,3 +191,67 @@ def test_any_bytes_decode_or_raise_archive_error(layout, data):
         decode_archived_message(layout, raw, DEFAULT_PUBSUB, {TOPIC: KEY})
     except ArchiveError:
         pass
+
+
+# --- many records at once -------------------------------------------------------------
+
+
+def _split(record: bytes) -> tuple[bytes, list[tuple[int, object]]]:
+    """status-go's part of a record (fields below 1000) and the extra fields in order."""
+    ext = []
+    for number, _wire, value in proto_fields(record):
+        if number > 1000:
+            ext.append((number, value))
+        else:
+            assert not ext, "status-go's fields come first"
+    return record[: record.index(field_bytes(EXT_PUBSUB_TOPIC, PUBSUB.encode()))], ext
+
+
+sealed_messages = st.builds(
+    lambda body, signed, padding, ts, meta, version, proof: WakuMessage(
+        waku_v1.encrypt_symmetric(body, KEY, SENDER if signed else None) if version == 1 else body,
+        TOPIC, version=version, timestamp=ts, meta=meta, rate_limit_proof=proof),
+    body=st.binary(max_size=300), signed=st.booleans(), padding=st.none(),
+    ts=st.integers(0, 2**62), meta=st.binary(max_size=40), version=st.sampled_from([0, 1, 1, 1, 2]),
+    proof=st.binary(max_size=20),
+)
+
+
+@given(batch=st.lists(st.tuples(sealed_messages, st.integers(1, 2**62)), min_size=1, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_the_record_encoder_writes_what_the_protobuf_class_writes(batch):
+    """Columns in, records out: status-go's part is what its protobuf class
+    serialises for the same values, the extra fields follow in their fixed
+    order, a signed channel message carries its signer's uncompressed key,
+    and the decoder gives each message back as the table holds it."""
+    from coincurve import PrivateKey
+
+    from wakustore.protos import archive_status_go_pb2
+
+    signer = PrivateKey(SENDER).public_key.format(compressed=False)
+    columns = [[PUBSUB, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, a,
+                message_hash(PUBSUB, m)] for m, a in batch]
+    records, sizes = RecordEncoder(Layout.STATUS_GO, {TOPIC: KEY}).encode_columns(*zip(*columns))
+    for (message, arrival), record, size, row in zip(batch, records, sizes, columns):
+        single = encode_archived_message(Layout.STATUS_GO, PUBSUB, message, arrival, KEY)
+        assert record == single.data and size == single.payload_size
+        head, ext = _split(record)
+        values = fields(head)
+        assert archive_status_go_pb2.WakuMessage(**{
+            name: values[number] for name, number in
+            (("sig", SIG), ("timestamp", TIMESTAMP), ("topic", TOPIC_FIELD), ("payload", PAYLOAD),
+             ("padding", PADDING), ("hash", HASH)) if number in values
+        }).SerializeToString() == head
+        assert values[HASH] == message_hash(PUBSUB, message)
+        assert values.get(TIMESTAMP, 0) == (message.timestamp or arrival) // NS_PER_S
+        numbers = [n for n, _ in ext]
+        opened = EXT_NONCE in numbers
+        assert opened == (message.version == 1)  # every sealed payload here opens and seals back
+        if opened:
+            assert values.get(SIG) == (signer if EXT_SIGNATURE in numbers else None)
+        expected = [EXT_PUBSUB_TOPIC, EXT_ARRIVAL] + ([EXT_NONCE] if opened else []) + \
+            ([EXT_SIGNATURE] if SIG in values else []) + ([EXT_TIMESTAMP] if message.timestamp else []) + \
+            ([EXT_META] if message.meta else []) + ([EXT_VERSION] if message.version else []) + \
+            ([EXT_PROOF] if message.rate_limit_proof else [])
+        assert numbers == expected
+        assert RecordDecoder(Layout.STATUS_GO, DEFAULT_PUBSUB, {TOPIC: KEY}).decode(record) == tuple(row)

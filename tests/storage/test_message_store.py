@@ -403,3 +403,90 @@ def test_pages_and_cursors_of_pending_rows_copy_no_pending_rows(engine, tmp_path
     assert payloads(third.messages) == [b"payload-7", b"payload-8", b"payload-9"]
     monkeypatch.undo()
     s.close()
+
+
+# --- windows replaced from Arrow batches (archive import) -------------------------------
+
+
+def _record(pubsub, m, arrival):
+    """A decoded archive record (protocols.archive_records.DecodedRecord) of a message."""
+    return (pubsub, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, arrival,
+            message_hash(pubsub, m))
+
+
+def test_rows_built_a_column_at_a_time_are_the_rows_built_one_by_one():
+    from wakustore.storage.rows import records_to_arrow, to_arrow
+
+    messages = [
+        (PUBSUB, msg(1, meta=b"m" * 40), T0 + 5),
+        ("/waku/2/rs/16/33", WakuMessage(b"", "/c/1/b/proto", version=1, timestamp=0, rate_limit_proof=b"p"), T0 + 7),
+        (PUBSUB, WakuMessage(b"x" * 3000, "/c/1/a/proto", version=2, timestamp=-5), 3),
+        (PUBSUB, WakuMessage(b"y", "/c/1/a/proto", timestamp=86_400 * 10**9 * 20_000 - 1), 0),
+    ]
+    columnar = records_to_arrow([_record(*t) for t in messages])
+    assert columnar.equals(to_arrow([Row.build(*t) for t in messages]))
+    assert records_to_arrow([]).num_rows == 0
+
+
+def test_replace_a_window_from_arrow_batches(store, monkeypatch):
+    """The batches become the window whole (one transaction, staged on
+    disk past the threshold), the first copy of a MUID wins, the window's
+    other topics and times are untouched; a row outside the window or a
+    failing source commits nothing."""
+    from deltalake import DeltaTable
+
+    from wakustore.storage import staging
+    from wakustore.storage.rows import records_to_arrow
+
+    monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 2048)
+    store.put(triples([msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]))
+    store.flush()
+    window, topics = (T0, T0 + 10 * SECOND), ["/c/1/a/proto"]
+    before = DeltaTable(store.table.uri).version()
+    new = [msg(i, topic="/c/1/a/proto", meta=b"new") for i in range(0, 10, 2)]
+    batches = [records_to_arrow([_record(PUBSUB, m, T0) for m in new[:3]]),
+               records_to_arrow([_record(PUBSUB, m, T0) for m in new[2:]])]  # new[2] twice
+    assert store.replace_window_tables(*window, topics, iter(batches)) == 5
+    assert DeltaTable(store.table.uri).version() == before + 1
+    rows = [r for chunk in store.stream_window(*window, topics) for r in chunk]
+    assert [r.message.payload for r in rows] == [b"payload-%d" % i for i in range(0, 10, 2)]
+    assert all(r.message.meta == b"new" for r in rows) and store.table.count() == 25
+    # The replaced rows are known to the write path: putting one again is a duplicate.
+    assert store.put([(PUBSUB, new[0], T0)]).duplicates == 1
+
+    outside = records_to_arrow([_record(PUBSUB, msg(15, topic="/c/1/a/proto"), T0)])
+    foreign = records_to_arrow([_record(PUBSUB, msg(3, topic="/c/1/b/proto"), T0)])
+    for bad in (outside, foreign):
+        with pytest.raises(ValueError):
+            store.replace_window_tables(*window, topics, [batches[0], bad])
+
+    def broken():
+        yield batches[0]
+        raise RuntimeError("archive check failed")
+
+    with pytest.raises(RuntimeError):
+        store.replace_window_tables(*window, topics, broken())
+    assert DeltaTable(store.table.uri).version() == before + 1 and store.table.count() == 25
+
+
+def test_a_window_replaced_from_arrow_batches_keeps_the_hot_tier_to_its_own_window(store):
+    """A young node's hot tier covers all time; replacing a window of old
+    history puts none of its rows in the tier (it gives up completeness
+    below them instead), rows inside the tier's day do join it, and every
+    row is found either way."""
+    import time as time_module
+
+    from wakustore.storage.rows import records_to_arrow
+
+    now = time_module.time_ns()
+    topic = "/c/1/a/proto"
+    old = [msg(i, topic=topic) for i in range(50)]  # 2023
+    fresh = [msg(i, topic=topic, ts=now - (i + 1) * SECOND) for i in range(3)]
+    assert store.hot.enabled and store.hot.start_ns is not None
+    store.replace_window_tables(T0, T0 + 100 * SECOND, [topic], [records_to_arrow([_record(PUBSUB, m, T0) for m in old])])
+    assert len(store.hot) == 0 and store.hot.start_ns > T0 + 49 * SECOND
+    store.replace_window_tables(now - 60 * SECOND, now, [topic],
+                                [records_to_arrow([_record(PUBSUB, m, now) for m in fresh])])
+    assert len(store.hot) == 3
+    found = [m for page in page_all(store, query(content_topics=[topic], limit=20)) for m in page]
+    assert len(found) == 53

@@ -1,0 +1,187 @@
+"""The per-message work of a community archive export or import, run in
+worker processes: opening and re-encoding messages for an export
+(AES-GCM, keccak and secp256k1 key recovery for every signed channel
+message), checking and decoding archives into table rows for an import.
+Both are CPU-bound Python, which threads would run one at a time.
+
+The functions here are what the workers run; :class:`Workers` is the pool
+with a bounded queue of results kept in submission order, so that the
+archives written and the rows imported are the same, byte for byte, as
+when the work runs in the calling process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+
+from wakustore.protocols import archive
+from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
+from wakustore.storage.archive_window import RowsFile, export_columns, load_rows
+from wakustore.storage.rows import records_to_arrow
+
+# Tasks queued or done but not taken, per worker (each result a batch of
+# encoded records or one decoded archive, ~35 MB at most): a worker finds
+# its next task while the caller takes a result, and memory stays bounded.
+QUEUE_PER_WORKER = 2
+# Records a worker turns into table rows at once while decoding an archive.
+DECODE_BATCH = 4096
+
+# Encoders and decoders of this worker process, by their settings: made once
+# (ciphers, topic tables), used for every batch of an export or import.
+_encoders: dict[tuple, RecordEncoder] = {}
+_decoders: dict[tuple, RecordDecoder] = {}
+
+
+def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[list[bytes], list[int]]:
+    """The records and payload sizes of one export batch
+    (:func:`archive_window.export_batches`)."""
+    encoder = _encoders.get((layout, keys))
+    if encoder is None:
+        encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
+    try:
+        return encoder.encode_columns(*export_columns(batch))
+    finally:
+        _trim()
+
+
+def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_pubsub_topic: str,
+                   allowed_topics: tuple[str, ...] | None, keys: tuple[tuple[str, bytes], ...],
+                   out: Path | None = None):
+    """One archive of ``data_path``, checked (:func:`archive.read_archive`)
+    and decoded into the rows of the messages table: an Arrow table, or,
+    with ``out``, written there (:func:`archive_window.save_rows`) and the
+    path returned (what a worker process hands back)."""
+    decoder = _decoders.get((layout, default_pubsub_topic, keys))
+    if decoder is None:
+        decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
+            layout, default_pubsub_topic, dict(keys))
+    try:
+        with open(data_path, "rb") as data:
+            data.seek(entry.offset)
+            raw = data.read(entry.size)
+        records = archive.iter_archive_records(entry, raw, decoder, allowed_topics)
+        if out is None:
+            return records_to_arrow(list(records))
+        # A batch at a time: an archive's messages never all exist as objects.
+        with RowsFile(str(out)) as rows:
+            while batch := list(itertools.islice(records, DECODE_BATCH)):
+                rows.write(records_to_arrow(batch))
+        return out
+    finally:
+        _trim()
+
+
+def _trim() -> None:
+    """Give the freed heap of a task back to the system: an archive's
+    messages are tens of thousands of kilobyte-sized objects, which glibc
+    otherwise keeps mapped, and two workers would hold ~400 MB between
+    tasks."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018  (glibc only)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_libc = _load_libc()
+
+
+def rows_of(result):
+    """The rows :func:`decode_archive` returned, reading (and removing) the
+    file a worker wrote."""
+    if isinstance(result, Path):
+        try:
+            return load_rows(str(result))
+        finally:
+            result.unlink(missing_ok=True)
+    return result
+
+
+def key_items(keys: Mapping[str, bytes]) -> tuple[tuple[str, bytes], ...]:
+    """Channel keys in a form that pickles and hashes (the workers' cache key)."""
+    return tuple(sorted(keys.items()))
+
+
+class Workers:
+    """Worker processes and the results due, in the order submitted.
+
+    ``processes`` 0 runs every task in this process at :meth:`submit`
+    (small exports and imports, where starting processes costs more than it
+    saves). Workers are started with ``spawn``: a node's process has
+    threads (the engine client, libtorrent), which a fork would copy
+    mid-flight.
+    """
+
+    def __init__(self, processes: int | None = None):
+        self.processes = default_processes() if processes is None else processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._due: deque[tuple[object, Future]] = deque()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def full(self) -> bool:
+        return len(self._due) >= max(1, self.processes) * QUEUE_PER_WORKER
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def submit(self, tag: object, fn: Callable, *args) -> None:
+        """Queue ``fn(*args)``; its result comes out of :meth:`take` with ``tag``."""
+        future: Future = Future()
+        if self.processes <= 0:
+            try:
+                future.set_result(fn(*args))
+            except Exception as exc:  # handed to the caller by take(), as a worker's would be
+                future.set_exception(exc)
+        else:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+            future = self._pool.submit(fn, *args)
+        self._due.append((tag, future))
+
+    def peek_tag(self) -> object:
+        return self._due[0][0]
+
+    def take(self):
+        """(tag, result) of the oldest task, waiting for it; its exception
+        is raised here."""
+        tag, future = self._due.popleft()
+        return tag, future.result()
+
+    def drop(self) -> None:
+        """Forget the oldest task (its result is no longer wanted)."""
+        self._due.popleft()[1].cancel()
+
+    def close(self) -> None:
+        for _, future in self._due:
+            future.cancel()
+        self._due.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def default_processes() -> int:
+    """One worker a core this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
