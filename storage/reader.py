@@ -1,0 +1,268 @@
+"""Committed history read in process: delta-rs and DataFusion on the Delta table.
+
+The engine (Sail or Spark through Spark Connect) stays the writer of the
+table: ingest appends and MERGEs, window replaces, retention deletes and
+archive export go through it. Store pages and lookups by hash do not: a
+Spark Connect round trip costs 5-10 ms before any work, and re-reading the
+table's log for every query as much again. :class:`TableReader` keeps one
+``DeltaTable`` open and answers a page with one DataFusion query over the
+version it holds.
+
+Versions. Every registered query plan holds the snapshot it was made
+from, so a page reads exactly one table version, and a refresh swaps in a
+new plan source without disturbing pages running on the old one. The
+reader advances:
+
+- when the node itself commits (:meth:`TableReader.committed`, called by
+  the write path after a commit lands and before its rows leave the
+  pending set, so a message never falls between the two);
+- after a window replace, an import and retention, by the store;
+- before a page, when the version was last checked more than
+  ``check_interval_s`` ago: the only way a fleet node (a shared table,
+  or a table written through ``sc://``) sees the others' commits. One
+  check lists the log after the version held (a directory listing on a
+  file system, one LIST request on an object store): at the default
+  :data:`CHECK_INTERVAL_S` another node's commit shows within 0.5 s, half
+  the default flush interval those commits already wait.
+
+Storage: the table URI is what the engine writes (a path, ``s3://``,
+``gs://``, ``az://``...); delta-rs reads the object store's credentials
+from the same environment variables the engine does (``AWS_*`` and so on),
+or from ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from wakustore.protocols.store_query import HistoryQuery, Ordering
+from wakustore.storage import schema
+
+log = logging.getLogger(__name__)
+
+# Name of the table in the DataFusion catalog.
+_TABLE = "messages"
+
+# Columns a data page returns (everything but muid, day and arrival time),
+# and those of a page without data; as in the Spark path (table.py).
+DATA_COLUMNS = (
+    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
+    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
+)
+KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
+
+# How stale a version may be before a page checks the log (see above).
+CHECK_INTERVAL_S = 0.5
+
+# DataFusion settings for pages (deltalake 1.6.6 defaults otherwise):
+# filters evaluated inside the Parquet decoder, so that the payload column
+# of a row group is decoded only for the rows the topic and time filters
+# keep (late materialization), and cheapest filters first; the page index
+# and Bloom filters are on by default. Plain (non-view) Arrow types: the
+# rows go straight to Python, where views only add a cast.
+SESSION_CONFIG = {
+    "datafusion.execution.parquet.pushdown_filters": "true",
+    "datafusion.execution.parquet.reorder_filters": "true",
+    "datafusion.execution.parquet.schema_force_view_types": "false",
+}
+
+
+class TableUnreadable(Exception):
+    """The table cannot be read (missing, unreachable, a file gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    version: int
+    builder: object  # deltalake.QueryBuilder with the table registered at ``version``
+
+
+class TableReader:
+    """Pages and hash lookups of one message table, read in process. Thread-safe."""
+
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        check_interval_s: float | None = CHECK_INTERVAL_S,
+        session_config: Mapping[str, str] | None = None,
+    ):
+        self.uri = uri
+        self.storage_options = dict(storage_options) if storage_options else None
+        # None: never check before a page (every commit comes through committed()).
+        self.check_interval_s = check_interval_s
+        self._session_config = dict(SESSION_CONFIG if session_config is None else session_config)
+        self._lock = threading.Lock()  # the DeltaTable; one refresh at a time
+        self._table = None
+        self._snapshot: _Snapshot | None = None
+        self._checked = 0.0  # time.monotonic() of the last look at the log
+        # A commit landed that the snapshot may not show: pages refresh first.
+        self._stale = True
+        self.refreshes = 0
+
+    # --- versions -----------------------------------------------------------
+
+    @property
+    def version(self) -> int | None:
+        snapshot = self._snapshot
+        return None if snapshot is None else snapshot.version
+
+    def refresh(self) -> int:
+        """Advance to the table's latest version now; returns it."""
+        with self._lock:
+            return self._refresh_locked()
+
+    def committed(self) -> None:
+        """A commit of this process landed: advance now. Never raises (the
+        commit stands); when the log cannot be read now, the next page
+        advances before it reads."""
+        self._stale = True
+        try:
+            self.refresh()
+        except Exception as exc:
+            log.warning("table reader could not advance after a commit (the next page retries): %s", exc)
+
+    def _refresh_locked(self) -> int:
+        from deltalake import DeltaTable, QueryBuilder
+
+        self._stale = True
+        try:
+            if self._table is None:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            else:
+                self._table.update_incremental()
+            version = self._table.version()
+            if self._snapshot is None or self._snapshot.version != version:
+                builder = QueryBuilder(self._session_config).register(_TABLE, self._table)
+                self._snapshot = _Snapshot(version, builder)
+                self.refreshes += 1
+        except Exception as exc:
+            raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
+        self._checked = time.monotonic()
+        self._stale = False
+        return version
+
+    def _current(self) -> _Snapshot:
+        """The snapshot a page reads: refreshed first when a commit may be
+        missing from it, or when the log was not looked at for a while."""
+        snapshot = self._snapshot
+        if snapshot is None or self._stale:
+            with self._lock:
+                if self._snapshot is None or self._stale:
+                    self._refresh_locked()
+                return self._snapshot
+        interval = self.check_interval_s
+        if interval is not None and time.monotonic() - self._checked >= interval:
+            # One thread looks; the others read the version they have.
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._refresh_locked()
+                finally:
+                    self._lock.release()
+                return self._snapshot
+        return snapshot
+
+    # --- reads --------------------------------------------------------------
+
+    def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+        """Up to ``fetch`` rows after/before ``key`` in query order (not
+        reversed), as :meth:`DeltaTableRef.page` answers them."""
+        columns = DATA_COLUMNS if query.include_data else KEY_COLUMNS
+        order_column = "digest" if query.ordering is Ordering.DIGEST else "message_hash"
+        direction = "ASC" if query.forward else "DESC"
+        where = _where(query, key)
+        sql = (
+            f"SELECT {', '.join(columns)} FROM {_TABLE}"
+            + (f" WHERE {where}" if where else "")
+            + f" ORDER BY timestamp {direction}, {order_column} {direction} LIMIT {int(fetch)}"
+        )
+        return self._execute(sql, columns)
+
+    def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
+        where = f"message_hash = {_binary(message_hash)}"
+        if pubsub_topic is not None:
+            where += f" AND pubsub_topic = {_string(pubsub_topic)}"
+        found = self._execute(f"SELECT timestamp FROM {_TABLE} WHERE {where} LIMIT 1", ("timestamp",))
+        return found.column(0)[0].as_py() if found.num_rows else None
+
+    def _execute(self, sql: str, columns: Sequence[str]) -> pa.Table:
+        snapshot = self._current()
+        try:
+            result = _run(snapshot, sql)
+        except Exception as first:
+            # A file of the version held may be gone (vacuumed by another
+            # node): the latest version lists only live files.
+            log.info("table read failed at version %d, advancing and retrying: %s", snapshot.version, first)
+            try:
+                with self._lock:
+                    self._refresh_locked()
+                result = _run(self._snapshot, sql)
+            except TableUnreadable:
+                raise
+            except Exception as exc:
+                raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
+        return result.select(list(columns)).cast(_result_schema(columns))
+
+
+def _run(snapshot: _Snapshot, sql: str) -> pa.Table:
+    return pa.table(snapshot.builder.execute(sql).read_all())
+
+
+_FIELDS = {f.name: f for f in schema.MESSAGES}
+
+
+def _result_schema(columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([_FIELDS[c] for c in columns])
+
+
+# --- SQL ----------------------------------------------------------------------
+
+
+def _where(query: HistoryQuery, key: tuple[int, bytes] | None) -> str:
+    """The WHERE clause of a page: the query's filters, the day partitions
+    its time bounds allow, and the rows after the cursor ``key`` in query
+    order. The one place the read path's filter semantics become SQL."""
+    parts = []
+    if query.pubsub_topic is not None:
+        parts.append(f"pubsub_topic = {_string(query.pubsub_topic)}")
+    if query.content_topics:
+        parts.append(f"content_topic IN ({', '.join(_string(t) for t in query.content_topics)})")
+    if query.message_hashes:
+        parts.append(f"message_hash IN ({', '.join(_binary(h) for h in query.message_hashes)})")
+    if query.time_start is not None:
+        parts.append(f"timestamp >= {int(query.time_start)}")
+        parts.append(f"day >= {_date(schema.day_of_ns(query.time_start))}")
+    if query.time_end is not None:
+        parts.append(f"timestamp < {int(query.time_end)}")
+        parts.append(f"day <= {_date(schema.day_of_ns(max(query.time_end - 1, 0)))}")
+    if key is not None:
+        timestamp, after = int(key[0]), _binary(key[1])
+        column = "digest" if query.ordering is Ordering.DIGEST else "message_hash"
+        op = ">" if query.forward else "<"
+        parts.append(f"(timestamp {op} {timestamp} OR (timestamp = {timestamp} AND {column} {op} {after}))")
+    return " AND ".join(parts)
+
+
+def _string(text: str) -> str:
+    """A DataFusion SQL string literal (standard SQL: quotes doubled, no
+    backslash escapes)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _binary(value: bytes) -> str:
+    return f"X'{bytes(value).hex()}'"
+
+
+def _date(day) -> str:
+    return f"DATE '{day.isoformat()}'"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text
