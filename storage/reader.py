@@ -62,6 +62,11 @@ DATA_COLUMNS = (
 )
 KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
 
+# A page over more days than this reads the first day in its order alone
+# first, and the other days only if that day does not fill it (see
+# TableReader.page); over one or two days, one query.
+SPLIT_PAGES_OVER_DAYS = 2
+
 # How stale a version may be before a page checks the log (see above).
 CHECK_INTERVAL_S = 0.5
 
@@ -108,6 +113,9 @@ class _Snapshot:
     # The hash index of exactly this version's files (path -> day and
     # filter); None when it could not be built (lookups scan every day).
     files: dict[str, _FileHashes] | None = field(default=None)
+    # The day partitions holding rows in this version, ascending; None when
+    # the table is not partitioned by day.
+    days: tuple[dt.date, ...] | None = field(default=None)
 
     def days_of(self, hashes: Sequence[bytes]) -> list[dt.date] | None:
         """The days whose files may hold any of ``hashes``; None: unknown."""
@@ -181,7 +189,6 @@ class TableReader:
     def _refresh_locked(self) -> int:
         from deltalake import DeltaTable, QueryBuilder
 
-        self._stale = True
         try:
             if self._table is None:
                 self._table = DeltaTable(self.uri, storage_options=self.storage_options)
@@ -190,7 +197,14 @@ class TableReader:
             version = self._table.version()
             if self._snapshot is None or self._snapshot.version != version:
                 builder = QueryBuilder(self._session_config).register(_TABLE, self._table)
-                self._snapshot = _Snapshot(version, builder, self._index_files())
+                actions = pa.table(self._table.get_add_actions(flatten=True))
+                day_column = f"partition.{schema.MESSAGES_PARTITION}"
+                days = None
+                if day_column in actions.column_names:
+                    days = [d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
+                            for d in actions.column(day_column).to_pylist()]
+                self._snapshot = _Snapshot(version, builder, self._index_files(actions, days),
+                                           None if days is None else tuple(sorted(set(days))))
                 self.refreshes += 1
         except Exception as exc:
             raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
@@ -198,26 +212,21 @@ class TableReader:
         self._stale = False
         return version
 
-    def _index_files(self) -> dict[str, _FileHashes] | None:
-        """The hash index for the table's current files: files added since
-        the last version are read (their hash column only), removed ones
-        dropped. None when a file could not be read (retried next version)."""
-        if not self.hash_index:
+    def _index_files(self, actions: pa.Table, days: list[dt.date] | None) -> dict[str, _FileHashes] | None:
+        """The hash index for the table's current files (``actions``, their
+        days beside): files added since the last version are read (their
+        hash column only), removed ones dropped. None when a file could not
+        be read (retried next version) or there are no days to narrow to."""
+        if not self.hash_index or days is None:
             return None
-        actions = pa.table(self._table.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
-        day_column = f"partition.{schema.MESSAGES_PARTITION}"
-        days = actions.column(day_column).to_pylist() if day_column in actions.column_names else [None] * len(paths)
         previous = self._files or {}
         files: dict[str, _FileHashes] = {}
         try:
             for path, day, rows in zip(paths, days, actions.column("num_records").to_pylist()):
-                if day is None:
-                    return None  # not partitioned by day: nothing to narrow a lookup to
                 entry = previous.get(path)
                 if entry is None:
                     hashes = self._file_hashes(path)
-                    day = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
                     entry = _FileHashes(day, KeyFilter(max(rows or len(hashes), len(hashes), 1), HASH_INDEX_FPP))
                     entry.hashes.add(hashes)
                 files[path] = entry
@@ -258,6 +267,11 @@ class TableReader:
             if self._lock.acquire(blocking=False):
                 try:
                     self._refresh_locked()
+                except TableUnreadable as exc:
+                    # Nothing this node committed is missing from the
+                    # version held: serve it, look again next interval.
+                    self._checked = time.monotonic()
+                    log.warning("table log not readable, pages stay at version %d: %s", snapshot.version, exc)
                 finally:
                     self._lock.release()
                 return self._snapshot
@@ -272,33 +286,48 @@ class TableReader:
         order_column = "digest" if query.ordering is Ordering.DIGEST else "message_hash"
         direction = "ASC" if query.forward else "DESC"
 
-        def sql(snapshot: _Snapshot) -> str:
-            where = _where(query, key)
-            if query.message_hashes:
-                where = _narrowed(where, snapshot, query.message_hashes)
+        def select(where: str, limit: int) -> str:
             return (
                 f"SELECT {', '.join(columns)} FROM {_TABLE}"
                 + (f" WHERE {where}" if where else "")
-                + f" ORDER BY timestamp {direction}, {order_column} {direction} LIMIT {int(fetch)}"
+                + f" ORDER BY timestamp {direction}, {order_column} {direction} LIMIT {int(limit)}"
             )
 
-        return self._execute(sql, columns)
+        def read(snapshot: _Snapshot) -> pa.Table:
+            where = _where(query, key)
+            if query.message_hashes:
+                return _run(snapshot, select(_narrowed(where, snapshot, query.message_hashes), fetch))
+            days = _page_days(snapshot, query, key)
+            if days is None or len(days) <= SPLIT_PAGES_OVER_DAYS:
+                return _run(snapshot, select(where, fetch))
+            # Day partitions follow the order of the page (a row's day is
+            # that of its timestamp): the first day in query order alone
+            # often fills the page, and the other days are not read.
+            first = _run(snapshot, select(_and(where, f"day = {_date(days[0])}"), fetch))
+            if first.num_rows >= fetch:
+                return first
+            rest = _run(snapshot, select(_and(where, _days(days[1:])), fetch - first.num_rows))
+            return pa.concat_tables([first, rest])
+
+        return self._execute(read, columns)
 
     def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
         where = f"message_hash = {_binary(message_hash)}"
         if pubsub_topic is not None:
             where += f" AND pubsub_topic = {_string(pubsub_topic)}"
         found = self._execute(
-            lambda snapshot: f"SELECT timestamp FROM {_TABLE} WHERE {_narrowed(where, snapshot, [message_hash])} LIMIT 1",
+            lambda snapshot: _run(
+                snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {_narrowed(where, snapshot, [message_hash])} LIMIT 1"
+            ),
             ("timestamp",),
         )
         return found.column(0)[0].as_py() if found.num_rows else None
 
-    def _execute(self, sql: Callable[[_Snapshot], str], columns: Sequence[str]) -> pa.Table:
-        """Run the query ``sql`` builds for a snapshot on the current one."""
+    def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
+        """``read`` on the current snapshot: every query of one answer reads the same version."""
         snapshot = self._current()
         try:
-            result = _run(snapshot, sql(snapshot))
+            result = read(snapshot)
         except Exception as first:
             # A file of the version held may be gone (vacuumed by another
             # node): the latest version lists only live files.
@@ -307,7 +336,7 @@ class TableReader:
                 with self._lock:
                     self._refresh_locked()
                     snapshot = self._snapshot
-                result = _run(snapshot, sql(snapshot))
+                result = read(snapshot)
             except TableUnreadable:
                 raise
             except Exception as exc:
@@ -317,6 +346,23 @@ class TableReader:
 
 def _run(snapshot: _Snapshot, sql: str) -> pa.Table:
     return pa.table(snapshot.builder.execute(sql).read_all())
+
+
+def _page_days(snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None) -> list[dt.date] | None:
+    """The days holding rows a page may return, in the page's order; None
+    when the table's days are unknown."""
+    if snapshot.days is None:
+        return None
+    low = None if query.time_start is None else schema.day_of_ns(query.time_start)
+    high = None if query.time_end is None else schema.day_of_ns(max(query.time_end - 1, 0))
+    if key is not None:
+        cursor_day = schema.day_of_ns(key[0])
+        if query.forward:
+            low = cursor_day if low is None else max(low, cursor_day)
+        else:
+            high = cursor_day if high is None else min(high, cursor_day)
+    days = [d for d in snapshot.days if (low is None or d >= low) and (high is None or d <= high)]
+    return days if query.forward else days[::-1]
 
 
 def _narrowed(where: str, snapshot: _Snapshot, hashes: Sequence[bytes]) -> str:

@@ -50,6 +50,8 @@ def queries(data) -> list[HistoryQuery]:
             (TOPICS[2:], DAY0, DAY0 + DAY),
             (TOPICS, DAY0 + 3 * DAY, None),
             (TOPICS[1:2], None, DAY0 + DAY + 1),
+            # Over four days, the first (in either order) too short to fill a page.
+            (TOPICS[:1], DAY0 + DAY - 3 * HOUR, DAY0 + 3 * DAY + 2 * HOUR),
         ]:
             out.append(HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(topics), time_start=start,
                                     time_end=end, forward=forward, limit=7))
