@@ -155,6 +155,8 @@ def test_a_commit_advances_the_reader_before_its_rows_leave_the_pending_set(engi
     reader = Watching(str(tmp_path / "m"), check_interval_s=None)
     store = MessageStore(DeltaTableRef(engine, str(tmp_path / "m")), tmp_path / "wal", COLD, reader=reader)
     store.open()
+    assert seen == [0] and reader.version is not None  # opened with the store
+    seen.clear()
     data = corpus(30, days=1)
     query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), limit=100)
     try:
