@@ -81,12 +81,6 @@ SESSION_CONFIG = {
     "datafusion.execution.parquet.reorder_filters": "true",
     "datafusion.execution.parquet.schema_force_view_types": "false",
 }
-# With the hash index narrowing lookups to the right days, the Parquet
-# Bloom filters on hashes are one more read per row group for nothing
-# (measured on 200k messages, same process, interleaved: hash/1 p50
-# 8.6 -> 7.7 ms, cursor lookup 6.8 -> 5.0 ms, pages 15.8 -> 13.6 ms;
-# the machine loaded, load average 5-7 on 2 cores).
-INDEXED_SESSION_CONFIG = {**SESSION_CONFIG, "datafusion.execution.parquet.bloom_filter_on_read": "false"}
 
 
 # Per-file Bloom filters of message hashes (the hash index): a false
@@ -150,9 +144,7 @@ class TableReader:
         self.storage_options = dict(storage_options) if storage_options else None
         # None: never check before a page (every commit comes through committed()).
         self.check_interval_s = check_interval_s
-        if session_config is None:
-            session_config = INDEXED_SESSION_CONFIG if hash_index else SESSION_CONFIG
-        self._session_config = dict(session_config)
+        self._session_config = dict(SESSION_CONFIG if session_config is None else session_config)
         self._lock = threading.Lock()  # the DeltaTable; one refresh at a time
         self._table = None
         self._snapshot: _Snapshot | None = None
