@@ -3,6 +3,7 @@ page, advanced after every commit, read-your-writes with pending rows."""
 
 import dataclasses
 import datetime as dt
+import threading
 
 import pytest
 
@@ -247,3 +248,42 @@ def test_an_unreadable_table_is_reported_as_such(tmp_path):
         reader.page(HistoryQuery(pubsub_topic=PUBSUB, content_topics=(TOPICS[0],)), None, 21)
     with pytest.raises(TableUnreadable):
         reader.timestamp_of_hash(b"\x01" * 32, None)
+
+
+def test_every_acknowledged_message_is_in_every_page_while_commits_land(engine, tmp_path):
+    store = MessageStore(DeltaTableRef(engine, str(tmp_path / "m")), tmp_path / "wal", COLD)
+    store.open()
+    data = [d for d in corpus(108, days=2) if d[0] == PUBSUB]  # 90 messages, one page
+    query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), limit=100)
+    acknowledged = [0]
+    done = threading.Event()
+    failures: list[str] = []
+    pages = [0]
+
+    def writer():
+        try:
+            for start in range(0, len(data), 9):
+                store.put(data[start:start + 9])
+                acknowledged[0] = start + 9
+                store.flush()
+        finally:
+            done.set()
+
+    def reader():
+        while not done.is_set() or pages[0] < 5:
+            before = acknowledged[0]
+            got = {m.message_hash for m in store.query(query).messages}
+            pages[0] += 1
+            missing = [i for i, (p, m, _) in enumerate(data[:before]) if message_hash(p, m) not in got]
+            if missing:
+                failures.append(f"{len(missing)} of {before} acknowledged messages missing from a page")
+
+    threads = [threading.Thread(target=writer), *(threading.Thread(target=reader) for _ in range(2))]
+    try:
+        [t.start() for t in threads]
+        [t.join(timeout=120) for t in threads]
+        assert not any(t.is_alive() for t in threads)
+        assert failures == [] and pages[0] >= 5
+        assert store.reader.version >= 10  # ten commits landed meanwhile
+    finally:
+        store.close()
