@@ -12,15 +12,21 @@ What it measures, on a seeded dataset (:mod:`wakustore.bench.dataset`):
 2. Store v3 pages (20 messages, 1-3 content topics of one shard, ranges of
    1 h / 1 d / 7 d, forward and backward): a first page, then the page at
    its ``next_cursor`` when there is one, until about ``--queries``
-   queries; then lookups by 1 and by 20 message hashes. The Spark Connect
-   round-trip floor (``SELECT 1``) is measured beside them.
+   queries; then lookups by 1 and by 20 message hashes, all as the node
+   answers them (committed history read in process by the table reader).
+   The same queries are then run through the engine (one Spark Connect
+   query a page, the earlier read path), and every answer must equal the
+   reader's, message for message. The Spark Connect round-trip floor
+   (``SELECT 1``) is measured beside them.
 3. The same data and the same queries on nwaku's PostgreSQL and SQLite
    archives (:mod:`wakustore.bench.sql`), and a cross-check that
    every query returns the same set of message hashes on every backend.
 
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 ``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
-``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}``, and per
+``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}``,
+``spark_path`` (the same figures through the engine, and its
+``crosscheck`` against the reader), and per
 compared backend ``{ingest_msgs_per_s, query_p50_ms, query_p99_ms,
 hash_lookup_p50_ms, ratios}`` where a ratio is Delta's figure over the
 backend's (above 1: Delta is slower). Exit status 1 when a cross-check
@@ -41,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from wakustore.bench import dataset as bench_dataset
@@ -333,7 +339,7 @@ def run_store_bench(args: argparse.Namespace) -> int:
             shutil.rmtree(temporary, ignore_errors=True)
     report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report["crosscheck_ok"] = all(report.get(n, {}).get("crosscheck", {}).get("mismatches", 1) == 0
-                                  for n in args.compare)
+                                  for n in [*args.compare, "spark_path"])
     _print_table(report)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -351,6 +357,9 @@ class Expected:
 
     pages: list[tuple[PageSpec, list[bytes], bool, list[bytes] | None]]
     lookups: list[tuple[str, HistoryQuery, list[bytes]]]
+    # The reader's whole answers, for the comparison with the engine path.
+    full_pages: list[tuple[PageSpec, Page, Page | None]] = field(default_factory=list)
+    lookup_pages: list[Page] = field(default_factory=list)
 
 
 def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
@@ -422,6 +431,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 round_trips.append(_timed(engine.run, lambda spark: spark.sql("SELECT 1").collect())[1])
             engine_ms: list[float] = []
             timings, expected = _delta_queries(store, spec, args, engine_ms)
+            spark_path = _spark_path_queries(store, spec, args, expected)
             rows = maintenance.count_rows(store.table)
         report.update({
             "unique_messages": accepted,
@@ -444,7 +454,8 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             "bytes": after.bytes,
             **timings.summary(),
             "round_trip_p50_ms": _round(percentile(round_trips, 50)),
-            "engine_page_p50_ms": _round(percentile(engine_ms, 50)),
+            "reader_page_p50_ms": _round(percentile(engine_ms, 50)),
+            "spark_path": spark_path,
             "peak_rss_mb": {
                 "node": round(RssSampler.node_peak() / MIB, 1),
                 "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
@@ -465,10 +476,12 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
 
 def _delta_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
     """Time the page and lookup queries; ``engine_ms`` gets the time each
-    page spent in the table scan (the engine), the rest being Python."""
+    page spent reading the table (the in-process reader), the rest being
+    Python."""
     for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
         store.query(warm.query())
-    page = store.table.page
+    reader = store.reader
+    page = reader.page
 
     def timed_page(*a, **kw):
         started = time.perf_counter()
@@ -477,16 +490,71 @@ def _delta_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tu
         finally:
             engine_ms.append((time.perf_counter() - started) * 1000)
 
-    store.table.page = timed_page
+    reader.page = timed_page
     try:
         return _timed_queries(store, spec, args, engine_ms)
     finally:
-        del store.table.page
+        del reader.page
+
+
+class _SparkPages:
+    """The table read through the engine, one Spark Connect query a page:
+    how committed history was read before the in-process reader, measured
+    beside it on the same table and the same queries."""
+
+    def __init__(self, table) -> None:
+        self.page = table.page
+        self.timestamp_of_hash = table.timestamp_of_hash
+
+    def committed(self) -> None:
+        pass
+
+
+def _spark_path_queries(store, spec: DatasetSpec, args, expected: Expected) -> dict:
+    """The same pages and lookups through the engine; every answer must
+    equal the reader's, message for message (``crosscheck``)."""
+    reader = store.reader
+    store.reader = _SparkPages(store.table)
+    store._cursors.clear()
+    try:
+        for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
+            store.query(warm.query())
+        store._cursors.clear()
+        timings = Timings()
+        check = {"checked": 0, "mismatches": 0, "examples": []}
+
+        def compare(what: str, mine: Page, theirs: Page) -> None:
+            check["checked"] += 1
+            if mine != theirs:
+                check["mismatches"] += 1
+                if len(check["examples"]) < 5:
+                    check["examples"].append({"query": what, "spark": len(mine.messages),
+                                              "reader": len(theirs.messages)})
+                _say(f"!!! spark path: different answer on {what}")
+
+        for page_spec, first_page, second_page in expected.full_pages:
+            first, ms = _timed(store.query, page_spec.query())
+            timings.add(f"{page_spec.range_name}/first", ms)
+            compare(_describe(page_spec, "first"), first, first_page)
+            if second_page is not None and first.next_cursor is not None:
+                page, ms = _timed(store.query, page_spec.query(first.next_cursor.message_hash))
+                timings.add(f"{page_spec.range_name}/cursor", ms)
+                compare(_describe(page_spec, "cursor"), page, second_page)
+        for (shape, query, _), reader_page in zip(expected.lookups, expected.lookup_pages):
+            page, ms = _timed(store.query, query)
+            timings.add(shape, ms)
+            compare(f"{shape} lookup", page, reader_page)
+        _say(f"spark path: {check['checked']} answers compared with the reader, {check['mismatches']} differ")
+        return {**timings.summary(), "crosscheck": check}
+    finally:
+        store.reader = reader
+        store._cursors.clear()
 
 
 def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
     timings = Timings()
     pages = []
+    full_pages = []
     executed = 0
     querying = Progress("delta: queries", total=args.queries)
     for page_spec in page_specs(spec, args.seed):
@@ -495,23 +563,26 @@ def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tu
         first, ms = _timed(store.query, page_spec.query())
         timings.add(f"{page_spec.range_name}/first", ms)
         executed += 1
-        second = None
+        second = page = None
         if first.next_cursor is not None and executed < args.queries:
             page, ms = _timed(store.query, page_spec.query(first.next_cursor.message_hash))
             timings.add(f"{page_spec.range_name}/cursor", ms)
             executed += 1
             second = _hashes(page)
         pages.append((page_spec, _hashes(first), first.next_cursor is not None, second))
+        full_pages.append((page_spec, first, page))
         querying.set(executed)
     querying.close()
     pages_only = len(engine_ms)
     lookups = []
+    lookup_pages = []
     for shape, query in hash_lookups(spec, args.seed, args.lookups):
         page, ms = _timed(store.query, query)
         timings.add(shape, ms)
         lookups.append((shape, query, _hashes(page)))
+        lookup_pages.append(page)
     del engine_ms[pages_only:]  # lookups are reported on their own
-    return timings, Expected(pages, lookups)
+    return timings, Expected(pages, lookups, full_pages, lookup_pages)
 
 
 def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Expected, batch_size: int) -> bool:
@@ -628,8 +699,8 @@ def _take(iterator, n):
 
 
 def _print_table(report: dict) -> None:
-    names = ["delta", *(n for n in report["compare"] if "error" not in report.get(n, {}))]
-    column = {"delta": report, **{n: report[n] for n in names[1:]}}
+    names = ["delta", "delta/spark", *(n for n in report["compare"] if "error" not in report.get(n, {}))]
+    column = {"delta": report, "delta/spark": report.get("spark_path", {}), **{n: report[n] for n in names[2:]}}
 
     def cell(value) -> str:
         if value is None:
@@ -664,7 +735,10 @@ def _print_table(report: dict) -> None:
         print(label.ljust(width) + "".join(cell(v).rjust(18) for v in values))
     print(f"\ndelta: compact {report.get('compact_s')} s ({report['table']['files_before_compact']} -> "
           f"{report['table']['files_after_compact']} files), Spark Connect round trip p50 "
-          f"{report.get('round_trip_p50_ms')} ms, engine part of a page p50 {report.get('engine_page_p50_ms')} ms")
+          f"{report.get('round_trip_p50_ms')} ms, table read part of a page p50 {report.get('reader_page_p50_ms')} ms")
+    spark = report.get("spark_path", {}).get("crosscheck", {})
+    print("delta: pages read in process; delta/spark: the same queries through the engine, "
+          f"{spark.get('checked')} answers compared, {spark.get('mismatches')} differ")
     rss = report.get("peak_rss_mb", {})
     print(f"peak RSS: node {rss.get('node')} MB, engine {rss.get('engine')} MB")
     for name in report["compare"]:

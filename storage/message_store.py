@@ -6,10 +6,10 @@ once; :meth:`flush` commits it with a MERGE on MUID scoped to the days the
 batch touches. A bounded set of recent MUIDs drops relay duplicates before
 they reach the log.
 
-Read path: Store v3 / legacy v2 pages come from the table (DataFrame API,
-pushed-down filters, day partitions pruned from the time bounds) merged
-with the rows not yet committed, so a message is visible as soon as
-:meth:`put` returns.
+Read path: Store v3 / legacy v2 pages come from the table, read in
+process by :class:`~wakustore.storage.reader.TableReader` (one table
+version per page, advanced after every commit), merged with the rows not
+yet committed, so a message is visible as soon as :meth:`put` returns.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
+from wakustore.storage.reader import TableReader
 from wakustore.storage.staging import StagedRows
 from wakustore.storage.table import DeltaTableRef
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
@@ -131,13 +132,22 @@ class MessageStore:
     Thread-safe: the node calls every verb from worker threads.
     """
 
-    def __init__(self, table: DeltaTableRef, wal_dir: Path | str, config: StoreConfig = StoreConfig()):
+    def __init__(
+        self,
+        table: DeltaTableRef,
+        wal_dir: Path | str,
+        config: StoreConfig = StoreConfig(),
+        reader: TableReader | None = None,
+    ):
         self.table = table
         self.config = config
+        # Pages and lookups by hash; the engine behind ``table`` writes.
+        self.reader = TableReader(table.uri) if reader is None else reader
         self.writes = WritePath(
             table, wal_dir, MESSAGE_CODEC, config.recent_muids,
             config.flush_interval_s, config.flush_max_messages,
             key_filter=None if config.shared_table else DayKeyFilter(config.messages_per_day),
+            on_commit=self.reader.committed,
         )
         self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
@@ -148,6 +158,10 @@ class MessageStore:
     def open(self) -> int:
         """Create the table if needed and replay the log; returns replayed count."""
         self.table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "wakustore messages")
+        # Open the reader and build its hash index now rather than on the
+        # first page (it reads every file's hash column once: 1.3 s for
+        # 900k messages); never fails the open, the first page retries.
+        self.reader.committed()
         keys = self.writes.load_filter()
         if keys:
             log.info("key filter: %d MUIDs from the table", keys)
@@ -268,7 +282,7 @@ class MessageStore:
             # flush in between then shows them twice (dropped by hash), never
             # zero times.
             pending = self._pending_matches(query, key)
-            found = from_arrow(self.table.page(query, key, query.limit + 1), query.include_data)
+            found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)
             found = _merge_pending(query, found, pending)
         page = store_query.finish_page(query, found)
         cursor = page.next_cursor
@@ -307,7 +321,7 @@ class MessageStore:
             if pending:
                 timestamp = pending[0].timestamp
             else:
-                timestamp = self.table.timestamp_of_hash(query.cursor, query.pubsub_topic)
+                timestamp = self.reader.timestamp_of_hash(query.cursor, query.pubsub_topic)
             if timestamp is None:
                 raise unknown_cursor()
             self._cursors.put(query.cursor, timestamp)
@@ -316,6 +330,7 @@ class MessageStore:
     def forget_before(self, cutoff_ns: int) -> None:
         """Retention removed rows older than ``cutoff_ns`` from the table:
         every index that could still name them forgets them."""
+        self.reader.committed()
         self._forget_removed()
         self.hot.forget_before(cutoff_ns)
         if self.writes.key_filter is not None:
@@ -371,6 +386,7 @@ class MessageStore:
                     recent.append(row)
             source = staged.source()
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+        self.reader.committed()
         self._forget_removed()
         self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
@@ -428,6 +444,7 @@ class MessageStore:
                             older = candidate
             source = staged.source()
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+        self.reader.committed()
         self._forget_removed()
         self.writes.remember(muids, days)
         self.hot.replace(start_ns, end_ns, content_topics, recent)
@@ -481,6 +498,7 @@ class MessageStore:
             source = staged.source()
             inserted: list[int] = []
             retry_on_conflict(lambda: inserted.append(self.table.insert_missing(source, MESSAGE_CODEC.key_column)))
+        self.reader.committed()
         self.writes.remember(list(seen), list(seen.values()))
         if inserted[-1] and (recent or older is not None):
             # A recent row whose MUID the table held under another timestamp

@@ -194,8 +194,13 @@ class WritePath(Generic[R]):
         flush_max_rows: int,
         key_filter: DayKeyFilter | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
+        on_commit: Callable[[], None] | None = None,
     ):
         self.table = table
+        # Called once a commit has landed, before its rows leave the pending
+        # set: a reader of the table advances there, so that a query sees
+        # every row either pending or committed (never neither). Must not raise.
+        self.on_commit = on_commit
         self.codec = codec
         self.flush_interval_s = flush_interval_s
         self.flush_max_rows = flush_max_rows
@@ -458,6 +463,8 @@ class WritePath(Generic[R]):
                     self._inflight.absorb(self._buffer)
                     self._buffer, self._inflight = self._inflight, _Pending(self.codec)
                 raise
+            if self.on_commit is not None:
+                self.on_commit()
             with self._lock:
                 self._inflight = _Pending(self.codec)
             self._wal.trim(upto)

@@ -62,6 +62,14 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
         assert figures["n"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
     assert report["peak_rss_mb"]["node"] > 0
     assert report["peak_rss_mb"]["engine"] > 0
+    assert report["reader_page_p50_ms"] > 0
+
+    # The same queries through the engine: every answer equal to the reader's.
+    spark = report["spark_path"]
+    assert spark["queries"] == report["queries"]
+    assert 0 < spark["query_p50_ms"] <= spark["query_p99_ms"] and spark["hash_lookup_p50_ms"] > 0
+    assert spark["crosscheck"]["checked"] >= report["queries"] + 8
+    assert spark["crosscheck"]["mismatches"] == 0
 
     for name in ("sqlite", "postgres"):
         backend = report[name]
@@ -79,6 +87,7 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
 
     printed = capsys.readouterr().out
     assert "query p50 ms" in printed and "postgres" in printed and "sqlite" in printed
+    assert "delta/spark" in printed
 
 
 def test_postgres_server_directory_is_removed_after_stop():

@@ -1,8 +1,9 @@
 """The remote path: a Spark Connect endpoint the node does not own.
 
 Here the endpoint is the embedded Sail server of the shared engine,
-reached as ``sc://host:port``: the store must create its table, commit,
-deduplicate and page through the engine alone (no delta-rs shortcuts)."""
+reached as ``sc://host:port``: the store must create its table, commit and
+deduplicate through the engine alone (no delta-rs shortcuts); pages are
+read in process from the table the engine wrote."""
 
 import dataclasses
 

@@ -1,0 +1,450 @@
+"""Committed history read in process: delta-rs and DataFusion on the Delta table.
+
+The engine (Sail or Spark through Spark Connect) stays the writer of the
+table: ingest appends and MERGEs, window replaces, retention deletes and
+archive export go through it. Store pages and lookups by hash do not: a
+Spark Connect round trip costs 7-14 ms here before any work, and the
+engine loads the table's log again for every query. :class:`TableReader`
+keeps one ``DeltaTable`` open and answers a page with DataFusion queries
+over the version it holds (bench store, 1M messages: page p50 20 -> 9 ms,
+lookup of one hash 32 -> 8 ms; BENCHMARKS.md).
+
+Two shortcuts, both exact: a page over more than two days first reads
+the first day in its order alone (it often fills the page); a lookup by
+hash reads only the days whose files may hold the hashes, per the hash
+index (a Bloom filter of the hashes of each data file, built when the
+file first appears in a version).
+
+Versions. Every registered query plan holds the snapshot it was made
+from, so a page reads exactly one table version, and a refresh swaps in a
+new plan source without disturbing pages running on the old one. The
+reader advances:
+
+- when the node itself commits (:meth:`TableReader.committed`, called by
+  the write path after a commit lands and before its rows leave the
+  pending set, so a message never falls between the two);
+- after a window replace, an import and retention, by the store;
+- before a page, when the version was last checked more than
+  ``check_interval_s`` ago: the only way a fleet node (a shared table,
+  or a table written through ``sc://``) sees the others' commits. One
+  check lists the log after the version held (a directory listing on a
+  file system, one LIST request on an object store): at the default
+  :data:`CHECK_INTERVAL_S` another node's commit shows within 0.5 s, half
+  the default flush interval those commits already wait.
+
+Storage: the table URI is what the engine writes (a path, ``s3://``,
+``gs://``, ``az://``...); delta-rs reads the object store's credentials
+from the same environment variables the engine does (``AWS_*`` and so on),
+or from ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from wakustore.protocols import store_query
+from wakustore.protocols.store_query import HistoryQuery
+from wakustore.storage import schema
+from wakustore.storage.key_filter import KeyFilter
+
+log = logging.getLogger(__name__)
+
+# Name of the table in the DataFusion catalog.
+_TABLE = "messages"
+
+# Columns a data page returns (everything but muid, day and arrival time),
+# and those of a page without data; as in the Spark path (table.py).
+DATA_COLUMNS = (
+    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
+    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
+)
+KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
+
+# A page over more days than this reads the first day in its order alone
+# first, and the other days only if that day does not fill it (see
+# TableReader.page); over one or two days, one query.
+SPLIT_PAGES_OVER_DAYS = 2
+
+# How stale a version may be before a page checks the log (see above).
+CHECK_INTERVAL_S = 0.5
+
+# DataFusion settings for pages (deltalake 1.6.6 defaults otherwise):
+# filters evaluated inside the Parquet decoder, so that the payload column
+# of a row group is decoded only for the rows the topic and time filters
+# keep (late materialization), and cheapest filters first; the page index
+# and Bloom filters are on by default. Plain (non-view) Arrow types: the
+# rows go straight to Python, where views only add a cast.
+SESSION_CONFIG = {
+    "datafusion.execution.parquet.pushdown_filters": "true",
+    "datafusion.execution.parquet.reorder_filters": "true",
+    "datafusion.execution.parquet.schema_force_view_types": "false",
+}
+
+
+# Per-file Bloom filters of message hashes (the hash index): a false
+# positive costs opening one more day's file on a lookup; at 1e-3 and 30
+# day files, 3% of lookups open one extra file. ~14 bits a hash before
+# rounding up to a power of two: 10M hashes in 18-36 MB.
+HASH_INDEX_FPP = 1e-3
+
+
+class TableUnreadable(Exception):
+    """The table cannot be read (missing, unreachable, a file gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FileHashes:
+    day: dt.date
+    hashes: KeyFilter
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    version: int
+    builder: object  # deltalake.QueryBuilder with the table registered at ``version``
+    # The hash index of exactly this version's files (path -> day and
+    # filter); None when it could not be built (lookups scan every day).
+    files: dict[str, _FileHashes] | None = field(default=None)
+    # The day partitions holding rows in this version, ascending; None when
+    # the table is not partitioned by day.
+    days: tuple[dt.date, ...] | None = field(default=None)
+
+    def days_of(self, hashes: Sequence[bytes]) -> list[dt.date] | None:
+        """The days whose files may hold any of ``hashes``; None: unknown."""
+        if self.files is None:
+            return None
+        keys = [bytes(h) for h in hashes]
+        days: set[dt.date] = set()
+        positions: dict[tuple[int, int], np.ndarray] = {}
+        for entry in self.files.values():
+            if entry.day in days:
+                continue
+            # Filters of one shape probe the same positions: hash once a shape.
+            shape = (entry.hashes.bits, entry.hashes.probes)
+            if shape not in positions:
+                positions[shape] = entry.hashes._positions(keys)
+            if entry.hashes.might_contain_at(positions[shape]).any():
+                days.add(entry.day)
+        return sorted(days)
+
+
+class TableReader:
+    """Pages and hash lookups of one message table, read in process. Thread-safe."""
+
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        check_interval_s: float | None = CHECK_INTERVAL_S,
+        session_config: Mapping[str, str] | None = None,
+        hash_index: bool = True,
+    ):
+        self.uri = uri
+        self.storage_options = dict(storage_options) if storage_options else None
+        # None: never check before a page (every commit comes through committed()).
+        self.check_interval_s = check_interval_s
+        self._session_config = dict(SESSION_CONFIG if session_config is None else session_config)
+        self._lock = threading.Lock()  # the DeltaTable; one refresh at a time
+        self._table = None
+        self._snapshot: _Snapshot | None = None
+        self._checked = 0.0  # time.monotonic() of the last look at the log
+        # A commit landed that the snapshot may not show: pages refresh first.
+        self._stale = True
+        self.refreshes = 0
+        # Hash lookups touch the days whose files may hold the hashes.
+        self.hash_index = hash_index
+        self._files: dict[str, _FileHashes] | None = {} if hash_index else None
+
+    # --- versions -----------------------------------------------------------
+
+    @property
+    def version(self) -> int | None:
+        snapshot = self._snapshot
+        return None if snapshot is None else snapshot.version
+
+    def refresh(self) -> int:
+        """Advance to the table's latest version now; returns it."""
+        with self._lock:
+            return self._refresh_locked()
+
+    def committed(self) -> None:
+        """A commit of this process landed: advance now. Never raises (the
+        commit stands); when the log cannot be read now, the next page
+        advances before it reads."""
+        self._stale = True
+        try:
+            self.refresh()
+        except Exception as exc:
+            log.warning("table reader could not advance after a commit (the next page retries): %s", exc)
+
+    def _refresh_locked(self) -> int:
+        from deltalake import DeltaTable, QueryBuilder
+
+        try:
+            if self._table is None:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            else:
+                self._table.update_incremental()
+            version = self._table.version()
+            if self._snapshot is None or self._snapshot.version != version:
+                builder = QueryBuilder(self._session_config).register(_TABLE, self._table)
+                actions = pa.table(self._table.get_add_actions(flatten=True))
+                day_column = f"partition.{schema.MESSAGES_PARTITION}"
+                days = None
+                if day_column in actions.column_names:
+                    days = [d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
+                            for d in actions.column(day_column).to_pylist()]
+                self._snapshot = _Snapshot(version, builder, self._index_files(actions, days),
+                                           None if days is None else tuple(sorted(set(days))))
+                self.refreshes += 1
+        except Exception as exc:
+            raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
+        self._checked = time.monotonic()
+        self._stale = False
+        return version
+
+    def _index_files(self, actions: pa.Table, days: list[dt.date] | None) -> dict[str, _FileHashes] | None:
+        """The hash index for the table's current files (``actions``, their
+        days beside): files added since the last version are read (their
+        hash column only), removed ones dropped. None when a file could not
+        be read (retried next version) or there are no days to narrow to."""
+        if not self.hash_index or days is None:
+            return None
+        paths = actions.column("path").to_pylist()
+        previous = self._files or {}
+        files: dict[str, _FileHashes] = {}
+        try:
+            for path, day, rows in zip(paths, days, actions.column("num_records").to_pylist()):
+                entry = previous.get(path)
+                if entry is None:
+                    hashes = self._file_hashes(path)
+                    entry = _FileHashes(day, KeyFilter(max(rows or len(hashes), len(hashes), 1), HASH_INDEX_FPP))
+                    entry.hashes.add(hashes)
+                files[path] = entry
+        except Exception as exc:
+            log.warning("hash index not built for version %d (lookups read every day): %s",
+                        self._table.version(), _one_line(exc))
+            self._files = {}
+            return None
+        self._files = files
+        return files
+
+    def _file_hashes(self, path: str) -> list[bytes]:
+        import pyarrow.parquet as pq
+
+        if "://" not in self.uri or self.uri.startswith("file://"):
+            root = self.uri.removeprefix("file://")
+            column = pq.read_table(os.path.join(root, urllib.parse.unquote(path)), columns=["message_hash"])
+        else:
+            from deltalake.fs import DeltaStorageHandler
+            from pyarrow import fs
+
+            filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
+            column = pq.read_table(path, columns=["message_hash"], filesystem=filesystem)
+        return column.column(0).to_pylist()
+
+    def _current(self) -> _Snapshot:
+        """The snapshot a page reads: refreshed first when a commit may be
+        missing from it, or when the log was not looked at for a while."""
+        snapshot = self._snapshot
+        if snapshot is None or self._stale:
+            with self._lock:
+                if self._snapshot is None or self._stale:
+                    self._refresh_locked()
+                return self._snapshot
+        interval = self.check_interval_s
+        if interval is not None and time.monotonic() - self._checked >= interval:
+            # One thread looks; the others read the version they have.
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._refresh_locked()
+                except TableUnreadable as exc:
+                    # Nothing this node committed is missing from the
+                    # version held: serve it, look again next interval.
+                    self._checked = time.monotonic()
+                    log.warning("table log not readable, pages stay at version %d: %s", snapshot.version, exc)
+                finally:
+                    self._lock.release()
+                return self._snapshot
+        return snapshot
+
+    # --- reads --------------------------------------------------------------
+
+    def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+        """Up to ``fetch`` rows after/before ``key`` in query order (not
+        reversed), as :meth:`DeltaTableRef.page` answers them."""
+        columns = DATA_COLUMNS if query.include_data else KEY_COLUMNS
+        order_column = store_query.order_column(query.ordering)
+        direction = "ASC" if query.forward else "DESC"
+
+        def select(where: str, limit: int) -> str:
+            return (
+                f"SELECT {', '.join(columns)} FROM {_TABLE}"
+                + (f" WHERE {where}" if where else "")
+                + f" ORDER BY timestamp {direction}, {order_column} {direction} LIMIT {int(limit)}"
+            )
+
+        def read(snapshot: _Snapshot) -> pa.Table:
+            where = _where(query, key)
+            if query.message_hashes:
+                return _run(snapshot, select(_narrowed(where, snapshot, query.message_hashes), fetch))
+            days = _page_days(snapshot, query, key)
+            if days is None or len(days) <= SPLIT_PAGES_OVER_DAYS:
+                return _run(snapshot, select(where, fetch))
+            # Day partitions follow the order of the page (a row's day is
+            # that of its timestamp): the first day in query order alone
+            # often fills the page, and the other days are not read.
+            first = _run(snapshot, select(_and(where, f"day = {_date(days[0])}"), fetch))
+            if first.num_rows >= fetch:
+                return first
+            rest = _run(snapshot, select(_and(where, _days(days[1:])), fetch - first.num_rows))
+            return pa.concat_tables([first, rest])
+
+        return self._execute(read, columns)
+
+    def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
+        where = f"message_hash = {_binary(message_hash)}"
+        if pubsub_topic is not None:
+            where += f" AND pubsub_topic = {_string(pubsub_topic)}"
+        found = self._execute(
+            lambda snapshot: _run(
+                snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {_narrowed(where, snapshot, [message_hash])} LIMIT 1"
+            ),
+            ("timestamp",),
+        )
+        return found.column(0)[0].as_py() if found.num_rows else None
+
+    def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
+        """``read`` on the current snapshot: every query of one answer reads the same version."""
+        snapshot = self._current()
+        try:
+            result = read(snapshot)
+        except Exception as first:
+            # A file of the version held may be gone (vacuumed by another
+            # node): the latest version lists only live files.
+            log.info("table read failed at version %d, advancing and retrying: %s", snapshot.version, first)
+            try:
+                with self._lock:
+                    self._refresh_locked()
+                    snapshot = self._snapshot
+                result = read(snapshot)
+            except TableUnreadable:
+                raise
+            except Exception as exc:
+                raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
+        return result.select(list(columns)).cast(_result_schema(columns))
+
+
+def _run(snapshot: _Snapshot, sql: str) -> pa.Table:
+    return pa.table(snapshot.builder.execute(sql).read_all())
+
+
+def _page_days(snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None) -> list[dt.date] | None:
+    """The days holding rows a page may return, in the page's order; None
+    when the table's days are unknown."""
+    if snapshot.days is None:
+        return None
+    low = None if query.time_start is None else schema.day_of_ns(query.time_start)
+    high = None if query.time_end is None else schema.day_of_ns(max(query.time_end - 1, 0))
+    if key is not None:
+        cursor_day = schema.day_of_ns(key[0])
+        if query.forward:
+            low = cursor_day if low is None else max(low, cursor_day)
+        else:
+            high = cursor_day if high is None else min(high, cursor_day)
+    days = [d for d in snapshot.days if (low is None or d >= low) and (high is None or d <= high)]
+    return days if query.forward else days[::-1]
+
+
+def _narrowed(where: str, snapshot: _Snapshot, hashes: Sequence[bytes]) -> str:
+    """``where`` restricted to the days the hash index names for ``hashes``."""
+    days = snapshot.days_of(hashes)
+    return where if days is None else _and(where, _days(days))
+
+
+_FIELDS = {f.name: f for f in schema.MESSAGES}
+
+
+def _result_schema(columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([_FIELDS[c] for c in columns])
+
+
+# --- SQL ----------------------------------------------------------------------
+
+
+def _where(query: HistoryQuery, key: tuple[int, bytes] | None) -> str:
+    """The WHERE clause of a page: :func:`store_query.predicates` in
+    DataFusion SQL, the day partitions its time bounds (and the cursor's
+    day) allow, and the rows after the cursor ``key`` in query order."""
+    preds, after = store_query.predicates(query, key)
+    parts = []
+    for p in preds:
+        column = p.column
+        if p.op == store_query.EQ:
+            parts.append(f"{column} = {_literal(p.value)}")
+        elif p.op == store_query.IN:
+            parts.append(f"{column} IN ({', '.join(_literal(v) for v in p.value)})")
+        elif p.op == store_query.GE:
+            parts.append(f"{column} >= {_literal(p.value)}")
+        elif p.op == store_query.LT:
+            parts.append(f"{column} < {_literal(p.value)}")
+        else:
+            raise ValueError(f"unknown predicate operator {p.op!r}")
+        if column == store_query.TIMESTAMP and p.op == store_query.GE:
+            parts.append(f"day >= {_date(schema.day_of_ns(int(p.value)))}")
+        elif column == store_query.TIMESTAMP and p.op == store_query.LT:
+            parts.append(f"day <= {_date(schema.day_of_ns(max(int(p.value) - 1, 0)))}")
+    if after is not None:
+        timestamp, bound = int(after.timestamp), _binary(after.key)
+        op = ">" if after.forward else "<"
+        parts.append(f"(timestamp {op} {timestamp} OR (timestamp = {timestamp} AND {after.column} {op} {bound}))")
+        # Rows after the cursor lie on its day or later (before it: on its
+        # day or earlier), as the table path prunes them.
+        parts.append(f"day {'>=' if after.forward else '<='} {_date(schema.day_of_ns(timestamp))}")
+    return " AND ".join(parts)
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _binary(value)
+    return str(int(value))
+
+
+def _and(where: str, more: str) -> str:
+    return f"{where} AND {more}" if where else more
+
+
+def _days(days: Sequence[dt.date]) -> str:
+    """Day partitions as a filter; no day at all matches no row."""
+    return f"day IN ({', '.join(_date(d) for d in days)})" if days else "FALSE"
+
+
+def _string(text: str) -> str:
+    """A DataFusion SQL string literal (standard SQL: quotes doubled, no
+    backslash escapes)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _binary(value: bytes) -> str:
+    return f"X'{bytes(value).hex()}'"
+
+
+def _date(day) -> str:
+    return f"DATE '{day.isoformat()}'"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text
