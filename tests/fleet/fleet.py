@@ -558,11 +558,13 @@ def wait_for(condition, what: str, timeout_s: float = RECOVERY_TIMEOUT_S, interv
 # --- scenarios both engines go through -----------------------------------------
 
 
-def two_writers(a: Node, b: Node, topic: str) -> None:
+def two_writers(a: Node, b: Node, topic: str, gate: Gate) -> None:
     """Both nodes take overlapping messages at the same time: 100 exact
     copies of the other's, and 50 same-MUID copies with another timestamp
     (another hash). Each node then answers the same messages, one row per
-    MUID."""
+    MUID, and every commit created its log entry on ``gate``'s storage only
+    if absent (a racing writer gets 412 and retries, never overwrites)."""
+    commits_before = len(gate.log_puts)
     first = messages(topic, 200)                        # 0..199 to a
     shifted = [dataclasses.replace(m, timestamp=m.timestamp + 1_000_000) for m in first[100:150]]
     second = shifted + messages(topic, 150, first=150)  # 100..149 re-timed, 150..299 to b
@@ -579,6 +581,8 @@ def two_writers(a: Node, b: Node, topic: str) -> None:
     for answer in answers:
         check_served(answer, sent, exactly=sent)
     assert set(answers[0]) == set(answers[1]), "the two nodes answer different copies"
+    commits = gate.log_puts[commits_before:]
+    assert commits and all("if-none-match: *" in head for _, head in commits), commits[:3]
 
 
 async def push_while(peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage],
