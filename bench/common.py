@@ -9,9 +9,11 @@ module adds its verb with ``register_verb(verbs)``.
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -47,3 +49,23 @@ def add_common_arguments(verb: argparse.ArgumentParser, data_dir_help: str) -> N
     verb.add_argument("--data-dir", type=Path, help=data_dir_help)
     verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
     verb.add_argument("--engine", help="'embedded' or sc://host:port")
+
+
+def wait_for_node_info(process: subprocess.Popen, data_dir: Path, timeout_s: float, name: str,
+                       log_path: Path) -> dict:
+    """The ``node-info.json`` a ``wakustore serve`` child writes once it is
+    ready (the file names its pid: an older one is not taken for it);
+    RuntimeError when the child exits first or takes over ``timeout_s``."""
+    info = data_dir / "node-info.json"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}; see {log_path}")
+        try:
+            data = json.loads(info.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if data.get("pid") == process.pid:
+            return data
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not start within {timeout_s:g} s; see {log_path}")

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import trio
 
+from wakustore.bench.common import wait_for_node_info
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StatusCode
 
@@ -187,20 +188,9 @@ class NodeProcess:
                  "--rate-limit", "store:0/1s", "--rate-limit", "lightpush:0/1s"],
                 stdout=log, stderr=log, start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the node exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                data = json.loads(info.read_text())
-            except (OSError, ValueError):
-                data = {}
-            if data.get("pid") == self.process.pid:
-                self.peer = next(a for a in data["multiaddrs"] if "/ws" not in a)
-                self.metrics_port = data["metrics_port"]
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"the node did not start within {START_TIMEOUT_S:g} s; see {self.log_path}")
+        data = wait_for_node_info(self.process, self.data_dir, START_TIMEOUT_S, "the node", self.log_path)
+        self.peer = next(a for a in data["multiaddrs"] if "/ws" not in a)
+        self.metrics_port = data["metrics_port"]
 
     def health(self) -> dict:
         url = f"http://127.0.0.1:{self.metrics_port}/health"

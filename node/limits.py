@@ -55,7 +55,7 @@ import collections
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import trio
@@ -104,17 +104,9 @@ class ConnectionLimits:
 
     @classmethod
     def from_config(cls, config: Any) -> ConnectionLimits:
-        return cls(
-            max_connections=config.max_connections,
-            ip_colocation_limit=config.ip_colocation_limit,
-            max_handshakes=config.max_handshakes,
-            idle_connection_timeout_s=config.idle_connection_timeout_s,
-            max_streams_per_connection=config.max_streams_per_connection,
-            max_idle_streams_per_connection=config.max_idle_streams_per_connection,
-            max_requests_in_flight=config.max_requests_in_flight,
-            request_timeout_s=config.request_timeout_s,
-            exempt_addresses=frozenset(peer_addresses(config.relay_peers)),
-        )
+        # Every cap is the configuration key of the same name.
+        caps = {f.name: getattr(config, f.name) for f in fields(cls) if f.name != "exempt_addresses"}
+        return cls(**caps, exempt_addresses=frozenset(peer_addresses(config.relay_peers)))
 
     @property
     def libp2p_max_connections(self) -> int:

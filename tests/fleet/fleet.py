@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import trio
+from wakustore.bench.common import wait_for_node_info
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.protocols.store_v3 import StatusCode
@@ -52,6 +53,21 @@ S3_SECRET_KEY = "fleet-test-secret"
 S3_REGION = "us-east-1"
 
 _MOTO_LISTENING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
+
+
+_SAIL_LISTENING = re.compile(r"^SAIL_LISTENING \S+ (\d+)")
+
+
+def _listening_port(process: subprocess.Popen, log_path: Path, ready: re.Pattern, what: str, stop) -> int:
+    """The port a server child names on its output (first group of
+    ``ready``); its output goes on to ``log_path``. ``stop()`` and
+    RuntimeError when it does not say so within START_TIMEOUT_S."""
+    found, matches = threading.Event(), []
+    threading.Thread(target=_pump, args=(process.stdout, log_path, found, ready, matches), daemon=True).start()
+    if not found.wait(START_TIMEOUT_S) or not matches:
+        stop()
+        raise RuntimeError(f"{what} did not start; see {log_path}")
+    return int(matches[0].group(1))
 
 
 def _pump(stream, log_path: Path, found: threading.Event | None = None,
@@ -90,13 +106,7 @@ class MotoServer:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )
-        found, matches = threading.Event(), []
-        threading.Thread(target=_pump, args=(self.process.stdout, self.log_path, found, _MOTO_LISTENING, matches),
-                         daemon=True).start()
-        if not found.wait(START_TIMEOUT_S) or not matches:
-            self.stop()
-            raise RuntimeError(f"moto did not start; see {self.log_path}")
-        self.port = int(matches[0].group(1))
+        self.port = _listening_port(self.process, self.log_path, _MOTO_LISTENING, "moto", self.stop)
         return self
 
     @property
@@ -275,14 +285,7 @@ class SailCluster:
              "--port", str(self.port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
         )
-        found, matches = threading.Event(), []
-        ready = re.compile(r"^SAIL_LISTENING \S+ (\d+)")
-        threading.Thread(target=_pump, args=(self.process.stdout, self.log_path, found, ready, matches),
-                         daemon=True).start()
-        if not found.wait(START_TIMEOUT_S) or not matches:
-            self.kill()
-            raise RuntimeError(f"the Sail cluster did not start; see {self.log_path}")
-        self.port = int(matches[0].group(1))
+        self.port = _listening_port(self.process, self.log_path, _SAIL_LISTENING, "the Sail cluster", self.kill)
         return self
 
     def kill(self) -> None:
@@ -340,21 +343,14 @@ class Node:
                 [sys.executable, "-m", "wakustore", "serve", "--config", str(self.config_path)],
                 stdout=log, stderr=log, env=env, start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                data = json.loads(info.read_text())
-            except (OSError, ValueError):
-                data = {}
-            if data.get("pid") == self.process.pid:
-                self.peer = next(a for a in data["multiaddrs"] if "/ws" not in a)
-                self.metrics_port = data["metrics_port"]
-                return self
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"{self.name} did not start within {START_TIMEOUT_S:g} s; see {self.log_path}")
+        try:
+            data = wait_for_node_info(self.process, self.data_dir, START_TIMEOUT_S, self.name, self.log_path)
+        except RuntimeError:
+            self.kill()
+            raise
+        self.peer = next(a for a in data["multiaddrs"] if "/ws" not in a)
+        self.metrics_port = data["metrics_port"]
+        return self
 
     def kill(self) -> None:
         """SIGKILL the node and what it started (its embedded engine)."""
@@ -556,6 +552,26 @@ def wait_for(condition, what: str, timeout_s: float = RECOVERY_TIMEOUT_S, interv
 
 
 # --- scenarios both engines go through -----------------------------------------
+
+
+@contextlib.contextmanager
+def running_pair(fleet_dir: Path, prefix: str, *, engine: str, table_root: str, env: dict):
+    """Two nodes on one table, started; SIGKILLed at the end."""
+    nodes = [Node(fleet_dir, f"{prefix}-{name}", engine=engine, table_root=table_root, env=env) for name in ("a", "b")]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def start_the_dead(nodes: Sequence[Node]) -> None:
+    """Start again the nodes a failed test left dead."""
+    for node in nodes:
+        if node.process is None or node.process.poll() is not None:
+            node.start()
 
 
 def two_writers(a: Node, b: Node, topic: str, gate: Gate) -> None:

@@ -14,14 +14,15 @@ import trio
 
 from tests.fleet.conftest import BUCKET
 from tests.fleet.fleet import (
-    Node,
     check_served,
     messages,
     node_killed_mid_commit,
     push_while,
     run,
+    running_pair,
     s3_environment,
     settled,
+    start_the_dead,
     stored,
     stored_when_available,
     two_writers,
@@ -33,17 +34,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster_nodes(sail_cluster, object_store, fleet_dir):
-    env = s3_environment(object_store[1].endpoint)
-    nodes = [Node(fleet_dir, f"cluster-{name}", engine=sail_cluster.url, table_root=f"s3://{BUCKET}/cluster",
-                  env=env)
-             for name in ("a", "b")]
-    try:
-        for node in nodes:
-            node.start()
+    with running_pair(fleet_dir, "cluster", engine=sail_cluster.url, table_root=f"s3://{BUCKET}/cluster",
+                      env=s3_environment(object_store[1].endpoint)) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 @pytest.fixture
@@ -52,9 +45,7 @@ def fleet(cluster_nodes, sail_cluster):
     yield cluster_nodes
     if sail_cluster.process.poll() is not None:
         sail_cluster.start()
-    for node in cluster_nodes:
-        if node.process is None or node.process.poll() is not None:
-            node.start()
+    start_the_dead(cluster_nodes)
 
 
 def test_two_writers_with_overlapping_messages_answer_the_same_set(fleet, object_store):

@@ -17,16 +17,17 @@ import trio
 
 from tests.fleet.conftest import BUCKET
 from tests.fleet.fleet import (
-    Node,
     check_served,
     messages,
     node_killed_mid_commit,
     push,
     push_while,
     run,
+    running_pair,
     s3_environment,
     Unavailable,
     settled,
+    start_the_dead,
     stored,
     stored_when_available,
     two_writers,
@@ -42,17 +43,9 @@ OUTAGE_S = 4.0
 
 @pytest.fixture(scope="module")
 def s3_nodes(object_store, fleet_dir):
-    _, gate = object_store
-    env = s3_environment(gate.endpoint)
-    nodes = [Node(fleet_dir, f"s3-{name}", engine="embedded", table_root=f"s3://{BUCKET}/fleet", env=env)
-             for name in ("a", "b")]
-    try:
-        for node in nodes:
-            node.start()
+    with running_pair(fleet_dir, "s3", engine="embedded", table_root=f"s3://{BUCKET}/fleet",
+                      env=s3_environment(object_store[1].endpoint)) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 @pytest.fixture
@@ -61,9 +54,7 @@ def fleet(s3_nodes, object_store):
     test left cut or dead is restored."""
     yield s3_nodes
     object_store[1].restore()
-    for node in s3_nodes:
-        if node.process is None or node.process.poll() is not None:
-            node.start()
+    start_the_dead(s3_nodes)
 
 
 def test_two_writers_with_overlapping_messages_answer_the_same_set(fleet, object_store):
