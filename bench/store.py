@@ -22,6 +22,14 @@ What it measures, on a seeded dataset (:mod:`wakustore.bench.dataset`):
    archives (:mod:`wakustore.bench.sql`), and a cross-check that
    every query returns the same set of message hashes on every backend.
 
+After the ingest the table is checked against the dataset: it must hold
+exactly the dataset's distinct messages (``unique_messages``, counted from
+the dataset's original slots), with the same order-independent fingerprint
+of their hashes (``integrity``); ``accepted`` (what the puts accepted) may
+be higher, since a re-send older than the recent-MUID set is dropped by
+the commit, not the put. The ingest rate includes the benchmark's own
+generation of the messages (``ingest_breakdown_s.generate``).
+
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 ``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
 ``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}``,
@@ -30,7 +38,7 @@ The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 compared backend ``{ingest_msgs_per_s, query_p50_ms, query_p99_ms,
 hash_lookup_p50_ms, ratios}`` where a ratio is Delta's figure over the
 backend's (above 1: Delta is slower). Exit status 1 when a cross-check
-finds different answers or a compared backend fails.
+finds different answers, a compared backend fails or the integrity check fails.
 """
 
 from __future__ import annotations
@@ -346,7 +354,9 @@ def run_store_bench(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if not report["crosscheck_ok"]:
         _say("\n!!! CROSS-CHECK FAILED: backends returned different messages for the same query; see 'crosscheck' !!!")
-    return 1 if failed or not report["crosscheck_ok"] else 0
+    if not report.get("integrity", {}).get("ok", False):
+        _say("\n!!! INTEGRITY CHECK FAILED: the table does not hold the dataset's distinct messages; see 'integrity' !!!")
+    return 1 if failed or not report["crosscheck_ok"] or not report.get("integrity", {}).get("ok", False) else 0
 
 
 @dataclass
@@ -395,8 +405,15 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             began = time.perf_counter()
             thread.start()
             ingesting = Progress("delta: ingested", total=spec.messages, unit="messages")
+            generation_s = 0.0
+            batches = bench_dataset.stream(spec, batch_size)
             try:
-                for batch in bench_dataset.stream(spec, batch_size):
+                while True:
+                    started = time.perf_counter()
+                    batch = next(batches, None)
+                    generation_s += time.perf_counter() - started
+                    if batch is None:
+                        break
                     while store.pending >= 4 * batch_size and not failure:
                         time.sleep(0.002)  # the node answers "busy" here; the bench waits
                     started = time.perf_counter()
@@ -433,13 +450,17 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             timings, expected = _delta_queries(store, spec, args, engine_ms)
             spark_path = _spark_path_queries(store, spec, args, expected)
             rows = maintenance.count_rows(store.table)
+            integrity = check_integrity(store.table, spec)
         report.update({
-            "unique_messages": accepted,
-            "duplicates": offered - accepted,
+            "unique_messages": integrity["dataset"]["count"],
+            "accepted": accepted,
+            "duplicates": offered - integrity["dataset"]["count"],
             "rows_in_table": rows,
+            "integrity": integrity,
             "ingest_msgs_per_s": round(offered / ingest_s, 1),
             "ingest_s": round(ingest_s, 3),
             "ingest_breakdown_s": {
+                "generate": round(generation_s, 3),
                 "put": round(put_s, 3), "flush": round(flush_s, 3), "flushes": flushes,
                 "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times, default=0.0), 3),
                 "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
@@ -463,15 +484,42 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             "engine_pids": sorted(rss.engine_pids),
             "engine_restarts": max(engine.generation - 1, 0),
         })
-        if rows != accepted:
-            report.setdefault("problems", []).append(f"table holds {rows} rows, {accepted} were accepted")
-            _say(f"!!! delta: the table holds {rows} rows but {accepted} messages were accepted")
+        if not integrity["ok"]:
+            problem = (f"the table ({integrity['table']['count']} rows) does not match the dataset's "
+                       f"{integrity['dataset']['count']} distinct messages (count and hash fingerprint)")
+            report.setdefault("problems", []).append(problem)
+            _say(f"!!! delta: {problem}")
+        elif rows != integrity["table"]["count"]:
+            report.setdefault("problems", []).append(f"row count {rows} but {integrity['table']['count']} hashes read")
+            _say(f"!!! delta: the table counts {rows} rows but {integrity['table']['count']} hashes were read")
         return expected
     finally:
         try:
             store.close()
         finally:
             engine.close()
+
+
+def check_integrity(table, spec: DatasetSpec) -> dict:
+    """Compare the table with the dataset's distinct messages (its original
+    slots, not what the puts accepted: a re-send older than the recent-MUID
+    set is accepted by the put and dropped by the commit): the same count
+    and the same order-independent fingerprint of the message hashes
+    (xor and sum of their first 8 bytes), read from the table in chunks."""
+    started = time.perf_counter()
+    wanted = bench_dataset.originals_fingerprint(spec)
+    held = bench_dataset.Fingerprint(0, 0, 0)
+    for prefixes in table.prefix_batches("message_hash"):
+        held = held + bench_dataset.Fingerprint.of_prefixes(prefixes)
+    elapsed = time.perf_counter() - started
+    _say(f"delta: integrity: table {held.count} rows, dataset {wanted.count} distinct messages, "
+         f"fingerprints {'equal' if held == wanted else 'DIFFER'} ({elapsed:.1f} s)")
+    return {
+        "ok": held == wanted,
+        "table": {"count": held.count, "xor": f"{held.xor:016x}", "sum": f"{held.total:016x}"},
+        "dataset": {"count": wanted.count, "xor": f"{wanted.xor:016x}", "sum": f"{wanted.total:016x}"},
+        "seconds": round(elapsed, 3),
+    }
 
 
 def _delta_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
@@ -727,7 +775,8 @@ def _print_table(report: dict) -> None:
         ("bytes on disk", [column[n].get("bytes") for n in names]),
     ]
     print(f"\nstore benchmark: {report['messages']:,} messages offered "
-          f"({report.get('unique_messages', 0):,} unique), {report['machine']['cpus']} CPUs, "
+          f"({report.get('unique_messages', 0):,} unique, {report.get('accepted', 0):,} accepted by the puts), "
+          f"{report['machine']['cpus']} CPUs, "
           f"load average {report['machine']['loadavg_start'][0]} at start")
     width = max(len(r[0]) for r in rows) + 2
     print("".ljust(width) + "".join(n.rjust(18) for n in names))
