@@ -45,7 +45,10 @@ class KeyFilter:
         self.count = 0
 
     def _positions(self, keys: list[bytes]) -> np.ndarray:
-        raw = np.frombuffer(b"".join(k[:16].ljust(16, b"\0") for k in keys), dtype="<u8").reshape(-1, 2)
+        joined = b"".join([k[:16] for k in keys])
+        if len(joined) != 16 * len(keys):  # a key shorter than 16 bytes
+            joined = b"".join([k[:16].ljust(16, b"\0") for k in keys])
+        raw = np.frombuffer(joined, dtype="<u8").reshape(-1, 2)
         h1, h2 = raw[:, 0], raw[:, 1] | np.uint64(1)
         steps = np.arange(self.probes, dtype=np.uint64)
         with np.errstate(over="ignore"):
@@ -119,6 +122,14 @@ class DayKeyFilter:
     def candidate_days(self, keys: Sequence[bytes]) -> list[set[dt.date]]:
         """For each key, the days whose filter might hold it (empty: new for certain)."""
         out: list[set[dt.date]] = [set() for _ in keys]
+        for index, days in self.candidates(keys).items():
+            out[index] = days
+        return out
+
+    def candidates(self, keys: Sequence[bytes]) -> dict[int, set[dt.date]]:
+        """:meth:`candidate_days` of the keys that may be in the table only,
+        by their index in ``keys`` (a batch of new keys costs no set each)."""
+        out: dict[int, set[dt.date]] = {}
         if not keys:
             return out
         indexes = np.flatnonzero(self._all.might_contain(list(keys)))
@@ -130,8 +141,8 @@ class DayKeyFilter:
         # Every day's filter has the same shape: hash the keys once.
         positions = days[0][1]._positions(maybe)
         for day, day_filter in days:
-            for index in np.flatnonzero(day_filter.might_contain_at(positions)):
-                out[indexes[index]].add(day)
+            for index in np.flatnonzero(day_filter.might_contain_at(positions)).tolist():
+                out.setdefault(int(indexes[index]), set()).add(day)
         return out
 
     def drop_days_before(self, day: dt.date) -> None:

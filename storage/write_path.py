@@ -97,19 +97,40 @@ DEFAULT_MAX_PENDING = 200_000
 
 
 class BoundedSet:
-    """An insertion-ordered set that forgets its oldest members past ``capacity``."""
+    """A set of recent keys that holds at most ``capacity`` of them and
+    always the last ``capacity // 2`` added: two generations of plain sets,
+    the older dropped whole when the newer fills. Plain sets take a put's
+    thousands of keys in one C call (an insertion-ordered map evicting one
+    key at a time cost about a microsecond a key)."""
 
     def __init__(self, capacity: int):
-        self._items: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.capacity = capacity
+        self._generation = max(1, capacity // 2)
+        self._current: set[bytes] = set()
+        self._previous: set[bytes] = set()
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._items
+        return key in self._current or key in self._previous
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)
+
+    def common(self, keys) -> set[bytes]:
+        """The members among ``keys`` (a set or a dict's keys), found in C."""
+        return (keys & self._current) | (keys & self._previous)
 
     def add(self, key: bytes) -> None:
-        self._items[key] = None
-        if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        self.add_many((key,))
+
+    def add_many(self, keys) -> None:
+        keys = list(keys)
+        while keys:
+            room = self._generation - len(self._current)
+            if room <= 0:
+                self._previous, self._current = self._current, set()
+                continue
+            self._current.update(keys[:room])
+            keys = keys[room:]
 
 
 class _Pending(Generic[R]):
@@ -152,6 +173,41 @@ class _Pending(Generic[R]):
                 if entries is None:
                     entries = self._groups[group] = SortedList()
                 entries.add(entry)
+
+    def add_many(self, rows: dict[bytes, R]) -> None:
+        """:meth:`add` for many rows: the order indexes take them sorted,
+        in one update each (a put adds thousands of rows at a time)."""
+        present = self.rows
+        new = {k: r for k, r in rows.items() if k not in present}
+        if not new:
+            return
+        present.update(new)
+        if self._order is None:
+            return
+        order, group = self._codec.order, self._codec.group
+        by_hash = self._by_hash
+        entries = []
+        by_group: dict[object, list] = {}
+        for key, row in new.items():
+            timestamp, hash_ = order(row)
+            entry = (timestamp, hash_, key)
+            entries.append(entry)
+            if hash_ not in by_hash:
+                by_hash[hash_] = row
+            if group is not None:
+                name = group(row)
+                members = by_group.get(name)
+                if members is None:
+                    by_group[name] = [entry]
+                else:
+                    members.append(entry)
+        self._order.update(entries)
+        for name, members in by_group.items():
+            existing = self._groups.get(name)
+            if existing is None:
+                self._groups[name] = SortedList(members)
+            else:
+                existing.update(members)
 
     def absorb(self, other: _Pending[R]) -> None:
         for key, row in other.rows.items():
@@ -297,9 +353,8 @@ class WritePath(Generic[R]):
                 last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
                 with self._lock:
                     self._buffer_last_seq = last_seq
-                    for key, row in fresh.items():
-                        self._buffer.add(key, row)
-                        self._recent.add(key)
+                    self._buffer.add_many(fresh)
+                    self._recent.add_many(fresh)
                     self._unresolved.update(k for k in unresolved if k in fresh)
         return set(fresh)
 
@@ -316,13 +371,19 @@ class WritePath(Generic[R]):
 
     def _unseen(self, rows) -> dict[bytes, R]:
         """The rows (first copy of each key) neither recent nor pending; under the lock."""
-        out: dict[bytes, R] = {}
-        for row in rows:
-            key = self.codec.key(row)
-            if key in self._recent or key in out or key in self._buffer or key in self._inflight:
-                continue
-            out[key] = row
-        return out
+        rows = list(rows)
+        keys = list(map(self.codec.key, rows))
+        first: dict[bytes, R] = {}
+        for key, row in zip(keys, rows):
+            if key not in first:
+                first[key] = row
+        # Set differences run in C: most keys of a batch are new.
+        seen = self._recent.common(first.keys())
+        seen |= first.keys() & self._buffer.rows.keys()
+        seen |= first.keys() & self._inflight.rows.keys()
+        if not seen:
+            return first
+        return {key: row for key, row in first.items() if key not in seen}
 
     def _known_keys(self, rows: dict[bytes, R]) -> set[bytes]:
         """Owned mode: the keys among ``rows`` the table holds (exact)."""
@@ -331,9 +392,9 @@ class WritePath(Generic[R]):
     def _maybe(self, rows: dict[bytes, R]) -> tuple[list[bytes], list[object]]:
         """The keys some day's filter might hold, and those days."""
         keys = list(rows)
-        candidates = self.key_filter.candidate_days(keys)
-        maybe = [k for k, days in zip(keys, candidates) if days]
-        return maybe, sorted(set().union(*candidates))
+        candidates = self.key_filter.candidates(keys)
+        maybe = [keys[i] for i in sorted(candidates)]
+        return maybe, sorted(set().union(*candidates.values()))
 
     def _lookup(self, keys: list[bytes], days: list[object]) -> set[bytes]:
         found: set[bytes] = set()
@@ -482,21 +543,26 @@ class WritePath(Generic[R]):
             self._merge_scoped(batch)
             return
         key = self.codec.key
-        fresh = [r for r in batch if key(r) not in self._uncertain and key(r) not in self._unresolved]
-        retried = [r for r in batch if key(r) in self._uncertain]
-        undecided = [r for r in batch if key(r) in self._unresolved and key(r) not in self._uncertain]
+        if self._uncertain or self._unresolved:
+            fresh = [r for r in batch if key(r) not in self._uncertain and key(r) not in self._unresolved]
+            retried = [r for r in batch if key(r) in self._uncertain]
+            undecided = [r for r in batch if key(r) in self._unresolved and key(r) not in self._uncertain]
+        else:
+            fresh, retried, undecided = batch, [], []
         if fresh:
+            arrow = self.codec.to_arrow(fresh)
+            keys = [key(r) for r in fresh]
             try:
                 # Not repeated by the engine after a restart: an append that
                 # landed before the failure was seen must not land twice.
                 # Its rows are MERGEd instead when the flush is retried.
-                self.table.append(self.codec.to_arrow(fresh), retry=False)
+                self.table.append(arrow, retry=False)
             except BaseException:
-                self._uncertain.update(key(r) for r in fresh)
+                self._uncertain.update(keys)
                 raise
             finally:
                 # Either way the keys may be in the table now.
-                self.key_filter.add([key(r) for r in fresh], [self.codec.day(r) for r in fresh])
+                self.key_filter.add(keys, arrow.column(self.codec.partition_column).to_pylist())
             self.appended_rows += len(fresh)
         if retried:
             # Known new at put time: only our own failed append can hold them.

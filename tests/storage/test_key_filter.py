@@ -96,3 +96,14 @@ def test_dropping_days_keeps_the_boundary_day_and_later_adds():
     assert all(d == {DAY + dt.timedelta(days=1)} for d in f.candidate_days(day_after))
     f.add(on_day[:5], [DAY] * 5)  # the day comes back when a key is added on it again
     assert all(DAY in d for d in f.candidate_days(on_day[:5]))
+
+
+def test_candidates_name_only_the_keys_some_day_may_hold():
+    f = DayKeyFilter(capacity_per_day=1_000, capacity=10_000)
+    old = keys(b"old", 300)
+    f.add(old, [DAY] * 300)
+    batch = keys(b"fresh", 2_000) + old[:5]
+    found = f.candidates(batch)
+    assert all(found.get(i) == {DAY} for i in range(2_000, 2_005))
+    assert len(found) < 2_005 + 20  # a few false positives at most
+    assert f.candidate_days(batch) == [found.get(i, set()) for i in range(len(batch))]

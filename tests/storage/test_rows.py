@@ -1,0 +1,80 @@
+"""Rows as the put path builds them: the same keys as the protocol's definitions."""
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from wakustore.protocols.message import WakuMessage, message_hash, muid
+from wakustore.storage.rows import Row, legacy_digest, to_arrow
+from wakustore.storage.schema import day_of_ns
+from wakustore.storage.table import _prefixes
+from wakustore.storage.write_path import BoundedSet, _Pending
+from wakustore.storage.message_store import MESSAGE_CODEC
+
+T0 = 1_700_000_000 * 10**9
+
+MESSAGES = [
+    ("/waku/2/rs/16/1", WakuMessage(b"p" * 3000, "/a/1/b/proto", version=1, timestamp=T0, meta=b"m" * 40), T0 + 1),
+    ("/waku/2/rs/16/2", WakuMessage(b"", "/a/1/c/proto", timestamp=0, meta=b"short"), T0 + 2),
+    ("/waku/2/rs/16/2", WakuMessage(b"q", "/a/1/c/proto", timestamp=-7), 5),
+    ("/waku/2/rs/16/3", WakuMessage("ü".encode(), "/a/1/ü/proto", timestamp=T0 * 3, rate_limit_proof=b"r"), 9),
+]
+
+
+def test_rows_carry_the_protocols_muid_hash_and_digest():
+    for pubsub, message, arrival in MESSAGES:
+        row = Row.build(pubsub, message, arrival)
+        assert row.muid == muid(pubsub, message)
+        assert row.message_hash == message_hash(pubsub, message)
+        assert row.digest == legacy_digest(message)
+        assert row.timestamp == (message.timestamp or arrival)
+
+
+def test_arrow_rows_hold_each_field_and_the_utc_day_of_the_ordering_time():
+    rows = [Row.build(*t) for t in MESSAGES]
+    table = to_arrow(rows)
+    assert table.column("muid").to_pylist() == [r.muid for r in rows]
+    assert table.column("payload").to_pylist() == [r.message.payload for r in rows]
+    assert table.column("sender_timestamp").to_pylist() == [r.message.timestamp for r in rows]
+    assert table.column("day").to_pylist() == [day_of_ns(r.timestamp) for r in rows]
+    assert to_arrow([]).num_rows == 0
+
+
+def test_hash_prefixes_read_from_arrow_are_the_first_eight_bytes_big_endian():
+    hashes = [hashlib.sha256(bytes([i])).digest() for i in range(10)]
+    values = pa.array(hashes, pa.binary()).slice(3, 5)  # a slice: offsets do not start at 0
+    expected = [int.from_bytes(h[:8], "big") for h in hashes[3:8]]
+    assert _prefixes(values).tolist() == expected
+    assert _prefixes(pa.array([], pa.binary())).dtype == np.uint64
+    with pytest.raises(ValueError):
+        _prefixes(pa.array([b"short"], pa.binary()))
+
+
+def test_pending_rows_added_in_bulk_index_as_added_one_by_one():
+    rows = [Row.build(*t) for t in MESSAGES * 2]  # the second copies are not added again
+    one, bulk = _Pending(MESSAGE_CODEC), _Pending(MESSAGE_CODEC)
+    for row in rows:
+        one.add(row.muid, row)
+    bulk.add_many({r.muid: r for r in rows[:2]})
+    bulk.add_many({r.muid: r for r in rows})
+    assert one.rows == bulk.rows
+    for group in [None, *{MESSAGE_CODEC.group(r) for r in rows}]:
+        for reverse in (False, True):
+            assert list(one.entries(None, None, reverse, group)) == list(bulk.entries(None, None, reverse, group))
+            assert list(one.entries(T0, T0 * 2, reverse, group)) == list(bulk.entries(T0, T0 * 2, reverse, group))
+    for row in rows:
+        assert bulk.by_hash(row.message_hash) == one.by_hash(row.message_hash)
+
+
+def test_the_recent_set_keeps_at_least_half_its_capacity_of_the_latest_keys_and_at_most_its_capacity():
+    recent = BoundedSet(4)
+    recent.add(b"a")
+    recent.add_many([b"b", b"c", b"d", b"e", b"f"])
+    assert len(recent) <= 4
+    assert b"e" in recent and b"f" in recent and b"a" not in recent
+    for count in range(1, 30):
+        recent.add_many([b"%d" % i for i in range(count)])
+        assert len(recent) <= 4
+        assert all(b"%d" % i in recent for i in range(max(0, count - 2), count))
