@@ -33,7 +33,7 @@ Two modes, chosen by whether the node owns its table:
 
 from __future__ import annotations
 
-import collections
+import bisect
 import heapq
 import logging
 import threading
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import pyarrow as pa
-from sortedcontainers import SortedList
 
 from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.engine import CommitConflict
@@ -133,6 +132,43 @@ class BoundedSet:
             keys = keys[room:]
 
 
+class _SortedRun:
+    """Entries kept in a list that is sorted when read: a put appends its
+    thousands of entries in one call, and the sort before the next read
+    merges the appended run in linear time (Timsort finds the two runs).
+    A sorted container paid a bisect and an insert per entry at put time,
+    on every put, read or not."""
+
+    __slots__ = ("_items", "_sorted")
+
+    def __init__(self, items: list | None = None):
+        self._items: list = items if items is not None else []
+        self._sorted = len(self._items) <= 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, entry: tuple) -> None:
+        self._items.append(entry)
+        self._sorted = len(self._items) <= 1
+
+    def extend(self, entries: list) -> None:
+        self._items.extend(entries)
+        self._sorted = len(self._items) <= 1
+
+    def irange(self, low: tuple | None, high: tuple | None, reverse: bool) -> Iterator[tuple]:
+        """Entries with low <= entry < high (None: unbounded), in order
+        (descending when ``reverse``), read in place."""
+        items = self._items
+        if not self._sorted:
+            items.sort()
+            self._sorted = True
+        start = 0 if low is None else bisect.bisect_left(items, low)
+        stop = len(items) if high is None else bisect.bisect_left(items, high)
+        indexes = range(stop - 1, start - 1, -1) if reverse else range(start, stop)
+        return (items[i] for i in indexes)
+
+
 class _Pending(Generic[R]):
     """One generation of rows waiting for a commit (the buffer, or the batch
     in flight): by key, and, when the codec orders rows, sorted by
@@ -144,8 +180,8 @@ class _Pending(Generic[R]):
         self._codec = codec
         self.rows: dict[bytes, R] = {}
         # The key ends each entry: two rows may share (timestamp, hash).
-        self._order: SortedList | None = SortedList() if codec.order is not None else None
-        self._groups: dict[object, SortedList] = {}
+        self._order: _SortedRun | None = _SortedRun() if codec.order is not None else None
+        self._groups: dict[object, _SortedRun] = {}
         self._by_hash: dict[bytes, R] = {}
 
     def __len__(self) -> int:
@@ -159,24 +195,10 @@ class _Pending(Generic[R]):
 
     def add(self, key: bytes, row: R) -> None:
         """Add ``row`` unless ``key`` is here already (the first copy wins)."""
-        if key in self.rows:
-            return
-        self.rows[key] = row
-        if self._order is not None:
-            timestamp, hash_ = self._codec.order(row)
-            entry = (timestamp, hash_, key)
-            self._order.add(entry)
-            self._by_hash.setdefault(hash_, row)
-            if self._codec.group is not None:
-                group = self._codec.group(row)
-                entries = self._groups.get(group)
-                if entries is None:
-                    entries = self._groups[group] = SortedList()
-                entries.add(entry)
+        self.add_many({key: row})
 
     def add_many(self, rows: dict[bytes, R]) -> None:
-        """:meth:`add` for many rows: the order indexes take them sorted,
-        in one update each (a put adds thousands of rows at a time)."""
+        """:meth:`add` for many rows, the order indexes extended once each."""
         present = self.rows
         new = {k: r for k, r in rows.items() if k not in present}
         if not new:
@@ -201,17 +223,16 @@ class _Pending(Generic[R]):
                     by_group[name] = [entry]
                 else:
                     members.append(entry)
-        self._order.update(entries)
+        self._order.extend(entries)
         for name, members in by_group.items():
             existing = self._groups.get(name)
             if existing is None:
-                self._groups[name] = SortedList(members)
+                self._groups[name] = _SortedRun(members)
             else:
-                existing.update(members)
+                existing.extend(members)
 
     def absorb(self, other: _Pending[R]) -> None:
-        for key, row in other.rows.items():
-            self.add(key, row)
+        self.add_many(other.rows)
 
     def by_hash(self, hash_: bytes) -> R | None:
         return self._by_hash.get(hash_)
@@ -229,7 +250,7 @@ class _Pending(Generic[R]):
         # (ts,) sorts before every (ts, hash, key): inclusive low, exclusive high + 1.
         low = (low_ts,) if low_ts is not None else None
         high = (high_ts + 1,) if high_ts is not None else None
-        return entries.irange(low, high, inclusive=(True, False), reverse=reverse)
+        return entries.irange(low, high, reverse)
 
 
 def _tagged(entries: Iterator[tuple], generation: _Pending) -> Iterator[tuple[tuple, _Pending]]:

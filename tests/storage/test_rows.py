@@ -52,20 +52,31 @@ def test_hash_prefixes_read_from_arrow_are_the_first_eight_bytes_big_endian():
         _prefixes(pa.array([b"short"], pa.binary()))
 
 
-def test_pending_rows_added_in_bulk_index_as_added_one_by_one():
-    rows = [Row.build(*t) for t in MESSAGES * 2]  # the second copies are not added again
-    one, bulk = _Pending(MESSAGE_CODEC), _Pending(MESSAGE_CODEC)
-    for row in rows:
-        one.add(row.muid, row)
-    bulk.add_many({r.muid: r for r in rows[:2]})
-    bulk.add_many({r.muid: r for r in rows})
-    assert one.rows == bulk.rows
+def test_pending_rows_are_read_in_order_by_time_range_and_group_whatever_order_they_came_in():
+    import random
+
+    rng = random.Random(5)
+    messages = [
+        (f"/waku/2/rs/16/{rng.randrange(3)}",
+         WakuMessage(b"%d" % i, f"/a/1/t{rng.randrange(4)}/proto", timestamp=T0 + rng.randrange(50)), T0)
+        for i in range(400)
+    ]
+    rows = [Row.build(*t) for t in messages]
+    pending = _Pending(MESSAGE_CODEC)
+    for start in range(0, 400, 37):  # puts of unsorted batches, reads in between
+        pending.add_many({r.muid: r for r in rows[start:start + 37]})
+        list(pending.entries(T0 + 10, T0 + 20, False))
+    pending.add_many({r.muid: r for r in rows[:50]})  # already there: the first copy stays
+    assert len(pending) == 400
+    everything = sorted((r.timestamp, r.message_hash, r.muid) for r in rows)
     for group in [None, *{MESSAGE_CODEC.group(r) for r in rows}]:
-        for reverse in (False, True):
-            assert list(one.entries(None, None, reverse, group)) == list(bulk.entries(None, None, reverse, group))
-            assert list(one.entries(T0, T0 * 2, reverse, group)) == list(bulk.entries(T0, T0 * 2, reverse, group))
+        members = [e for e in everything if group is None or MESSAGE_CODEC.group(pending.rows[e[2]]) == group]
+        for low, high in ((None, None), (T0 + 5, T0 + 30), (T0 + 49, None), (None, T0)):
+            wanted = [e for e in members if (low is None or e[0] >= low) and (high is None or e[0] <= high)]
+            assert list(pending.entries(low, high, False, group)) == wanted
+            assert list(pending.entries(low, high, True, group)) == wanted[::-1]
     for row in rows:
-        assert bulk.by_hash(row.message_hash) == one.by_hash(row.message_hash)
+        assert pending.by_hash(row.message_hash) is row
 
 
 def test_the_recent_set_keeps_at_least_half_its_capacity_of_the_latest_keys_and_at_most_its_capacity():
