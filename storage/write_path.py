@@ -174,11 +174,14 @@ class _Pending(Generic[R]):
     in flight): by key, and, when the codec orders rows, sorted by
     (timestamp, hash, key) and by hash. Guarded by the write path's lock."""
 
-    __slots__ = ("_by_hash", "_codec", "_groups", "_order", "rows")
+    __slots__ = ("_by_hash", "_chunks", "_codec", "_groups", "_order", "rows")
 
     def __init__(self, codec: RowCodec[R]):
         self._codec = codec
         self.rows: dict[bytes, R] = {}
+        # The rows as Arrow, built by the puts that added them, so that the
+        # commit sends them without converting; None once a row came without.
+        self._chunks: list[pa.Table] | None = []
         # The key ends each entry: two rows may share (timestamp, hash).
         self._order: _SortedRun | None = _SortedRun() if codec.order is not None else None
         self._groups: dict[object, _SortedRun] = {}
@@ -197,13 +200,19 @@ class _Pending(Generic[R]):
         """Add ``row`` unless ``key`` is here already (the first copy wins)."""
         self.add_many({key: row})
 
-    def add_many(self, rows: dict[bytes, R]) -> None:
-        """:meth:`add` for many rows, the order indexes extended once each."""
+    def add_many(self, rows: dict[bytes, R], arrow: pa.Table | None = None) -> None:
+        """:meth:`add` for many rows, the order indexes extended once each;
+        ``arrow``: the same rows as the codec converts them, if built."""
         present = self.rows
         new = {k: r for k, r in rows.items() if k not in present}
         if not new:
             return
         present.update(new)
+        if self._chunks is not None:
+            if arrow is not None and len(new) == len(rows) == arrow.num_rows:
+                self._chunks.append(arrow)
+            else:
+                self._chunks = None
         if self._order is None:
             return
         order, group = self._codec.order, self._codec.group
@@ -233,6 +242,12 @@ class _Pending(Generic[R]):
 
     def absorb(self, other: _Pending[R]) -> None:
         self.add_many(other.rows)
+
+    def prepared(self) -> pa.Table | None:
+        """Every row as Arrow when the puts built it all, else None."""
+        if not self._chunks or sum(c.num_rows for c in self._chunks) != len(self.rows):
+            return None
+        return self._chunks[0] if len(self._chunks) == 1 else pa.concat_tables(self._chunks)
 
     def by_hash(self, hash_: bytes) -> R | None:
         return self._by_hash.get(hash_)
@@ -372,9 +387,12 @@ class WritePath(Generic[R]):
                 # A flush meanwhile takes the buffer without these rows and
                 # trims the log only up to the sequence it took: safe.
                 last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
+                # The commit's Arrow batch is built here, a put at a time,
+                # while the committer waits for the engine with the last one.
+                arrow = self.codec.to_arrow(fresh.values())
                 with self._lock:
                     self._buffer_last_seq = last_seq
-                    self._buffer.add_many(fresh)
+                    self._buffer.add_many(fresh, arrow)
                     self._recent.add_many(fresh)
                     self._unresolved.update(k for k in unresolved if k in fresh)
         return set(fresh)
@@ -537,9 +555,10 @@ class WritePath(Generic[R]):
                 self._inflight, self._buffer = self._buffer, _Pending(self.codec)
                 upto = self._buffer_last_seq
             batch = list(self._inflight.values())
+            prepared = self._inflight.prepared()
             started = time.monotonic()
             try:
-                self._merge(batch)
+                self._merge(batch, prepared)
             except BaseException:
                 with self._lock:
                     self._inflight.absorb(self._buffer)
@@ -559,9 +578,10 @@ class WritePath(Generic[R]):
     def close(self) -> None:
         self._wal.close()
 
-    def _merge(self, batch: list[R]) -> None:
+    def _merge(self, batch: list[R], prepared: pa.Table | None = None) -> None:
+        """Commit ``batch``; ``prepared``: the whole batch as Arrow, if built."""
         if self.key_filter is None:
-            self._merge_scoped(batch)
+            self._merge_scoped(batch, arrow=prepared)
             return
         key = self.codec.key
         if self._uncertain or self._unresolved:
@@ -571,7 +591,7 @@ class WritePath(Generic[R]):
         else:
             fresh, retried, undecided = batch, [], []
         if fresh:
-            arrow = self.codec.to_arrow(fresh)
+            arrow = prepared if fresh is batch and prepared is not None else self.codec.to_arrow(fresh)
             keys = [key(r) for r in fresh]
             try:
                 # Not repeated by the engine after a restart: an append that
@@ -599,9 +619,10 @@ class WritePath(Generic[R]):
                 self._unresolved.difference_update(keys)
                 self._decided.extend(undecided)
 
-    def _merge_scoped(self, batch: list[R], days: list[object] | None = None) -> None:
+    def _merge_scoped(self, batch: list[R], days: list[object] | None = None, arrow: pa.Table | None = None) -> None:
         """MERGE on the key, scoped to ``days`` (default: the partitions the batch touches)."""
-        arrow = self.codec.to_arrow(batch)
+        if arrow is None:
+            arrow = self.codec.to_arrow(batch)
         column = self.codec.partition_column
         if days is None:
             days = sorted(set(arrow.column(column).to_pylist()))

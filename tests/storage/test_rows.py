@@ -89,3 +89,21 @@ def test_the_recent_set_keeps_at_least_half_its_capacity_of_the_latest_keys_and_
         recent.add_many([b"%d" % i for i in range(count)])
         assert len(recent) <= 4
         assert all(b"%d" % i in recent for i in range(max(0, count - 2), count))
+
+
+def test_the_arrow_batch_built_by_the_puts_is_the_commit_batch_or_none_when_incomplete():
+    rows = [Row.build(*t) for t in MESSAGES]
+    pending = _Pending(MESSAGE_CODEC)
+    first, second = {r.muid: r for r in rows[:2]}, {r.muid: r for r in rows[2:]}
+    pending.add_many(first, to_arrow(first.values()))
+    pending.add_many(second, to_arrow(second.values()))
+    pending.add_many(first, to_arrow(first.values()))  # nothing new: nothing added
+    assert pending.prepared().equals(to_arrow(rows))
+    partly = _Pending(MESSAGE_CODEC)
+    partly.add_many(first, to_arrow(first.values()))
+    partly.add_many({r.muid: r for r in rows[1:]}, to_arrow(rows[1:]))  # rows[1] is there already
+    assert partly.prepared() is None
+    replayed = _Pending(MESSAGE_CODEC)
+    replayed.add(rows[0].muid, rows[0])
+    replayed.add_many(second, to_arrow(second.values()))
+    assert replayed.prepared() is None
