@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from wakustore.bench import dataset as bench_dataset
@@ -9,7 +10,7 @@ from wakustore.bench import sql as bench_sql
 from wakustore.bench import store as bench_store
 from wakustore.cli.main import build_parser
 from wakustore.node.usage import UsageError
-from wakustore.protocols.message import muid
+from wakustore.protocols.message import message_hash, muid
 
 
 def parse(*argv):
@@ -28,6 +29,49 @@ def test_dataset_is_deterministic_with_a_tenth_resent():
     assert all(100 <= len(m.payload) <= 2048 for _, m, _ in first)
     assert all(spec.start_ns <= m.timestamp < spec.end_ns for _, m, _ in first)
     assert any(m.meta for _, m, _ in first) and not all(m.meta for _, m, _ in first)
+
+
+def test_the_originals_fingerprint_is_that_of_the_distinct_messages_of_the_stream():
+    spec = bench_dataset.DatasetSpec(messages=5000, end_ns=1_700_000_000 * 10**9, seed=3)
+    hashes = {message_hash(p, m) for batch in bench_dataset.stream(spec, 700) for p, m, _ in batch}
+    muids = {muid(p, m) for batch in bench_dataset.stream(spec, 700) for p, m, _ in batch}
+    assert len(hashes) == len(muids)  # every original has its own MUID
+    wanted = bench_dataset.originals_fingerprint(spec, batch_size=1234)
+    assert wanted == bench_dataset.Fingerprint.of_prefixes(_prefixes(hashes))
+    assert wanted.count == len(hashes) == sum(
+        1 for slot in range(spec.messages) if not bench_dataset.is_duplicate(spec, slot))
+    assert bench_dataset.message_at(spec, 4321) == next(
+        (p, m) for batch in bench_dataset.stream(spec, 5000) for i, (p, m, _) in enumerate(batch) if i == 4321)
+
+
+class _Hashes:
+    """A table as the integrity check reads it: its hash prefixes in chunks."""
+
+    def __init__(self, hashes):
+        self.hashes = sorted(hashes)
+
+    def prefix_batches(self, column):
+        assert column == "message_hash"
+        for start in range(0, len(self.hashes), 1000):
+            yield _prefixes(self.hashes[start:start + 1000])
+
+
+def test_the_integrity_check_compares_the_table_with_the_originals_not_with_the_puts():
+    spec = bench_dataset.DatasetSpec(messages=3000, end_ns=1_700_000_000 * 10**9, seed=9)
+    hashes = {message_hash(p, m) for batch in bench_dataset.stream(spec, 1000) for p, m, _ in batch}
+    good = bench_store.check_integrity(_Hashes(hashes), spec)
+    assert good["ok"] and good["table"] == good["dataset"] and good["dataset"]["count"] == len(hashes)
+    one = next(iter(hashes))
+    missing = bench_store.check_integrity(_Hashes(hashes - {one}), spec)
+    assert not missing["ok"] and missing["table"]["count"] == len(hashes) - 1
+    other = bench_store.check_integrity(_Hashes((hashes - {one}) | {bytes(32)}), spec)
+    assert not other["ok"] and other["table"]["count"] == len(hashes)
+    doubled = bench_store.check_integrity(_Hashes([*hashes, one]), spec)
+    assert not doubled["ok"]
+
+
+def _prefixes(hashes):
+    return np.frombuffer(b"".join(h[:8] for h in hashes), dtype=">u8").astype(np.uint64)
 
 
 def test_unknown_compare_backend_is_a_usage_error():
@@ -51,6 +95,9 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
     assert report["messages"] == 3000
     assert report["unique_messages"] + report["duplicates"] == 3000
     assert report["rows_in_table"] == report["unique_messages"]
+    assert report["integrity"]["ok"] and report["integrity"]["table"] == report["integrity"]["dataset"]
+    assert report["accepted"] >= report["unique_messages"]
+    assert report["ingest_breakdown_s"]["generate"] > 0
     assert report["ingest_msgs_per_s"] > 0
     assert report["compact_s"] > 0
     assert report["table"]["files_after_compact"] <= report["table"]["files_before_compact"]
