@@ -90,6 +90,11 @@ class BufferFull(Exception):
 # Keys per existence lookup (64-byte MUIDs: a 320 KB IN list).
 LOOKUP_CHUNK = 5_000
 
+# Rows of one commit batch kept as Arrow beside the rows (built by the
+# puts): at ~1.2 KB a row 60 MB, some commits' worth. A buffer past it (the
+# engine is behind or down) stops keeping them and its commit converts.
+PREPARED_MAX_ROWS = 50_000
+
 # Rows allowed to wait for a commit: at ~1 KB each, ~200 MB; with one
 # commit a second that is minutes of a busy node's traffic.
 DEFAULT_MAX_PENDING = 200_000
@@ -209,7 +214,7 @@ class _Pending(Generic[R]):
             return
         present.update(new)
         if self._chunks is not None:
-            if arrow is not None and len(new) == len(rows) == arrow.num_rows:
+            if arrow is not None and len(new) == len(rows) == arrow.num_rows and len(present) <= PREPARED_MAX_ROWS:
                 self._chunks.append(arrow)
             else:
                 self._chunks = None
@@ -242,6 +247,10 @@ class _Pending(Generic[R]):
 
     def absorb(self, other: _Pending[R]) -> None:
         self.add_many(other.rows)
+
+    def takes_arrow(self) -> bool:
+        """Whether Arrow built by a put is still kept (see :data:`PREPARED_MAX_ROWS`)."""
+        return self._chunks is not None and len(self.rows) < PREPARED_MAX_ROWS
 
     def prepared(self) -> pa.Table | None:
         """Every row as Arrow when the puts built it all, else None."""
@@ -389,7 +398,7 @@ class WritePath(Generic[R]):
                 last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
                 # The commit's Arrow batch is built here, a put at a time,
                 # while the committer waits for the engine with the last one.
-                arrow = self.codec.to_arrow(fresh.values())
+                arrow = self.codec.to_arrow(fresh.values()) if self._buffer.takes_arrow() else None
                 with self._lock:
                     self._buffer_last_seq = last_seq
                     self._buffer.add_many(fresh, arrow)

@@ -107,3 +107,16 @@ def test_the_arrow_batch_built_by_the_puts_is_the_commit_batch_or_none_when_inco
     replayed.add(rows[0].muid, rows[0])
     replayed.add_many(second, to_arrow(second.values()))
     assert replayed.prepared() is None
+
+
+def test_a_buffer_past_its_arrow_bound_keeps_no_arrow(monkeypatch):
+    from wakustore.storage import write_path
+
+    monkeypatch.setattr(write_path, "PREPARED_MAX_ROWS", 3)
+    rows = [Row.build(*t) for t in MESSAGES]
+    pending = _Pending(MESSAGE_CODEC)
+    pending.add_many({r.muid: r for r in rows[:2]}, to_arrow(rows[:2]))
+    assert pending.takes_arrow() and pending.prepared().num_rows == 2
+    pending.add_many({r.muid: r for r in rows[2:]}, to_arrow(rows[2:]))
+    assert not pending.takes_arrow() and pending.prepared() is None
+    assert len(pending) == 4
