@@ -22,7 +22,9 @@ What it measures:
    ranges of one hour, one day and seven days anywhere in the data and the
    last hour (``now-1h``, what a client catching up asks most), forward
    and backward; each first page is followed by the page at its cursor
-   when there is one (js-waku's paging). A level runs about ``--queries``
+   when there is one (js-waku's paging); ``--shapes`` keeps some time ranges
+   only (``now-1h`` alone: every page from the hot tier, so what is left is
+   the cost of the wire). A level runs about ``--queries``
    timed queries (split between its clients) after a warm-up.
 4. The same first pages straight on the store service (no wire), to show
    what the protocol stack adds.
@@ -97,6 +99,9 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                       help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
     verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                       help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
+    verb.add_argument("--shapes", type=_shapes, default=None,
+                      help="only these time ranges, comma-separated, of " + ", ".join(_range_names())
+                      + " (default all; now-1h alone is answered from the hot tier: the wire's own cost)")
     verb.add_argument("--hostile", action="store_true",
                       help="run each level again alongside a hostile load and report both")
     verb.add_argument("--hostile-hosts", type=positive_int, default=4,
@@ -110,6 +115,21 @@ def _client_levels(text: str) -> tuple[int, ...]:
     if not levels:
         raise argparse.ArgumentTypeError("expected client counts such as 1,4")
     return levels
+
+
+def _range_names() -> list[str]:
+    from wakustore.bench.store import RANGES
+
+    return list(RANGES)
+
+
+def _shapes(text: str) -> frozenset[str]:
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(names - set(_range_names()))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected time ranges among {', '.join(_range_names())}"
+                                         + (f"; not {', '.join(unknown)}" if unknown else ""))
+    return names
 
 
 def _say(text: str) -> None:
@@ -223,7 +243,11 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
         report.update(await _direct(node.service, spec, args.seed))
         report["levels"] = []
         for index, clients in enumerate(args.clients):
-            plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
+            specs = page_specs(spec, args.seed + 100 * (index + 1))
+            shapes = getattr(args, "shapes", None)
+            if shapes is not None:
+                specs = (page for page in specs if page.range_name in shapes)
+            plans = _plans(specs, clients, args.queries)
             _say(f"wire bench: {clients} client(s), {args.queries} queries")
             timing, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
             level = _level_summary(clients, timing, samples)

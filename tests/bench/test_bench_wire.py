@@ -26,6 +26,14 @@ def test_bad_client_levels_are_usage_errors(clients):
         parse("--clients", clients)
 
 
+def test_shapes_keep_the_named_time_ranges_only():
+    assert parse("--shapes", "now-1h, 1d").shapes == {"now-1h", "1d"}
+    assert parse().shapes is None
+    for bad in ("2h", ",", "1h,2h"):
+        with pytest.raises(UsageError):
+            parse("--shapes", bad)
+
+
 def test_non_empty_data_dir_is_refused(tmp_path):
     (tmp_path / "something").write_text("x")
     with pytest.raises(UsageError):
