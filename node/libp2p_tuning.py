@@ -16,13 +16,28 @@ go-libp2p use): credit goes back only once at least half the window is
 owed, and the window still grows by py-libp2p's own auto-tuning when it
 does. The sender is never starved: it always has at least half a window
 of credit, as with go-yamux.
+
+py-libp2p reads a TCP connection as exactly as its callers ask: a Noise
+message is a 2-byte length, then its body, so every frame costs at least
+two ``recv`` calls (and a trip through trio's I/O wait when the second
+finds nothing yet). :func:`tune_libp2p` also makes each TCP read ask the
+socket for up to :data:`READ_AHEAD` bytes and keep what the caller did not
+ask for for its next read: one ``recv`` serves the messages that arrived
+together.
 """
 
 from __future__ import annotations
 
+from libp2p.io.trio import TrioTCPStream
 from libp2p.stream_muxer.yamux import yamux
 
+# Bytes one TCP read asks for: a yamux frame's largest payload (64 KiB) and
+# its headers; what the caller did not ask for waits in a buffer of at most
+# this size for the next read.
+READ_AHEAD = 64 * 1024 + 64
+
 _applied = False
+_plain_read = TrioTCPStream.read
 
 
 async def _window_update_at_half(self: yamux.YamuxStream, *, bytes_read: int = 0) -> None:
@@ -37,6 +52,28 @@ async def _window_update_at_half(self: yamux.YamuxStream, *, bytes_read: int = 0
     await self.send_window_update(owed)
 
 
+async def _read_ahead(self: TrioTCPStream, n: int | None = None) -> bytes:
+    """``TrioTCPStream.read`` served from bytes already received when there are some."""
+    if n == 0:
+        return b""
+    kept: bytearray | None = getattr(self, "_wakustore_kept", None)
+    if kept:
+        if n is None or n >= len(kept):
+            data = bytes(kept)
+            kept.clear()
+        else:
+            data = bytes(kept[:n])
+            del kept[:n]
+        return data
+    data = await _plain_read(self, READ_AHEAD if n is None or n < READ_AHEAD else n)
+    if n is not None and len(data) > n:
+        if kept is None:
+            kept = self._wakustore_kept = bytearray()
+        kept += data[n:]
+        data = data[:n]
+    return data
+
+
 def tune_libp2p() -> None:
     """Install the changes above (once per process; every yamux stream of the
     process, inbound and outbound, follows them from then on)."""
@@ -44,4 +81,5 @@ def tune_libp2p() -> None:
     if _applied:
         return
     yamux.YamuxStream._auto_tune_and_send_window_update = _window_update_at_half
+    TrioTCPStream.read = _read_ahead
     _applied = True

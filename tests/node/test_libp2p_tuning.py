@@ -8,6 +8,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 from libp2p.stream_muxer.yamux import yamux
 
 from wakustore.clients.store import StoreClient
@@ -72,3 +73,36 @@ def test_a_request_larger_than_the_window_arrives_whole(tmp_path, window_updates
     # Credit went back in a few large updates (one per half window at
     # most), not one per read.
     assert 1 <= window_updates["listener"] <= 2 * LARGE_REQUEST // yamux.DEFAULT_WINDOW_SIZE
+
+
+def test_tcp_reads_are_served_from_one_receive_when_the_bytes_arrived_together():
+    from libp2p.io.trio import TrioTCPStream
+
+    from wakustore.node.libp2p_tuning import tune_libp2p
+
+    tune_libp2p()
+    receives = []
+
+    async def main():
+        a, b = trio.socket.socketpair()
+        ours = TrioTCPStream(trio.SocketStream(a))
+        theirs = trio.SocketStream(b)
+        real = ours.stream.receive_some
+
+        async def counted(n=None):
+            data = await real(n)
+            receives.append(len(data))
+            return data
+
+        ours.stream.receive_some = counted
+        await theirs.send_all(b"\x00\x03abc\x00\x02de")
+        await trio.testing.wait_all_tasks_blocked()
+        got = [await ours.read(2), await ours.read(3), await ours.read(2), await ours.read(2)]
+        await theirs.send_all(b"tail")
+        await theirs.aclose()
+        got += [await ours.read(100), await ours.read(100)]
+        return got
+
+    assert trio.run(main) == [b"\x00\x03", b"abc", b"\x00\x02", b"de", b"tail", b""]
+    # The first four reads came from one receive; then the tail, then the end.
+    assert receives == [9, 4, 0]
