@@ -7,8 +7,9 @@ the peer's multistream-select header and protocol id one varint byte and
 one line at a time, then the request, so each query cost the node five or
 six extra frames: each a Noise encryption, a socket write on our side and a
 frame the peer decrypts and handles, all for windows that never come close
-to running out (a request is at most 1.06 MB; the window starts at 256 KiB
-and is renewed long before it is spent).
+to running out (a Store request is at most 64 KiB, the window starts at
+256 KiB; a lightpush request of up to 1.06 MB still gets its credit back
+at every half window).
 
 :func:`tune_libp2p` gives yamux the receive-window policy of go-yamux
 (``sendWindowUpdate`` in go-yamux's stream.go, the muxer nwaku's peers and
