@@ -22,7 +22,9 @@ What it measures:
    ranges of one hour, one day and seven days anywhere in the data and the
    last hour (``now-1h``, what a client catching up asks most), forward
    and backward; each first page is followed by the page at its cursor
-   when there is one (js-waku's paging). A level runs about ``--queries``
+   when there is one (js-waku's paging); ``--shapes`` keeps some time ranges
+   only (``now-1h`` alone: every page from the hot tier, so what is left is
+   the cost of the wire). A level runs about ``--queries``
    timed queries (split between its clients) after a warm-up.
 4. The same first pages straight on the store service (no wire), to show
    what the protocol stack adds.
@@ -40,8 +42,13 @@ The JSON report (``--json``) holds ``messages``, ``unique_messages``,
 ``ingest_msgs_per_s``, ``load_s``, ``client_mode``, ``direct_p50_ms``,
 ``direct_p99_ms`` and ``levels``: per client count ``clients``,
 ``queries``, ``errors`` (answers other than 200), ``qps`` (timed queries
-over the level's wall time), ``p50_ms``, ``p99_ms`` and ``per_shape``
-(``{n, p50_ms, p99_ms}`` for ``1h/first``, ``7d/cursor``, ...).
+over the level's wall time), ``node_cpu_ms_per_query`` (user + system CPU
+of the node's process, every thread, over the timed interval, divided by
+the timed queries; the engine's server process is not counted, pages do
+not go through it), ``client_cpu_ms_per_query`` (the same for the client
+process: both share the machine's cores), ``p50_ms``, ``p99_ms`` and
+``per_shape`` (``{n, p50_ms, p99_ms}`` for ``1h/first``, ``7d/cursor``,
+...). Under ``--hostile`` the node's CPU also pays for the hostile load.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -91,6 +99,9 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                       help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
     verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                       help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
+    verb.add_argument("--shapes", type=_shapes, default=None,
+                      help="only these time ranges, comma-separated, of " + ", ".join(_range_names())
+                      + " (default all; now-1h alone is answered from the hot tier: the wire's own cost)")
     verb.add_argument("--hostile", action="store_true",
                       help="run each level again alongside a hostile load and report both")
     verb.add_argument("--hostile-hosts", type=positive_int, default=4,
@@ -104,6 +115,21 @@ def _client_levels(text: str) -> tuple[int, ...]:
     if not levels:
         raise argparse.ArgumentTypeError("expected client counts such as 1,4")
     return levels
+
+
+def _range_names() -> list[str]:
+    from wakustore.bench.store import RANGES
+
+    return list(RANGES)
+
+
+def _shapes(text: str) -> frozenset[str]:
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(names - set(_range_names()))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected time ranges among {', '.join(_range_names())}"
+                                         + (f"; not {', '.join(unknown)}" if unknown else ""))
+    return names
 
 
 def _say(text: str) -> None:
@@ -217,14 +243,18 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
         report.update(await _direct(node.service, spec, args.seed))
         report["levels"] = []
         for index, clients in enumerate(args.clients):
-            plans = _plans(page_specs(spec, args.seed + 100 * (index + 1)), clients, args.queries)
+            specs = page_specs(spec, args.seed + 100 * (index + 1))
+            shapes = getattr(args, "shapes", None)
+            if shapes is not None:
+                specs = (page for page in specs if page.range_name in shapes)
+            plans = _plans(specs, clients, args.queries)
             _say(f"wire bench: {clients} client(s), {args.queries} queries")
-            wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
-            level = _level_summary(clients, wall_s, samples)
+            timing, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
+            level = _level_summary(clients, timing, samples)
             if getattr(args, "hostile", False):
                 _say(f"wire bench: {clients} client(s) again, alongside {args.hostile_hosts} hostile hosts")
-                wall_s, samples, seen = await _with_hostile(node, peer, plans, args.hostile_hosts, spec, args.seed)
-                level["hostile"] = {**_level_summary(clients, wall_s, samples), "load": seen,
+                timing, samples, seen = await _with_hostile(node, peer, plans, args.hostile_hosts, spec, args.seed)
+                level["hostile"] = {**_level_summary(clients, timing, samples), "load": seen,
                                     "refused_by_node": dict(node.gatekeeper.refused)}
             report["levels"].append(level)
 
@@ -246,14 +276,14 @@ async def _with_hostile(node, peer: str, plans, hosts: int, spec, seed: int):
         hostile.stdin.write(pickle.dumps((peer, hosts, query, str(stop))))
         hostile.stdin.close()
         await trio.sleep(HOSTILE_HEAD_START_S)
-        wall_s, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
+        timing, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
     finally:
         stop.touch()
     out = await trio.to_thread.run_sync(lambda: hostile.stdout.read())
     await trio.to_thread.run_sync(lambda: hostile.wait(timeout=CLIENT_TIMEOUT_S))
     shutil.rmtree(stop.parent, ignore_errors=True)
     seen = pickle.loads(out) if out else {"error": f"hostile process exited {hostile.returncode}"}
-    return wall_s, samples, seen
+    return timing, samples, seen
 
 
 async def _direct(service, spec, seed: int) -> dict:
@@ -275,7 +305,18 @@ def _plans(specs, clients: int, queries: int) -> list[tuple[list, int]]:
     return [([next(specs) for _ in range(WARMUP_PAGES + quota)], quota) for _ in range(clients)]
 
 
-def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, float, int]]]) -> dict:
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One level's measured interval, as the client process saw it: wall
+    seconds, and the CPU seconds (user + system, every thread) the node's
+    process and the client process spent in it."""
+
+    wall_s: float
+    node_cpu_s: float
+    client_cpu_s: float
+
+
+def _level_summary(clients: int, timing: Timing, samples: list[list[tuple[str, float, int]]]) -> dict:
     from wakustore.bench.store import percentile
 
     flat = [s for per_client in samples for s in per_client]
@@ -283,12 +324,15 @@ def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, fl
     by_shape: dict[str, list[float]] = {}
     for shape, ms, _ in flat:
         by_shape.setdefault(shape, []).append(ms)
+    wall_s = timing.wall_s
     return {
         "clients": clients,
         "queries": len(flat),
         "errors": sum(1 for _, _, status in flat if status != 200),
         "wall_s": round(wall_s, 3),
         "qps": round(len(flat) / wall_s, 1) if wall_s > 0 else None,
+        "node_cpu_ms_per_query": _per_query_ms(timing.node_cpu_s, len(flat)),
+        "client_cpu_ms_per_query": _per_query_ms(timing.client_cpu_s, len(flat)),
         "p50_ms": _round(percentile(latencies, 50)),
         "p99_ms": _round(percentile(latencies, 99)),
         "per_shape": {shape: {"n": len(v), "p50_ms": _round(percentile(v, 50)), "p99_ms": _round(percentile(v, 99))}
@@ -296,21 +340,34 @@ def _level_summary(clients: int, wall_s: float, samples: list[list[tuple[str, fl
     }
 
 
-def _run_client_process(peer: str, plans: list) -> tuple[float, list]:
+def _per_query_ms(cpu_s: float, queries: int) -> float | None:
+    return round(cpu_s * 1000 / queries, 3) if queries else None
+
+
+def _run_client_process(peer: str, plans: list) -> tuple[Timing, list]:
     """Run one level's clients in a fresh interpreter (arguments and result
-    pickled over its pipes)."""
-    return run_client_process("wakustore.bench.wire", (peer, plans), CLIENT_TIMEOUT_S)
+    pickled over its pipes); the node is this process."""
+    return run_client_process("wakustore.bench.wire", (peer, plans, os.getpid()), CLIENT_TIMEOUT_S)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its threads so
+    far (children not counted: the engine's server is a process of its own)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def client_main() -> None:
-    """The client process: reads (peer, plans) pickled on stdin, writes
-    (wall seconds, [[(shape, latency ms, status)] per client]) pickled on stdout."""
-    peer, plans = pickle.loads(sys.stdin.buffer.read())
-    result = trio.run(_clients, peer, plans)
+    """The client process: reads (peer, plans, node pid) pickled on stdin,
+    writes (Timing, [[(shape, latency ms, status)] per client]) pickled on stdout."""
+    peer, plans, node_pid = pickle.loads(sys.stdin.buffer.read())
+    result = trio.run(_clients, peer, plans, node_pid)
     sys.stdout.buffer.write(pickle.dumps(result))
 
 
-async def _clients(peer: str, plans: list) -> tuple[float, list]:
+async def _clients(peer: str, plans: list, node_pid: int) -> tuple[Timing, list]:
     from contextlib import AsyncExitStack
 
     from wakustore.clients.store import StoreClient
@@ -321,12 +378,16 @@ async def _clients(peer: str, plans: list) -> tuple[float, list]:
         async with trio.open_nursery() as nursery:
             for client, (specs, _) in zip(connected, plans):
                 nursery.start_soon(_warm_up, client, specs[:WARMUP_PAGES])
+        # The node's CPU is read from here, at the edges of the interval the
+        # queries are timed in, so that it covers exactly the timed queries.
+        node_cpu, own_cpu = process_cpu_s(node_pid), process_cpu_s(os.getpid())
         started = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for client, (specs, quota), out in zip(connected, plans, samples):
                 nursery.start_soon(_run_plan, client, specs[WARMUP_PAGES:], quota, out)
         wall_s = time.perf_counter() - started
-    return wall_s, samples
+        timing = Timing(wall_s, process_cpu_s(node_pid) - node_cpu, process_cpu_s(os.getpid()) - own_cpu)
+    return timing, samples
 
 
 async def _warm_up(client, specs) -> None:
@@ -361,14 +422,17 @@ def _print_report(report: dict) -> None:
     print(f"  store service, no wire: p50 {report['direct_p50_ms']} ms, p99 {report['direct_p99_ms']} ms")
     for level in report["levels"]:
         print(f"  {level['clients']:>3} client(s): {level['qps']:>8,.1f} queries/s   "
+              f"node CPU {level['node_cpu_ms_per_query']:>6} ms/query   "
               f"p50 {level['p50_ms']:>7} ms   p99 {level['p99_ms']:>7} ms   "
-              f"({level['queries']} queries, {level['errors']} errors)")
+              f"({level['queries']} queries, {level['errors']} errors; "
+              f"clients' CPU {level['client_cpu_ms_per_query']} ms/query)")
         for shape, figures in level["per_shape"].items():
             print(f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   "
                   f"p99 {figures['p99_ms']:>7} ms   ({figures['n']})")
         hostile = level.get("hostile")
         if hostile:
             print(f"      under hostile load: {hostile['qps']:>8,.1f} queries/s   "
+                  f"node CPU {hostile['node_cpu_ms_per_query']:>6} ms/query   "
                   f"p50 {hostile['p50_ms']:>7} ms   p99 {hostile['p99_ms']:>7} ms   "
                   f"({hostile['queries']} queries, {hostile['errors']} errors)")
             print(f"        hostile load: {hostile['load']}")

@@ -91,8 +91,10 @@ class StoreClient:
         from libp2p.crypto.secp256k1 import create_new_key_pair
 
         from wakustore.node.host import stop_auto_dialing
+        from wakustore.node.libp2p_tuning import tune_libp2p
 
         info = parse_peer(peer)
+        tune_libp2p()
         host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX", enable_websocket=True)
         try:
             async with host.run(listen_addrs=[]):

@@ -36,6 +36,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.libp2p_tuning import tune_libp2p
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ async def running_host(
     if gatekeeper is None:
         gatekeeper = Gatekeeper(ConnectionLimits.from_config(config))
     addrs = listen_addrs(config)
+    tune_libp2p()
     host = new_host(
         key_pair=key_pair, muxer_preference=MUXER_PREFERENCE, listen_addrs=addrs,
         connection_config=service_connection_config(gatekeeper.limits),

@@ -287,6 +287,24 @@ class MessageStore:
             pending = self._pending_matches(query, key)
             found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)
             found = _merge_pending(query, found, pending)
+        return self._finish(query, found)
+
+    def query_from_memory(self, query: HistoryQuery) -> Page | None:
+        """The page :meth:`query` would return when memory alone answers it
+        (the hot tier, a cursor known without the table); None when the
+        table must be read. Touches neither the engine nor the table's files,
+        so the caller need not queue it behind them."""
+        if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
+            timestamp = self._memory_timestamp_of(query.cursor)
+            if timestamp is None:
+                return None
+            key = (timestamp, query.cursor)
+        else:
+            key = self._cursor_key(query)
+        found = self.hot.page(query, key)
+        return None if found is None else self._finish(query, found)
+
+    def _finish(self, query: HistoryQuery, found: list[StoredMessage]) -> Page:
         page = store_query.finish_page(query, found)
         cursor = page.next_cursor
         if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
@@ -318,17 +336,23 @@ class MessageStore:
             return None
         if query.ordering is Ordering.DIGEST:
             return (query.cursor_timestamp or 0, query.cursor)
-        timestamp = self._cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
+        timestamp = self._memory_timestamp_of(query.cursor)
         if timestamp is None:
-            pending = self.writes.pending_by_hash([query.cursor])
-            if pending:
-                timestamp = pending[0].timestamp
-            else:
-                timestamp = self.reader.timestamp_of_hash(query.cursor, query.pubsub_topic)
+            timestamp = self.reader.timestamp_of_hash(query.cursor, query.pubsub_topic)
             if timestamp is None:
                 raise unknown_cursor()
             self._cursors.put(query.cursor, timestamp)
         return (timestamp, query.cursor)
+
+    def _memory_timestamp_of(self, message_hash: bytes) -> int | None:
+        """A cursor's timestamp from the cursors handed out, the hot tier or
+        the rows not yet committed; None when only the table may know it."""
+        timestamp = self._cursors.get(message_hash) or self.hot.timestamp_of(message_hash)
+        if timestamp is None:
+            pending = self.writes.pending_by_hash([message_hash])
+            if pending:
+                timestamp = pending[0].timestamp
+        return timestamp
 
     def forget_before(self, cutoff_ns: int) -> None:
         """Retention removed rows older than ``cutoff_ns`` from the table:

@@ -26,6 +26,14 @@ def test_bad_client_levels_are_usage_errors(clients):
         parse("--clients", clients)
 
 
+def test_shapes_keep_the_named_time_ranges_only():
+    assert parse("--shapes", "now-1h, 1d").shapes == {"now-1h", "1d"}
+    assert parse().shapes is None
+    for bad in ("2h", ",", "1h,2h"):
+        with pytest.raises(UsageError):
+            parse("--shapes", bad)
+
+
 def test_non_empty_data_dir_is_refused(tmp_path):
     (tmp_path / "something").write_text("x")
     with pytest.raises(UsageError):
@@ -48,11 +56,12 @@ def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_
         assert level["queries"] == 12
         assert level["errors"] == 0
         assert level["qps"] > 0
+        assert level["node_cpu_ms_per_query"] > 0 and level["client_cpu_ms_per_query"] > 0
         assert 0 < level["p50_ms"] <= level["p99_ms"]
         assert sum(shape["n"] for shape in level["per_shape"].values()) == 12
         assert all(name.split("/")[1] in ("first", "cursor") for name in level["per_shape"])
     printed = capsys.readouterr().out
-    assert "queries/s" in printed
+    assert "queries/s" in printed and "ms/query" in printed
 
 
 @pytest.mark.slow
@@ -69,3 +78,24 @@ def test_hostile_run_reports_the_clients_figures_under_the_hostile_load(engine, 
     assert hostile["load"]["connections"] > 0 and hostile["load"]["queries"] > 0
     assert hostile["refused_by_node"].get("ip_colocation", 0) > 0
     assert "under hostile load" in capsys.readouterr().out
+
+
+def test_process_cpu_counts_the_work_of_every_thread():
+    import os
+    import threading
+    import time
+
+    spent = []
+
+    def spin():
+        started = time.thread_time()
+        while time.thread_time() - started < 0.2:
+            pass
+        spent.append(time.thread_time() - started)
+
+    before = bench_wire.process_cpu_s(os.getpid())
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    # Clock ticks are 10 ms: the process total may round below the thread's own figure by one.
+    assert bench_wire.process_cpu_s(os.getpid()) - before >= spent[0] - 0.02

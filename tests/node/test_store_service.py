@@ -1,5 +1,6 @@
 """The node's store service: group commit of concurrent puts."""
 
+import threading
 import time
 
 import trio
@@ -140,3 +141,56 @@ def test_an_idle_flush_loop_does_not_wake_up(engine, tmp_path):
                     await _until(lambda: store.writes.committed_rows == 1)
 
     trio.run(main, clock=clock)
+
+
+def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
+    """A commit stuck in its MERGE and other engine work hold every engine
+    thread: a page from the hot tier and a page read from the table are
+    still answered, neither queued behind them."""
+    from wakustore.node.store_service import ENGINE_THREADS
+    from wakustore.protocols.store_query import HistoryQuery
+
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=3600)
+    now = time.time_ns()
+    day_ns = 86_400 * 10**9
+    old = WakuMessage(b"from-the-table", "/g/1/c/proto", timestamp=now - 3 * day_ns)
+    recent = WakuMessage(b"from-memory", "/g/1/c/proto", timestamp=now - 10**9)
+    stuck = WakuMessage(b"being-committed", "/g/1/c/proto", timestamp=now - 2 * 10**9)
+    release = threading.Event()
+    pages = {}
+
+    def page_of(start, end):
+        return HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/g/1/c/proto",), time_start=start,
+                            time_end=end, forward=True)
+
+    async def main():
+        async with running_store(config, engine) as service:
+            await service.put([(PUBSUB, old, now)])
+            await service.flush()
+            assert service.store.hot.page(page_of(old.timestamp, old.timestamp + 1), None) is None
+            real_merge = service.store.writes._merge
+
+            def merge_stuck(batch):
+                release.wait()
+                real_merge(batch)
+
+            service.store.writes._merge = merge_stuck
+            await service.put([(PUBSUB, stuck, now), (PUBSUB, recent, now)])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(service.flush)
+                for _ in range(ENGINE_THREADS - 1):
+                    nursery.start_soon(lambda: trio.to_thread.run_sync(release.wait, limiter=service.limiter))
+                try:
+                    # Wait until the commit has taken the two rows and every engine thread is held.
+                    while service.limiter.borrowed_tokens < ENGINE_THREADS or not len(service.store.writes._inflight):
+                        await trio.sleep(0.01)
+                    with trio.fail_after(20):
+                        pages["memory"] = await service.query(page_of(now - 3600 * 10**9, now))
+                        pages["table"] = await service.query(page_of(old.timestamp - 10**9, now - day_ns))
+                    assert service.limiter.borrowed_tokens == ENGINE_THREADS  # still all busy
+                finally:
+                    release.set()  # the engine threads end (the nursery waits for them)
+
+    trio.run(main)
+    assert [m.message.payload for m in pages["memory"].messages] == [b"being-committed", b"from-memory"]
+    assert [m.message.payload for m in pages["table"].messages] == [b"from-the-table"]
