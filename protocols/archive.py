@@ -332,8 +332,13 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     layout = decoder.layout
     if len(data) != entry.size:
         raise ArchiveError(f"archive {entry.archive_id}: got {len(data)} bytes, expected {entry.size}")
-    body = data[: entry.encoded_size]
-    if any(memoryview(data)[entry.encoded_size:]):
+    # Views, not copies: an archive is up to ~35 MB, and a copy of its body
+    # and of every record besides would triple what a decoder holds.
+    if not isinstance(data, (bytes, bytearray)):
+        data = bytes(data)
+    view = memoryview(data)
+    body = view[: entry.encoded_size]
+    if data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
         raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     metadata_raw, raw_messages = None, []
     for number, wire, value in proto_fields(body):
@@ -346,7 +351,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
                 raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     if metadata_raw is None:
         raise ArchiveError(f"archive {entry.archive_id} has no metadata")
-    metadata = message_codec.parse_protobuf(_metadata_class(layout), metadata_raw)
+    metadata = message_codec.parse_protobuf(_metadata_class(layout), bytes(metadata_raw))
     if metadata is None:
         raise ArchiveError(f"archive {entry.archive_id}: undecodable metadata")
     start, end, content_topics = _window_of(layout, metadata)
@@ -358,7 +363,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     decode = decoder.decode
     for i, raw in enumerate(raw_messages):
         try:
-            record = decode(raw)
+            record = decode(bytes(raw))
         except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
             raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
         topic = record[1]

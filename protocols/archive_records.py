@@ -424,18 +424,26 @@ def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
     ext = {}
     pos, end = 0, len(raw)
     while pos < end:
+        # Keys of the extra fields take two bytes, lengths of payloads and
+        # padding one or two: decoded here rather than by a call each.
         key = raw[pos]
         if key < 0x80:
             pos += 1
+        elif pos + 1 < end and raw[pos + 1] < 0x80:
+            key = (key & 0x7F) | raw[pos + 1] << 7
+            pos += 2
         else:
             key, pos = _read_varint(raw, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ArchiveError("protobuf field number 0")
         if wire == _WIRE_LEN:
-            if pos < end and raw[pos] < 0x80:
+            if pos + 1 < end and raw[pos] < 0x80:
                 length = raw[pos]
                 pos += 1
+            elif pos + 1 < end and raw[pos + 1] < 0x80:
+                length = (raw[pos] & 0x7F) | raw[pos + 1] << 7
+                pos += 2
             else:
                 length, pos = _read_varint(raw, pos)
             if pos + length > end:
@@ -444,7 +452,16 @@ def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
                 ext[number] = (wire, raw[pos : pos + length])
             pos += length
         elif wire == _WIRE_VARINT:
-            value, pos = _read_varint(raw, pos)
+            start, value, shift = pos, 0, 0
+            while pos < end and shift < 70:  # _read_varint's limit: 10 bytes
+                byte = raw[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+            else:  # truncated or too long: _read_varint raises its error
+                value, pos = _read_varint(raw, start)
             if number > _EXT_FIRST:
                 ext[number] = (wire, value)
         elif wire in (_WIRE_I64, _WIRE_I32):

@@ -2,6 +2,8 @@
 both layouts, status-go's field numbers (wire-facts.md, "Community
 archives"), the extension fields, and ArchiveError for any bad input."""
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,9 +28,11 @@ from wakustore.protocols.archive_records import (
     encode_archived_message,
     field_bytes,
     field_varint,
+    _ext_fields,
     proto_fields,
 )
 from wakustore.protocols.errors import ArchiveError
+from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.message import WakuMessage, message_hash
 
 PUBSUB = "/waku/2/rs/16/32"
@@ -255,3 +259,32 @@ def test_the_record_encoder_writes_what_the_protobuf_class_writes(batch):
             ([EXT_PROOF] if message.rate_limit_proof else [])
         assert numbers == expected
         assert RecordDecoder(Layout.STATUS_GO, DEFAULT_PUBSUB, {TOPIC: KEY}).decode(record) == tuple(row)
+
+
+def _ext_reference(raw: bytes):
+    """The extra fields by the general protobuf reader, last one winning."""
+    return {number: (wire, value) for number, wire, value in proto_fields(raw) if number > 1000}  # status-go's fields stop below 1001
+
+
+_EXT_FIELD = st.one_of(
+    st.tuples(st.integers(1, 2100), st.just(0), st.integers(0, 2**64 - 1)),
+    st.tuples(st.integers(1, 2100), st.just(2), st.binary(max_size=300)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_EXT_FIELD, max_size=8), st.integers(0, 40), st.binary(max_size=12))
+def test_ext_fields_reads_what_the_general_reader_reads(fields, cut, tail):
+    """The inlined reader of a record's extra fields gives what
+    proto_fields gives, and refuses what it refuses (truncated and
+    overlong varints, bad wire types), on whole, cut and noisy records."""
+    whole = b"".join(encode_uvarint(n << 3 | w) + (encode_uvarint(v) if w == 0 else encode_uvarint(len(v)) + v)
+                     for n, w, v in fields)
+    for raw in (whole, whole[: max(0, len(whole) - cut)], whole + tail, whole + b"\xff" * 11):
+        try:
+            expected = _ext_reference(raw)
+        except ArchiveError as exc:
+            with pytest.raises(ArchiveError, match=re.escape(str(exc))):
+                _ext_fields(raw)
+        else:
+            assert _ext_fields(raw) == expected

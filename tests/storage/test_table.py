@@ -211,3 +211,34 @@ def test_concurrent_merges_surface_as_commit_conflicts(engine, table):
     assert conflicts > 0, "no conflict within the deadline"
     # Each round adds 40 rows minus the batches that lost: nothing twice.
     assert table.count() == base - 20 * conflicts
+
+
+def test_replace_where_writes_files_of_bounded_size(table, monkeypatch, tmp_path):
+    """A window replacement writes files of about REPLACE_TARGET_FILE_BYTES
+    (checked a batch read at a time), not one file per day and core
+    holding the whole window: the engine buffers each open file in memory
+    until it is written."""
+    import json
+    import os
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from wakustore.storage import table as table_module
+
+    target = 1024 * 1024
+    monkeypatch.setattr(table_module, "REPLACE_TARGET_FILE_BYTES", target)
+    # Incompressible payloads, so that file sizes follow the rows; staged
+    # as the import stages a window, in small row groups (the batches read).
+    rows = [Row.build(PUBSUB, WakuMessage(payload=os.urandom(300), content_topic=TOPIC, timestamp=T0 + i * SECOND // 8), T0)
+            for i in range(40_000)]
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    pq.write_table(to_arrow(rows), staged / "rows.parquet", row_group_size=1000)
+    table.replace_where(str(staged), T0, T0 + 7200 * SECOND, [TOPIC])
+    log = sorted(Path(table.uri, "_delta_log").glob("*.json"))[-1]
+    sizes = [json.loads(line)["add"]["size"] for line in log.read_text().splitlines() if '"add"' in line]
+    assert sum(sizes) > 40_000 * 300  # the window's 12 MB of payloads are all there
+    assert len(sizes) >= 6, sizes
+    assert max(sizes) <= 3 * target, sizes
+    assert table.count() == 40_000
