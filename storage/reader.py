@@ -49,13 +49,11 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import schema
-from wakustore.storage.key_filter import KeyFilter
+from wakustore.storage import row_index, schema
 
 log = logging.getLogger(__name__)
 
@@ -91,51 +89,20 @@ SESSION_CONFIG = {
 }
 
 
-# Per-file Bloom filters of message hashes (the hash index): a false
-# positive costs opening one more day's file on a lookup; at 1e-3 and 30
-# day files, 3% of lookups open one extra file. ~14 bits a hash before
-# rounding up to a power of two: 10M hashes in 18-36 MB.
-HASH_INDEX_FPP = 1e-3
-
-
 class TableUnreadable(Exception):
     """The table cannot be read (missing, unreachable, a file gone)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _FileHashes:
-    day: dt.date
-    hashes: KeyFilter
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     version: int
     builder: object  # deltalake.QueryBuilder with the table registered at ``version``
-    # The hash index of exactly this version's files (path -> day and
-    # filter); None when it could not be built (lookups scan every day).
-    files: dict[str, _FileHashes] | None = field(default=None)
+    # The data files of exactly this version and the day of each (None:
+    # the table is not partitioned by day).
+    files: tuple[tuple[str, dt.date | None], ...] = ()
     # The day partitions holding rows in this version, ascending; None when
     # the table is not partitioned by day.
     days: tuple[dt.date, ...] | None = field(default=None)
-
-    def days_of(self, hashes: Sequence[bytes]) -> list[dt.date] | None:
-        """The days whose files may hold any of ``hashes``; None: unknown."""
-        if self.files is None:
-            return None
-        keys = [bytes(h) for h in hashes]
-        days: set[dt.date] = set()
-        positions: dict[tuple[int, int], np.ndarray] = {}
-        for entry in self.files.values():
-            if entry.day in days:
-                continue
-            # Filters of one shape probe the same positions: hash once a shape.
-            shape = (entry.hashes.bits, entry.hashes.probes)
-            if shape not in positions:
-                positions[shape] = entry.hashes._positions(keys)
-            if entry.hashes.might_contain_at(positions[shape]).any():
-                days.add(entry.day)
-        return sorted(days)
 
 
 class TableReader:
@@ -147,7 +114,8 @@ class TableReader:
         storage_options: Mapping[str, str] | None = None,
         check_interval_s: float | None = CHECK_INTERVAL_S,
         session_config: Mapping[str, str] | None = None,
-        hash_index: bool = True,
+        key_index: bool = True,
+        index_in_background: bool = True,
     ):
         self.uri = uri
         self.storage_options = dict(storage_options) if storage_options else None
@@ -161,9 +129,20 @@ class TableReader:
         # A commit landed that the snapshot may not show: pages refresh first.
         self._stale = True
         self.refreshes = 0
-        # Hash lookups touch the days whose files may hold the hashes.
-        self.hash_index = hash_index
-        self._files: dict[str, _FileHashes] | None = {} if hash_index else None
+        # The key index of each data file (row_index), by its path in the
+        # log; a path names one immutable file. Built when a page first
+        # needs the file, and for every file of a new version by a
+        # background thread; files that leave the table leave the index
+        # when the version advances.
+        self.key_index = key_index
+        self.index_in_background = index_in_background
+        self._pairs = row_index.TopicPairs()
+        self._indexes: dict[str, row_index.FileIndex] = {}
+        self._index_lock = threading.Lock()  # one build at a time; the dict's membership
+        self._indexer: threading.Thread | None = None
+        self._filesystem = None
+        self._indexable = False  # key_index, and no file of the version has deletion vectors
+        self.index_builds = 0
 
     # --- versions -----------------------------------------------------------
 
@@ -204,54 +183,127 @@ class TableReader:
                 if day_column in actions.column_names:
                     days = [d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
                             for d in actions.column(day_column).to_pylist()]
-                self._snapshot = _Snapshot(version, builder, self._index_files(actions, days),
+                paths = actions.column("path").to_pylist()
+                files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
+                self._snapshot = _Snapshot(version, builder, files,
                                            None if days is None else tuple(sorted(set(days))))
                 self.refreshes += 1
+                deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
+                self._indexable = (self.key_index and deletion_vectors.lower() != "true"
+                                   and not _has_deletion_vectors(actions))
+                self._prune_index(paths)
         except Exception as exc:
             raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
         self._checked = time.monotonic()
         self._stale = False
         return version
 
-    def _index_files(self, actions: pa.Table, days: list[dt.date] | None) -> dict[str, _FileHashes] | None:
-        """The hash index for the table's current files (``actions``, their
-        days beside): files added since the last version are read (their
-        hash column only), removed ones dropped. None when a file could not
-        be read (retried next version) or there are no days to narrow to."""
-        if not self.hash_index or days is None:
-            return None
-        paths = actions.column("path").to_pylist()
-        previous = self._files or {}
-        files: dict[str, _FileHashes] = {}
-        try:
-            for path, day, rows in zip(paths, days, actions.column("num_records").to_pylist()):
-                entry = previous.get(path)
-                if entry is None:
-                    hashes = self._file_hashes(path)
-                    entry = _FileHashes(day, KeyFilter(max(rows or len(hashes), len(hashes), 1), HASH_INDEX_FPP))
-                    entry.hashes.add(hashes)
-                files[path] = entry
-        except Exception as exc:
-            log.warning("hash index not built for version %d (lookups read every day): %s",
-                        self._table.version(), _one_line(exc))
-            self._files = {}
-            return None
-        self._files = files
-        return files
+    # --- the key index ------------------------------------------------------
 
-    def _file_hashes(self, path: str) -> list[bytes]:
-        import pyarrow.parquet as pq
+    def _prune_index(self, live: Sequence[str]) -> None:
+        """Drop the files no longer in the table; index the new ones in the background."""
+        live_set = set(live)
+        with self._index_lock:
+            if any(path not in live_set for path in self._indexes):
+                self._indexes = {p: i for p, i in self._indexes.items() if p in live_set}
+            missing = any(path not in self._indexes for path in live)
+        if missing and self._indexable and self.index_in_background:
+            indexer = self._indexer
+            if indexer is None or not indexer.is_alive():
+                self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
+                self._indexer.start()
 
+    def _index_all(self) -> None:
+        """Index every file of the latest version, until none is missing."""
+        while True:
+            snapshot = self._snapshot
+            if snapshot is None or not self._indexable:
+                return
+            missing = [path for path, _ in snapshot.files if path not in self._indexes]
+            if not missing:
+                return
+            try:
+                for path in missing:
+                    if snapshot is not self._snapshot:
+                        break  # a new version: start over from its files
+                    self._index_of(path)
+            except Exception as exc:
+                # A file gone (compacted and vacuumed meanwhile) or unreadable
+                # now: pages build what they need, or read through DataFusion.
+                log.info("key index not built in the background: %s", _one_line(exc))
+                return
+
+    def _index_of(self, path: str) -> row_index.FileIndex:
+        index = self._indexes.get(path)
+        if index is not None:
+            return index
+        with self._index_lock:
+            index = self._indexes.get(path)
+            if index is None:
+                location, filesystem = self._location(path)
+                index = row_index.build(location, self._pairs, filesystem)
+                # Only files still in the table stay (a version may have
+                # advanced during the build).
+                snapshot = self._snapshot
+                if snapshot is None or any(p == path for p, _ in snapshot.files):
+                    self._indexes[path] = index
+                self.index_builds += 1
+        return index
+
+    def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
+        """The indexes of the snapshot's files on ``days`` (None: all),
+        built now when missing and ``build``; None when the key index
+        cannot answer (off, or a file not indexed and not ``build``)."""
+        if not getattr(self, "_indexable", False):
+            return None
+        wanted = None if days is None else set(days)
+        out = []
+        for path, day in snapshot.files:
+            if wanted is not None and day not in wanted:
+                continue
+            index = self._indexes.get(path)
+            if index is None:
+                if not build:
+                    return None
+                index = self._index_of(path)
+            out.append(index)
+        return out
+
+    def index_bytes(self) -> int:
+        """Memory held by the key index (arrays, not Python overhead)."""
+        return sum(index.nbytes for index in list(self._indexes.values()))
+
+    def index_complete(self) -> bool:
+        snapshot = self._snapshot
+        return snapshot is not None and all(path in self._indexes for path, _ in snapshot.files)
+
+    def _location(self, path: str):
+        """(path or key, pyarrow file system or None) of a data file of the log."""
         if "://" not in self.uri or self.uri.startswith("file://"):
             root = self.uri.removeprefix("file://")
-            column = pq.read_table(os.path.join(root, urllib.parse.unquote(path)), columns=["message_hash"])
-        else:
+            return os.path.join(root, urllib.parse.unquote(path)), None
+        if self._filesystem is None:
             from deltalake.fs import DeltaStorageHandler
             from pyarrow import fs
 
-            filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
-            column = pq.read_table(path, columns=["message_hash"], filesystem=filesystem)
-        return column.column(0).to_pylist()
+            self._filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
+        return path, self._filesystem
+
+    def _open(self, index: row_index.FileIndex):
+        import pyarrow.parquet as pq
+
+        location, filesystem = self._location(index.path)
+        # The footer was read once at build time.
+        return pq.ParquetFile(location, metadata=index.metadata, filesystem=filesystem)
+
+    def _indexed_rows(self, candidates: row_index.Candidates, columns: Sequence[str], query: HistoryQuery,
+                      key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+        wanted = list(dict.fromkeys([*columns, *row_index.MATCH_COLUMNS]))
+        table = row_index.read_rows(candidates, wanted, self._open)
+        found = row_index.finish(table, query, key, fetch)
+        if found is None:
+            return _result_schema(columns).empty_table()
+        return found.select(list(columns)).cast(_result_schema(columns))
 
     def _current(self) -> _Snapshot:
         """The snapshot a page reads: refreshed first when a commit may be
@@ -295,9 +347,13 @@ class TableReader:
             )
 
         def read(snapshot: _Snapshot) -> pa.Table:
+            if self._indexable:
+                found = self._indexed_page(snapshot, query, key, fetch, columns)
+                if found is not None:
+                    return found
             where = _where(query, key)
             if query.message_hashes:
-                return _run(snapshot, select(_narrowed(where, snapshot, query.message_hashes), fetch))
+                return _run(snapshot, select(where, fetch))
             days = _page_days(snapshot, query, key)
             if days is None or len(days) <= SPLIT_PAGES_OVER_DAYS:
                 return _run(snapshot, select(where, fetch))
@@ -312,16 +368,39 @@ class TableReader:
 
         return self._execute(read, columns)
 
+    def _indexed_page(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
+                      fetch: int, columns: Sequence[str]) -> pa.Table | None:
+        """The page through the key index; None when it cannot answer
+        (a lookup while files are still being indexed; a page over every
+        topic)."""
+        if query.message_hashes:
+            indexes = self._indexed(snapshot, None, build=False)
+            if indexes is None:
+                return None
+            candidates = row_index.hash_candidates(indexes, query.message_hashes)
+        elif query.pubsub_topic is not None and query.content_topics:
+            indexes = self._indexed(snapshot, _page_days(snapshot, query, key), build=True)
+            if indexes is None:
+                return None
+            candidates = row_index.page_candidates(indexes, self._pairs, query, key, fetch)
+        else:
+            return None
+        return self._indexed_rows(candidates, columns, query, key, fetch)
+
     def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
+        lookup = HistoryQuery(pubsub_topic=pubsub_topic, message_hashes=(bytes(message_hash),), limit=1)
         where = f"message_hash = {_binary(message_hash)}"
         if pubsub_topic is not None:
             where += f" AND pubsub_topic = {_string(pubsub_topic)}"
-        found = self._execute(
-            lambda snapshot: _run(
-                snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {_narrowed(where, snapshot, [message_hash])} LIMIT 1"
-            ),
-            ("timestamp",),
-        )
+
+        def read(snapshot: _Snapshot) -> pa.Table:
+            if self._indexable:
+                found = self._indexed_page(snapshot, lookup, None, 1, ("timestamp",))
+                if found is not None:
+                    return found
+            return _run(snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {where} LIMIT 1")
+
+        found = self._execute(read, ("timestamp",))
         return found.column(0)[0].as_py() if found.num_rows else None
 
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
@@ -345,6 +424,17 @@ class TableReader:
         return result.select(list(columns)).cast(_result_schema(columns))
 
 
+def _has_deletion_vectors(actions: pa.Table) -> bool:
+    """Does any file of the version have rows deleted by a deletion vector?
+    (The key index reads files whole: such a version is read through DataFusion.)"""
+    for name in actions.column_names:
+        if name.startswith("deletion_vector") or name.startswith("deletionVector"):
+            column = actions.column(name)
+            if column.null_count < len(column):
+                return True
+    return False
+
+
 def _run(snapshot: _Snapshot, sql: str) -> pa.Table:
     return pa.table(snapshot.builder.execute(sql).read_all())
 
@@ -364,12 +454,6 @@ def _page_days(snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] 
             high = cursor_day if high is None else min(high, cursor_day)
     days = [d for d in snapshot.days if (low is None or d >= low) and (high is None or d <= high)]
     return days if query.forward else days[::-1]
-
-
-def _narrowed(where: str, snapshot: _Snapshot, hashes: Sequence[bytes]) -> str:
-    """``where`` restricted to the days the hash index names for ``hashes``."""
-    days = snapshot.days_of(hashes)
-    return where if days is None else _and(where, _days(days))
 
 
 _FIELDS = {f.name: f for f in schema.MESSAGES}
