@@ -7,7 +7,7 @@ joined by ``;``. Whole day partitions are dropped where a policy allows.
 Layout (engine-notes, measured on this machine kind): small files kill
 latency (2,000 files in a day: 518 ms per page; compacted: 40 ms), and the
 best layout found is one file per finished day sorted by (pubsub_topic,
-content_topic, timestamp) with 8k-row row groups, page statistics and
+content_topic, timestamp) with small row groups, page statistics and
 Parquet bloom filters on ``muid`` and ``message_hash``. Finished days are
 rewritten that way once; the current day is bin-packed whenever it passes
 :data:`COMPACT_DAY_FILES` files. In embedded mode this goes through
@@ -35,9 +35,13 @@ DEFAULT_RETENTION = "time:2592000"  # 30 days, nwaku's default
 # ~50-100 files per day is where latency starts to climb).
 COMPACT_DAY_FILES = 50
 
-# Rows per row group in rewritten days: small enough that page statistics
-# and bloom filters skip most of a day for one topic (engine-notes: 8k).
-ROW_GROUP_ROWS = 8192
+# Rows per row group in rewritten days. The table reader's key index reads
+# whole row groups with pyarrow for the rows of a page, payloads included
+# (~1 KB a message in bench store): 256 rows is ~0.5 ms a row group, and
+# pages p50 2.6 ms instead of 7 with 8,192 rows (bench store, 200k
+# messages; BENCHMARKS.md). DataFusion pages did not change between 1,024
+# and 8,192 rows.
+ROW_GROUP_ROWS = 256
 BLOOM_FPP = 0.01
 
 # Keep removed files a week for time travel and readers mid-query.

@@ -279,7 +279,7 @@ def read_rows(candidates: Candidates, columns: Sequence[str], open_file) -> pa.T
         groups = np.searchsorted(index.group_starts, rows, "right") - 1
         wanted = np.unique(groups).tolist()
         file = open_file(index)
-        data = file.read_row_groups(wanted, columns=list(columns))
+        data = file.read_row_groups(wanted, columns=list(columns), use_threads=False)
         # Rows of the groups read, renumbered from the first group read.
         offsets = np.zeros(index.metadata.num_row_groups, dtype=np.int64)
         position = 0
