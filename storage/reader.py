@@ -138,11 +138,12 @@ class TableReader:
         self.index_in_background = index_in_background
         self._pairs = row_index.TopicPairs()
         self._indexes: dict[str, row_index.FileIndex] = {}
-        self._index_lock = threading.Lock()  # one build at a time; the dict's membership
+        self._index_lock = threading.Lock()  # who is in _indexes
         self._indexer: threading.Thread | None = None
         self._filesystem = None
         self._indexable = False  # key_index, and no file of the version has deletion vectors
         self.index_builds = 0
+        self.indexed_answers = 0  # pages and lookups the key index answered
 
     # --- versions -----------------------------------------------------------
 
@@ -237,17 +238,17 @@ class TableReader:
         index = self._indexes.get(path)
         if index is not None:
             return index
+        # Built outside the lock: a refresh (and the pages waiting on it)
+        # never waits for a build. Two threads may build the same file once.
+        location, filesystem = self._location(path)
+        index = row_index.build(location, self._pairs, filesystem)
         with self._index_lock:
-            index = self._indexes.get(path)
-            if index is None:
-                location, filesystem = self._location(path)
-                index = row_index.build(location, self._pairs, filesystem)
-                # Only files still in the table stay (a version may have
-                # advanced during the build).
-                snapshot = self._snapshot
-                if snapshot is None or any(p == path for p, _ in snapshot.files):
-                    self._indexes[path] = index
-                self.index_builds += 1
+            self.index_builds += 1
+            # Only files still in the table stay (a version may have
+            # advanced during the build).
+            snapshot = self._snapshot
+            if snapshot is None or any(p == path for p, _ in snapshot.files):
+                index = self._indexes.setdefault(path, index)
         return index
 
     def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
@@ -268,6 +269,13 @@ class TableReader:
                 index = self._index_of(path)
             out.append(index)
         return out
+
+    def index_now(self) -> None:
+        """Index every file of the current version now (the background
+        thread does it otherwise)."""
+        snapshot = self._current()
+        if self._indexable:
+            self._indexed(snapshot, None, build=True)
 
     def index_bytes(self) -> int:
         """Memory held by the key index (arrays, not Python overhead)."""
@@ -348,10 +356,9 @@ class TableReader:
             )
 
         def read(snapshot: _Snapshot) -> pa.Table:
-            if self._indexable:
-                found = self._indexed_page(snapshot, query, key, fetch, columns)
-                if found is not None:
-                    return found
+            found = self._try_index(snapshot, query, key, fetch, columns)
+            if found is not None:
+                return found
             where = _where(query, key)
             if query.message_hashes:
                 return _run(snapshot, select(where, fetch))
@@ -368,6 +375,19 @@ class TableReader:
             return pa.concat_tables([first, rest])
 
         return self._execute(read, columns)
+
+    def _try_index(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
+                   fetch: int, columns: Sequence[str]) -> pa.Table | None:
+        """The answer through the key index, or None: DataFusion answers
+        (and reports a table that cannot be read)."""
+        if not self._indexable:
+            return None
+        try:
+            return self._indexed_page(snapshot, query, key, fetch, columns)
+        except Exception as exc:
+            log.info("key index could not answer at version %d (read through DataFusion): %s",
+                     snapshot.version, _one_line(exc))
+            return None
 
     def _indexed_page(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
                       fetch: int, columns: Sequence[str]) -> pa.Table | None:
@@ -386,7 +406,9 @@ class TableReader:
             candidates = row_index.page_candidates(indexes, self._pairs, query, key, fetch)
         else:
             return None
-        return self._indexed_rows(candidates, columns, query, key, fetch)
+        found = self._indexed_rows(candidates, columns, query, key, fetch)
+        self.indexed_answers += 1
+        return found
 
     def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
         lookup = HistoryQuery(pubsub_topic=pubsub_topic, message_hashes=(bytes(message_hash),), limit=1)
@@ -395,10 +417,9 @@ class TableReader:
             where += f" AND pubsub_topic = {_string(pubsub_topic)}"
 
         def read(snapshot: _Snapshot) -> pa.Table:
-            if self._indexable:
-                found = self._indexed_page(snapshot, lookup, None, 1, ("timestamp",))
-                if found is not None:
-                    return found
+            found = self._try_index(snapshot, lookup, None, 1, ("timestamp",))
+            if found is not None:
+                return found
             return _run(snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {where} LIMIT 1")
 
         found = self._execute(read, ("timestamp",))

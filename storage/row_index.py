@@ -244,17 +244,17 @@ def _take(stamp: np.ndarray, a: int, b: int, tie_ts: int | None, fetch: int, for
     order key decides among them)."""
     if forward:
         start = a
-        if tie_ts is not None:
-            start = max(a, int(np.searchsorted(stamp, tie_ts, "right", sorter=None)) if stamp[a] <= tie_ts else a)
+        if tie_ts is not None and stamp[a] <= tie_ts:
+            start = min(b, int(np.searchsorted(stamp, tie_ts, "right")))
         end = min(b, start + fetch)
-        if end > a and end < b:
+        if a < end < b:
             end = min(b, int(np.searchsorted(stamp, stamp[end - 1], "right")))
         return a, end
     end = b
     if tie_ts is not None and stamp[b - 1] >= tie_ts:
-        end = min(b, int(np.searchsorted(stamp, tie_ts, "left")))
+        end = max(a, int(np.searchsorted(stamp, tie_ts, "left")))
     start = max(a, end - fetch)
-    if start < b and start > a:
+    if a < start < b:
         start = max(a, int(np.searchsorted(stamp, stamp[start], "left")))
     return start, b
 
