@@ -226,12 +226,21 @@ def stats(table: DeltaTableRef) -> TableStats:
 def _writer_properties():
     from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
-    bloom = ColumnProperties(bloom_filter_properties=BloomFilterProperties(True, fpp=BLOOM_FPP))
+    bloom = BloomFilterProperties(True, fpp=BLOOM_FPP)
+    # Hashes, payloads and the like: no statistics (min/max of random bytes
+    # prune nothing, and with 256-row row groups they were most of each
+    # footer, which the table reader keeps in memory for every file) and
+    # no dictionary (values repeat seldom).
+    opaque = {"statistics_enabled": "NONE", "dictionary_enabled": False}
     return WriterProperties(
         max_row_group_size=ROW_GROUP_ROWS,
         compression="ZSTD",
         default_column_properties=ColumnProperties(statistics_enabled="PAGE"),
-        column_properties={"muid": bloom, "message_hash": bloom},
+        column_properties={
+            "muid": ColumnProperties(bloom_filter_properties=bloom, **opaque),
+            "message_hash": ColumnProperties(bloom_filter_properties=bloom, **opaque),
+            **{name: ColumnProperties(**opaque) for name in ("digest", "payload", "meta", "rate_limit_proof")},
+        },
     )
 
 

