@@ -130,16 +130,18 @@ class TableReader:
         self._stale = True
         self.refreshes = 0
         # The key index of each data file (row_index), by its path in the
-        # log; a path names one immutable file. Built when a page first
-        # needs the file, and for every file of a new version by a
-        # background thread; files that leave the table leave the index
-        # when the version advances.
+        # log; a path names one immutable file. Built for every file of a
+        # new version by a background thread (or by index_now()); until
+        # then pages over those files read through DataFusion. Files that
+        # leave the table leave the index when the version advances.
         self.key_index = key_index
         self.index_in_background = index_in_background
         self._pairs = row_index.TopicPairs()
         self._indexes: dict[str, row_index.FileIndex] = {}
-        self._index_lock = threading.Lock()  # who is in _indexes
-        self._indexer: threading.Thread | None = None
+        self._index_lock = threading.Lock()  # who is in _indexes and _building
+        self._building: dict[str, threading.Event] = {}  # path -> set when its build ends
+        self._indexer: threading.Thread | None = None  # the background builder, while it runs
+        self._index_wanted = False  # a version with files not indexed arrived
         self._filesystem = None
         self._indexable = False  # key_index, and no file of the version has deletion vectors
         self.index_builds = 0
@@ -209,53 +211,78 @@ class TableReader:
                 self._indexes = {p: i for p, i in self._indexes.items() if p in live_set}
             missing = any(path not in self._indexes for path in live)
         if missing and self._indexable and self.index_in_background:
-            indexer = self._indexer
-            if indexer is None or not indexer.is_alive():
-                self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
-                self._indexer.start()
+            with self._index_lock:
+                self._index_wanted = True
+                if self._indexer is None:
+                    self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
+                    self._indexer.start()
 
     def _index_all(self) -> None:
-        """Index every file of the latest version, until none is missing."""
+        """Index every file of the latest version; again whenever a version
+        with new files arrived meanwhile (``_index_wanted``)."""
         while True:
+            with self._index_lock:
+                if not self._index_wanted:
+                    self._indexer = None
+                    return
+                self._index_wanted = False
             snapshot = self._snapshot
             if snapshot is None or not self._indexable:
-                return
-            missing = [path for path, _ in snapshot.files if path not in self._indexes]
-            if not missing:
-                return
+                continue
             try:
-                for path in missing:
+                for path, _ in snapshot.files:
                     if snapshot is not self._snapshot:
-                        break  # a new version: start over from its files
-                    self._index_of(path)
+                        break  # a newer version wants its own pass
+                    if path not in self._indexes:
+                        self._index_of(path)
             except Exception as exc:
-                # A file gone (compacted and vacuumed meanwhile) or unreadable
-                # now: pages build what they need, or read through DataFusion.
+                # A file gone (compacted and vacuumed meanwhile) or not
+                # readable now: pages over it read through DataFusion; the
+                # next version tries again.
                 log.info("key index not built in the background: %s", _one_line(exc))
-                return
 
-    def _index_of(self, path: str) -> row_index.FileIndex:
-        index = self._indexes.get(path)
-        if index is not None:
-            return index
-        # Built outside the lock: a refresh (and the pages waiting on it)
-        # never waits for a build. Two threads may build the same file once.
-        location, filesystem = self._location(path)
-        index = row_index.build(location, self._pairs, filesystem)
-        with self._index_lock:
-            self.index_builds += 1
-            # Only files still in the table stay (a version may have
-            # advanced during the build).
-            snapshot = self._snapshot
-            if snapshot is None or any(p == path for p, _ in snapshot.files):
-                index = self._indexes.setdefault(path, index)
-        return index
+    def _index_of(self, path: str) -> row_index.FileIndex | None:
+        """The index of the file at ``path``, built now unless another
+        thread is building it (then: wait for that one). Built outside the
+        lock: a refresh (and the pages waiting on it) never waits for a
+        build. None when the other thread's build failed."""
+        while True:
+            index = self._indexes.get(path)
+            if index is not None:
+                return index
+            with self._index_lock:
+                index = self._indexes.get(path)
+                if index is not None:
+                    return index
+                other = self._building.get(path)
+                if other is None:
+                    mine = self._building[path] = threading.Event()
+            if other is not None:
+                other.wait()
+                if path not in self._indexes:
+                    return None
+                continue
+            try:
+                location, filesystem = self._location(path)
+                index = row_index.build(location, self._pairs, filesystem)
+                with self._index_lock:
+                    self.index_builds += 1
+                    # Only files still in the table stay (a version may
+                    # have advanced during the build).
+                    snapshot = self._snapshot
+                    if snapshot is None or any(p == path for p, _ in snapshot.files):
+                        self._indexes[path] = index
+                return index
+            finally:
+                with self._index_lock:
+                    del self._building[path]
+                mine.set()
 
     def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
         """The indexes of the snapshot's files on ``days`` (None: all),
         built now when missing and ``build``; None when the key index
-        cannot answer (off, or a file not indexed and not ``build``)."""
-        if not getattr(self, "_indexable", False):
+        cannot answer (off, or a file not indexed)."""
+        if not self._indexable:
             return None
         wanted = None if days is None else set(days)
         out = []
@@ -264,9 +291,9 @@ class TableReader:
                 continue
             index = self._indexes.get(path)
             if index is None:
-                if not build:
+                index = self._index_of(path) if build else None
+                if index is None:
                     return None
-                index = self._index_of(path)
             out.append(index)
         return out
 
@@ -278,8 +305,9 @@ class TableReader:
             self._indexed(snapshot, None, build=True)
 
     def index_bytes(self) -> int:
-        """Memory held by the key index (arrays, not Python overhead)."""
-        return sum(index.nbytes for index in list(self._indexes.values()))
+        """Memory held by the key index: its arrays and the files' footers
+        (as serialized; not counting Python's overhead)."""
+        return sum(index.nbytes + index.metadata.serialized_size for index in list(self._indexes.values()))
 
     def index_complete(self) -> bool:
         snapshot = self._snapshot
@@ -400,7 +428,10 @@ class TableReader:
                 return None
             candidates = row_index.hash_candidates(indexes, query.message_hashes)
         elif query.pubsub_topic is not None and query.content_topics:
-            indexes = self._indexed(snapshot, _page_days(snapshot, query, key), build=True)
+            # Files not indexed yet (a new version; the background thread
+            # indexes them): DataFusion answers meanwhile, in 10-20 ms,
+            # where building a day's index here would take 50 ms or more.
+            indexes = self._indexed(snapshot, _page_days(snapshot, query, key), build=False)
             if indexes is None:
                 return None
             candidates = row_index.page_candidates(indexes, self._pairs, query, key, fetch)
