@@ -5,15 +5,23 @@ table: ingest appends and MERGEs, window replaces, retention deletes and
 archive export go through it. Store pages and lookups by hash do not: a
 Spark Connect round trip costs 7-14 ms here before any work, and the
 engine loads the table's log again for every query. :class:`TableReader`
-keeps one ``DeltaTable`` open and answers a page with DataFusion queries
-over the version it holds (bench store, 1M messages: page p50 20 -> 9 ms,
-lookup of one hash 32 -> 8 ms; BENCHMARKS.md).
+keeps one ``DeltaTable`` open and answers from the version it holds.
 
-Two shortcuts, both exact: a page over more than two days first reads
-the first day in its order alone (it often fills the page); a lookup by
-hash reads only the days whose files may hold the hashes, per the hash
-index (a Bloom filter of the hashes of each data file, built when the
-file first appears in a version).
+Two ways to read it, the same answers:
+
+- the key index (:mod:`wakustore.storage.row_index`): for every data file
+  of the version, its timestamps per topic pair and its hash prefixes,
+  built once per file by a background thread when the file first appears.
+  A page finds its rows by binary search and reads only the row groups
+  holding them with pyarrow (the most recent ones kept decoded); a lookup
+  reads the row group of each hash. DataFusion costs 2-4 ms a query before
+  any work, more than such a page (bench store, 1M messages, load 1.3-5:
+  pages p50 9.2 -> 1.4-1.8 ms, 20 hashes 69 -> 20-37 ms);
+- DataFusion SQL over the version, for what the index does not answer: a
+  page over every topic, files not indexed yet (pages right after a
+  commit or a compaction), versions with deletion vectors. A page over
+  more than two days first reads the first day in its order alone (it
+  often fills the page).
 
 Versions. Every registered query plan holds the snapshot it was made
 from, so a page reads exactly one table version, and a refresh swaps in a
