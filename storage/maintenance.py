@@ -7,7 +7,7 @@ joined by ``;``. Whole day partitions are dropped where a policy allows.
 Layout (engine-notes, measured on this machine kind): small files kill
 latency (2,000 files in a day: 518 ms per page; compacted: 40 ms), and the
 best layout found is one file per finished day sorted by (pubsub_topic,
-content_topic, timestamp) with 8k-row row groups, page statistics and
+content_topic, timestamp) with small row groups, page statistics and
 Parquet bloom filters on ``muid`` and ``message_hash``. Finished days are
 rewritten that way once; the current day is bin-packed whenever it passes
 :data:`COMPACT_DAY_FILES` files. In embedded mode this goes through
@@ -35,9 +35,13 @@ DEFAULT_RETENTION = "time:2592000"  # 30 days, nwaku's default
 # ~50-100 files per day is where latency starts to climb).
 COMPACT_DAY_FILES = 50
 
-# Rows per row group in rewritten days: small enough that page statistics
-# and bloom filters skip most of a day for one topic (engine-notes: 8k).
-ROW_GROUP_ROWS = 8192
+# Rows per row group in rewritten days. The table reader's key index reads
+# whole row groups with pyarrow for the rows of a page, payloads included
+# (~1 KB a message in bench store): 256 rows is ~0.5 ms a row group, and
+# pages p50 2.6 ms instead of 7 with 8,192 rows (bench store, 200k
+# messages; BENCHMARKS.md). DataFusion pages did not change between 1,024
+# and 8,192 rows.
+ROW_GROUP_ROWS = 256
 BLOOM_FPP = 0.01
 
 # Keep removed files a week for time travel and readers mid-query.
@@ -222,12 +226,21 @@ def stats(table: DeltaTableRef) -> TableStats:
 def _writer_properties():
     from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
-    bloom = ColumnProperties(bloom_filter_properties=BloomFilterProperties(True, fpp=BLOOM_FPP))
+    bloom = BloomFilterProperties(True, fpp=BLOOM_FPP)
+    # Hashes, payloads and the like: no statistics (min/max of random bytes
+    # prune nothing, and with 256-row row groups they were most of each
+    # footer, which the table reader keeps in memory for every file) and
+    # no dictionary (values repeat seldom).
+    opaque = {"statistics_enabled": "NONE", "dictionary_enabled": False}
     return WriterProperties(
         max_row_group_size=ROW_GROUP_ROWS,
         compression="ZSTD",
         default_column_properties=ColumnProperties(statistics_enabled="PAGE"),
-        column_properties={"muid": bloom, "message_hash": bloom},
+        column_properties={
+            "muid": ColumnProperties(bloom_filter_properties=bloom, **opaque),
+            "message_hash": ColumnProperties(bloom_filter_properties=bloom, **opaque),
+            **{name: ColumnProperties(**opaque) for name in ("digest", "payload", "meta", "rate_limit_proof")},
+        },
     )
 
 
@@ -305,6 +318,9 @@ def run_maintenance(
         if retention.cutoff_ns is not None:
             store.forget_before(retention.cutoff_ns)
     compaction = compact(store.table, today=schema.day_of_ns(now_ns))
+    # Pages read the compacted files at once, and their key index starts
+    # building now rather than at the next look at the log.
+    store.reader.committed()
     checkpoint(store.table)
     return MaintenanceResult(retention, compaction, table_stats(store.table))
 

@@ -5,15 +5,23 @@ table: ingest appends and MERGEs, window replaces, retention deletes and
 archive export go through it. Store pages and lookups by hash do not: a
 Spark Connect round trip costs 7-14 ms here before any work, and the
 engine loads the table's log again for every query. :class:`TableReader`
-keeps one ``DeltaTable`` open and answers a page with DataFusion queries
-over the version it holds (bench store, 1M messages: page p50 20 -> 9 ms,
-lookup of one hash 32 -> 8 ms; BENCHMARKS.md).
+keeps one ``DeltaTable`` open and answers from the version it holds.
 
-Two shortcuts, both exact: a page over more than two days first reads
-the first day in its order alone (it often fills the page); a lookup by
-hash reads only the days whose files may hold the hashes, per the hash
-index (a Bloom filter of the hashes of each data file, built when the
-file first appears in a version).
+Two ways to read it, the same answers:
+
+- the key index (:mod:`wakustore.storage.row_index`): for every data file
+  of the version, its timestamps per topic pair and its hash prefixes,
+  built once per file by a background thread when the file first appears.
+  A page finds its rows by binary search and reads only the row groups
+  holding them with pyarrow (the most recent ones kept decoded); a lookup
+  reads the row group of each hash. DataFusion costs 2-4 ms a query before
+  any work, more than such a page (bench store, 1M messages, load 1.3-5:
+  pages p50 9.2 -> 1.4-1.8 ms, 20 hashes 69 -> 20-37 ms);
+- DataFusion SQL over the version, for what the index does not answer: a
+  page over every topic, files not indexed yet (pages right after a
+  commit or a compaction), versions with deletion vectors. A page over
+  more than two days first reads the first day in its order alone (it
+  often fills the page).
 
 Versions. Every registered query plan holds the snapshot it was made
 from, so a page reads exactly one table version, and a refresh swaps in a
@@ -40,6 +48,7 @@ or from ``storage_options``.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
 import os
@@ -49,13 +58,11 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import schema
-from wakustore.storage.key_filter import KeyFilter
+from wakustore.storage import row_index, schema
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,14 @@ DATA_COLUMNS = (
     "version", "timestamp", "sender_timestamp", "rate_limit_proof",
 )
 KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
+# What a cached row group holds: every column a page returns or tests.
+_FULL_COLUMNS = tuple(dict.fromkeys([*DATA_COLUMNS, *row_index.MATCH_COLUMNS]))
+_FULL_SET = frozenset(_FULL_COLUMNS)
+
+# Decoded row groups kept for the next pages (see TableReader._read_group):
+# ~0.3 MB each in bench store (256 rows of ~1 KB payloads), so ~200 row
+# groups.
+ROW_GROUP_CACHE_BYTES = 64 * 1024 * 1024
 
 # A page over more days than this reads the first day in its order alone
 # first, and the other days only if that day does not fill it (see
@@ -91,51 +106,20 @@ SESSION_CONFIG = {
 }
 
 
-# Per-file Bloom filters of message hashes (the hash index): a false
-# positive costs opening one more day's file on a lookup; at 1e-3 and 30
-# day files, 3% of lookups open one extra file. ~14 bits a hash before
-# rounding up to a power of two: 10M hashes in 18-36 MB.
-HASH_INDEX_FPP = 1e-3
-
-
 class TableUnreadable(Exception):
     """The table cannot be read (missing, unreachable, a file gone)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _FileHashes:
-    day: dt.date
-    hashes: KeyFilter
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     version: int
     builder: object  # deltalake.QueryBuilder with the table registered at ``version``
-    # The hash index of exactly this version's files (path -> day and
-    # filter); None when it could not be built (lookups scan every day).
-    files: dict[str, _FileHashes] | None = field(default=None)
+    # The data files of exactly this version and the day of each (None:
+    # the table is not partitioned by day).
+    files: tuple[tuple[str, dt.date | None], ...] = ()
     # The day partitions holding rows in this version, ascending; None when
     # the table is not partitioned by day.
     days: tuple[dt.date, ...] | None = field(default=None)
-
-    def days_of(self, hashes: Sequence[bytes]) -> list[dt.date] | None:
-        """The days whose files may hold any of ``hashes``; None: unknown."""
-        if self.files is None:
-            return None
-        keys = [bytes(h) for h in hashes]
-        days: set[dt.date] = set()
-        positions: dict[tuple[int, int], np.ndarray] = {}
-        for entry in self.files.values():
-            if entry.day in days:
-                continue
-            # Filters of one shape probe the same positions: hash once a shape.
-            shape = (entry.hashes.bits, entry.hashes.probes)
-            if shape not in positions:
-                positions[shape] = entry.hashes._positions(keys)
-            if entry.hashes.might_contain_at(positions[shape]).any():
-                days.add(entry.day)
-        return sorted(days)
 
 
 class TableReader:
@@ -147,7 +131,9 @@ class TableReader:
         storage_options: Mapping[str, str] | None = None,
         check_interval_s: float | None = CHECK_INTERVAL_S,
         session_config: Mapping[str, str] | None = None,
-        hash_index: bool = True,
+        key_index: bool = True,
+        index_in_background: bool = True,
+        row_group_cache_bytes: int = ROW_GROUP_CACHE_BYTES,
     ):
         self.uri = uri
         self.storage_options = dict(storage_options) if storage_options else None
@@ -161,9 +147,27 @@ class TableReader:
         # A commit landed that the snapshot may not show: pages refresh first.
         self._stale = True
         self.refreshes = 0
-        # Hash lookups touch the days whose files may hold the hashes.
-        self.hash_index = hash_index
-        self._files: dict[str, _FileHashes] | None = {} if hash_index else None
+        # The key index of each data file (row_index), by its path in the
+        # log; a path names one immutable file. Built for every file of a
+        # new version by a background thread (or by index_now()); until
+        # then pages over those files read through DataFusion. Files that
+        # leave the table leave the index when the version advances.
+        self.key_index = key_index
+        self.index_in_background = index_in_background
+        self._pairs = row_index.TopicPairs()
+        self._indexes: dict[str, row_index.FileIndex] = {}
+        self._index_lock = threading.Lock()  # who is in _indexes and _building
+        self._building: dict[str, threading.Event] = {}  # path -> set when its build ends
+        self._indexer: threading.Thread | None = None  # the background builder, while it runs
+        self._index_wanted = False  # a version with files not indexed arrived
+        self._filesystem = None
+        self._indexable = False  # key_index, and no file of the version has deletion vectors
+        self.index_builds = 0
+        self.indexed_answers = 0  # pages and lookups the key index answered
+        self.row_group_cache_bytes = row_group_cache_bytes
+        self._row_groups: collections.OrderedDict[tuple[str, int], pa.Table] = collections.OrderedDict()
+        self._cache_size = 0
+        self._cache_lock = threading.Lock()
 
     # --- versions -----------------------------------------------------------
 
@@ -204,54 +208,183 @@ class TableReader:
                 if day_column in actions.column_names:
                     days = [d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
                             for d in actions.column(day_column).to_pylist()]
-                self._snapshot = _Snapshot(version, builder, self._index_files(actions, days),
+                paths = actions.column("path").to_pylist()
+                files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
+                self._snapshot = _Snapshot(version, builder, files,
                                            None if days is None else tuple(sorted(set(days))))
                 self.refreshes += 1
+                deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
+                self._indexable = (self.key_index and deletion_vectors.lower() != "true"
+                                   and not _has_deletion_vectors(actions))
+                self._prune_index(paths)
         except Exception as exc:
             raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
         self._checked = time.monotonic()
         self._stale = False
         return version
 
-    def _index_files(self, actions: pa.Table, days: list[dt.date] | None) -> dict[str, _FileHashes] | None:
-        """The hash index for the table's current files (``actions``, their
-        days beside): files added since the last version are read (their
-        hash column only), removed ones dropped. None when a file could not
-        be read (retried next version) or there are no days to narrow to."""
-        if not self.hash_index or days is None:
-            return None
-        paths = actions.column("path").to_pylist()
-        previous = self._files or {}
-        files: dict[str, _FileHashes] = {}
-        try:
-            for path, day, rows in zip(paths, days, actions.column("num_records").to_pylist()):
-                entry = previous.get(path)
-                if entry is None:
-                    hashes = self._file_hashes(path)
-                    entry = _FileHashes(day, KeyFilter(max(rows or len(hashes), len(hashes), 1), HASH_INDEX_FPP))
-                    entry.hashes.add(hashes)
-                files[path] = entry
-        except Exception as exc:
-            log.warning("hash index not built for version %d (lookups read every day): %s",
-                        self._table.version(), _one_line(exc))
-            self._files = {}
-            return None
-        self._files = files
-        return files
+    # --- the key index ------------------------------------------------------
 
-    def _file_hashes(self, path: str) -> list[bytes]:
-        import pyarrow.parquet as pq
+    def _prune_index(self, live: Sequence[str]) -> None:
+        """Drop the files no longer in the table; index the new ones in the background."""
+        live_set = set(live)
+        with self._index_lock:
+            if any(path not in live_set for path in self._indexes):
+                self._indexes = {p: i for p, i in self._indexes.items() if p in live_set}
+            missing = any(path not in self._indexes for path in live)
+        if missing and self._indexable and self.index_in_background:
+            with self._index_lock:
+                self._index_wanted = True
+                if self._indexer is None:
+                    self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
+                    self._indexer.start()
 
+    def _index_all(self) -> None:
+        """Index every file of the latest version; again whenever a version
+        with new files arrived meanwhile (``_index_wanted``)."""
+        while True:
+            with self._index_lock:
+                if not self._index_wanted:
+                    self._indexer = None
+                    return
+                self._index_wanted = False
+            snapshot = self._snapshot
+            if snapshot is None or not self._indexable:
+                continue
+            try:
+                for path, _ in snapshot.files:
+                    if snapshot is not self._snapshot:
+                        break  # a newer version wants its own pass
+                    if path not in self._indexes:
+                        self._index_of(path)
+            except Exception as exc:
+                # A file gone (compacted and vacuumed meanwhile) or not
+                # readable now: pages over it read through DataFusion; the
+                # next version tries again.
+                log.info("key index not built in the background: %s", _one_line(exc))
+
+    def _index_of(self, path: str) -> row_index.FileIndex | None:
+        """The index of the file at ``path``, built now unless another
+        thread is building it (then: wait for that one). Built outside the
+        lock: a refresh (and the pages waiting on it) never waits for a
+        build. None when the other thread's build failed."""
+        while True:
+            index = self._indexes.get(path)
+            if index is not None:
+                return index
+            with self._index_lock:
+                index = self._indexes.get(path)
+                if index is not None:
+                    return index
+                other = self._building.get(path)
+                if other is None:
+                    mine = self._building[path] = threading.Event()
+            if other is not None:
+                other.wait()
+                if path not in self._indexes:
+                    return None
+                continue
+            try:
+                location, filesystem = self._location(path)
+                index = row_index.build(location, self._pairs, filesystem)
+                with self._index_lock:
+                    self.index_builds += 1
+                    # Only files still in the table stay (a version may
+                    # have advanced during the build).
+                    snapshot = self._snapshot
+                    if snapshot is None or any(p == path for p, _ in snapshot.files):
+                        self._indexes[path] = index
+                return index
+            finally:
+                with self._index_lock:
+                    del self._building[path]
+                mine.set()
+
+    def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
+        """The indexes of the snapshot's files on ``days`` (None: all),
+        built now when missing and ``build``; None when the key index
+        cannot answer (off, or a file not indexed)."""
+        if not self._indexable:
+            return None
+        wanted = None if days is None else set(days)
+        out = []
+        for path, day in snapshot.files:
+            if wanted is not None and day not in wanted:
+                continue
+            index = self._indexes.get(path)
+            if index is None:
+                index = self._index_of(path) if build else None
+                if index is None:
+                    return None
+            out.append(index)
+        return out
+
+    def index_now(self) -> None:
+        """Index every file of the current version now (the background
+        thread does it otherwise)."""
+        snapshot = self._current()
+        if self._indexable:
+            self._indexed(snapshot, None, build=True)
+
+    def index_bytes(self) -> int:
+        """Memory held by the key index: its arrays and the files' footers
+        (as serialized; not counting Python's overhead)."""
+        return sum(index.nbytes + index.metadata.serialized_size for index in list(self._indexes.values()))
+
+    def index_complete(self) -> bool:
+        snapshot = self._snapshot
+        return snapshot is not None and all(path in self._indexes for path, _ in snapshot.files)
+
+    def _location(self, path: str):
+        """(path or key, pyarrow file system or None) of a data file of the log."""
         if "://" not in self.uri or self.uri.startswith("file://"):
             root = self.uri.removeprefix("file://")
-            column = pq.read_table(os.path.join(root, urllib.parse.unquote(path)), columns=["message_hash"])
-        else:
+            return os.path.join(root, urllib.parse.unquote(path)), None
+        if self._filesystem is None:
             from deltalake.fs import DeltaStorageHandler
             from pyarrow import fs
 
-            filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
-            column = pq.read_table(path, columns=["message_hash"], filesystem=filesystem)
-        return column.column(0).to_pylist()
+            self._filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
+        return path, self._filesystem
+
+    def _read_group(self, index: row_index.FileIndex, group: int, columns: Sequence[str]) -> pa.Table:
+        """Row group ``group`` of a data file; those read with every column
+        a page returns are kept (least recently used dropped first, within
+        ``row_group_cache_bytes``): the next page of a query, or another
+        query on a busy topic, mostly reads the same row groups."""
+        import pyarrow.parquet as pq
+
+        cacheable = self.row_group_cache_bytes > 0 and set(columns) <= _FULL_SET
+        if cacheable:
+            key = (index.path, group)
+            with self._cache_lock:
+                found = self._row_groups.get(key)
+                if found is not None:
+                    self._row_groups.move_to_end(key)
+                    return found
+            columns = _FULL_COLUMNS
+        location, filesystem = self._location(index.path)
+        # The footer was read once, when the file was indexed. Without
+        # pre-buffering, a row group of 256 rows reads in 0.5 ms instead
+        # of 1.5 (pyarrow 26).
+        file = pq.ParquetFile(location, metadata=index.metadata, filesystem=filesystem, pre_buffer=False)
+        table = file.read_row_group(group, columns=list(columns), use_threads=False)
+        if cacheable:
+            with self._cache_lock:
+                if key not in self._row_groups:
+                    self._row_groups[key] = table
+                    self._cache_size += table.nbytes
+                    while self._cache_size > self.row_group_cache_bytes and self._row_groups:
+                        _, dropped = self._row_groups.popitem(last=False)
+                        self._cache_size -= dropped.nbytes
+        return table
+
+    def _indexed_rows(self, candidates: row_index.Candidates, columns: Sequence[str], query: HistoryQuery,
+                      key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+        wanted = list(dict.fromkeys([*columns, *row_index.MATCH_COLUMNS]))
+        table = row_index.read_rows(candidates, wanted, self._read_group)
+        found = row_index.finish(table, query, key, fetch)
+        return _result_schema(columns).empty_table() if found is None else found
 
     def _current(self) -> _Snapshot:
         """The snapshot a page reads: refreshed first when a commit may be
@@ -295,9 +428,12 @@ class TableReader:
             )
 
         def read(snapshot: _Snapshot) -> pa.Table:
+            found = self._try_index(snapshot, query, key, fetch, columns)
+            if found is not None:
+                return found
             where = _where(query, key)
             if query.message_hashes:
-                return _run(snapshot, select(_narrowed(where, snapshot, query.message_hashes), fetch))
+                return _run(snapshot, select(where, fetch))
             days = _page_days(snapshot, query, key)
             if days is None or len(days) <= SPLIT_PAGES_OVER_DAYS:
                 return _run(snapshot, select(where, fetch))
@@ -312,16 +448,56 @@ class TableReader:
 
         return self._execute(read, columns)
 
+    def _try_index(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
+                   fetch: int, columns: Sequence[str]) -> pa.Table | None:
+        """The answer through the key index, or None: DataFusion answers
+        (and reports a table that cannot be read)."""
+        if not self._indexable:
+            return None
+        try:
+            return self._indexed_page(snapshot, query, key, fetch, columns)
+        except Exception as exc:
+            log.info("key index could not answer at version %d (read through DataFusion): %s",
+                     snapshot.version, _one_line(exc))
+            return None
+
+    def _indexed_page(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
+                      fetch: int, columns: Sequence[str]) -> pa.Table | None:
+        """The page through the key index; None when it cannot answer
+        (a lookup while files are still being indexed; a page over every
+        topic)."""
+        if query.message_hashes:
+            indexes = self._indexed(snapshot, None, build=False)
+            if indexes is None:
+                return None
+            candidates = row_index.hash_candidates(indexes, query.message_hashes)
+        elif query.pubsub_topic is not None and query.content_topics:
+            # Files not indexed yet (a new version; the background thread
+            # indexes them): DataFusion answers meanwhile, in 10-20 ms,
+            # where building a day's index here would take 50 ms or more.
+            indexes = self._indexed(snapshot, _page_days(snapshot, query, key), build=False)
+            if indexes is None:
+                return None
+            candidates = row_index.page_candidates(indexes, self._pairs, query, key, fetch)
+        else:
+            return None
+        found = self._indexed_rows(candidates, columns, query, key, fetch)
+        self.indexed_answers += 1
+        return found
+
     def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
+        lookup = HistoryQuery(pubsub_topic=pubsub_topic, message_hashes=(bytes(message_hash),), limit=1)
         where = f"message_hash = {_binary(message_hash)}"
         if pubsub_topic is not None:
             where += f" AND pubsub_topic = {_string(pubsub_topic)}"
-        found = self._execute(
-            lambda snapshot: _run(
-                snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {_narrowed(where, snapshot, [message_hash])} LIMIT 1"
-            ),
-            ("timestamp",),
-        )
+
+        def read(snapshot: _Snapshot) -> pa.Table:
+            found = self._try_index(snapshot, lookup, None, 1, ("timestamp",))
+            if found is not None:
+                return found
+            return _run(snapshot, f"SELECT timestamp FROM {_TABLE} WHERE {where} LIMIT 1")
+
+        found = self._execute(read, ("timestamp",))
         return found.column(0)[0].as_py() if found.num_rows else None
 
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
@@ -345,6 +521,17 @@ class TableReader:
         return result.select(list(columns)).cast(_result_schema(columns))
 
 
+def _has_deletion_vectors(actions: pa.Table) -> bool:
+    """Does any file of the version have rows deleted by a deletion vector?
+    (The key index reads files whole: such a version is read through DataFusion.)"""
+    for name in actions.column_names:
+        if name.startswith("deletion_vector") or name.startswith("deletionVector"):
+            column = actions.column(name)
+            if column.null_count < len(column):
+                return True
+    return False
+
+
 def _run(snapshot: _Snapshot, sql: str) -> pa.Table:
     return pa.table(snapshot.builder.execute(sql).read_all())
 
@@ -364,12 +551,6 @@ def _page_days(snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] 
             high = cursor_day if high is None else min(high, cursor_day)
     days = [d for d in snapshot.days if (low is None or d >= low) and (high is None or d <= high)]
     return days if query.forward else days[::-1]
-
-
-def _narrowed(where: str, snapshot: _Snapshot, hashes: Sequence[bytes]) -> str:
-    """``where`` restricted to the days the hash index names for ``hashes``."""
-    days = snapshot.days_of(hashes)
-    return where if days is None else _and(where, _days(days))
 
 
 _FIELDS = {f.name: f for f in schema.MESSAGES}

@@ -1,0 +1,313 @@
+"""An exact key index of each committed data file, for pages without a query engine.
+
+A Delta data file never changes once written (a new version adds new files
+and removes old ones), so what a page needs to find its rows can be read
+once per file and kept: the timestamps of each (pubsub topic, content
+topic) in order, and the hashes. A page then finds its candidate rows with
+binary searches, and reads only the row groups holding them with pyarrow;
+a lookup by hash touches the row group of each hash found. DataFusion
+costs 2-4 ms a query before any work here (BENCHMARKS.md), more than the
+whole indexed page.
+
+Exactness: the index narrows by timestamp only. The rows read are tested
+with :func:`store_query.matcher` (topics, time bounds, hashes, the cursor
+with its tie on the order key) and sorted by (timestamp, order key), so
+that a page is exactly what the SQL path answers; the candidates always
+hold the answer (see :func:`_take`).
+
+Memory, per message: the timestamp (8 bytes), and a 4-byte hash prefix with
+its row number (8 bytes); a file whose rows of each topic pair are
+contiguous and in time order (a compacted day, sorted by pubsub topic,
+content topic and time) needs no row numbers for its time index, other
+files 4 bytes more.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from wakustore.protocols import store_query
+from wakustore.protocols.store_query import HistoryQuery
+
+# Columns the exact test of a row needs (store_query.matcher).
+MATCH_COLUMNS = ("pubsub_topic", "content_topic", "message_hash", "timestamp", "digest")
+_INDEX_COLUMNS = ("pubsub_topic", "content_topic", "timestamp", "message_hash")
+
+_MIN_TS = np.iinfo(np.int64).min
+_MAX_TS = np.iinfo(np.int64).max
+
+# Bytes of a hash kept for lookups: at 10M messages and 100 hashes, 0.2
+# rows read in vain a lookup on average (100 * 1e7 / 2**32).
+HASH_PREFIX_BYTES = 4
+
+
+class TopicPairs:
+    """Ids of (pubsub topic, content topic) pairs, shared by every file. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, pubsub_topic: str, content_topic: str) -> int | None:
+        return self._ids.get((pubsub_topic, content_topic))
+
+    def intern(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        with self._lock:
+            ids = self._ids
+            return np.array([ids.setdefault(p, len(ids)) for p in pairs], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    start: int  # positions [start, end) of the pair in FileIndex.ts
+    end: int
+    first_row: int  # file row of position ``start`` when the group's rows are contiguous, else -1
+
+
+class FileIndex:
+    """The keys of one data file: per topic pair its timestamps ascending
+    (with their rows), and its hash prefixes sorted (with their rows)."""
+
+    __slots__ = ("path", "rows", "groups", "ts", "row", "prefix", "prefix_row", "metadata", "group_starts")
+
+    def __init__(self, path: str, metadata: pq.FileMetaData, groups: dict[int, _Group], ts: np.ndarray,
+                 row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray):
+        self.path = path
+        self.metadata = metadata
+        self.rows = metadata.num_rows
+        self.groups = groups
+        self.ts = ts
+        self.row = row
+        self.prefix = prefix
+        self.prefix_row = prefix_row
+        self.group_starts = np.cumsum([0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+
+    @property
+    def nbytes(self) -> int:
+        return (self.ts.nbytes + (0 if self.row is None else self.row.nbytes) + self.prefix.nbytes
+                + self.prefix_row.nbytes + 64 * len(self.groups))
+
+    def rows_of(self, group: _Group, lo: int, hi: int) -> np.ndarray:
+        """File rows of positions [lo, hi) of ``group``."""
+        if group.first_row >= 0:
+            return np.arange(group.first_row + lo - group.start, group.first_row + hi - group.start, dtype=np.int64)
+        return self.row[lo:hi].astype(np.int64)
+
+    def rows_with_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
+        lo = np.searchsorted(self.prefix, prefixes, "left")
+        hi = np.searchsorted(self.prefix, prefixes, "right")
+        if not (hi > lo).any():
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([self.prefix_row[a:b] for a, b in zip(lo, hi) if b > a]).astype(np.int64)
+
+
+def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
+    """Read the key columns of the data file at ``path`` and index them."""
+    file = pq.ParquetFile(path, filesystem=filesystem, read_dictionary=["pubsub_topic", "content_topic"])
+    table = file.read(columns=list(_INDEX_COLUMNS)).unify_dictionaries().combine_chunks()
+    n = table.num_rows
+    pubsub = _dictionary(table.column("pubsub_topic"))
+    content = _dictionary(table.column("content_topic"))
+    ts = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
+    # Local pair = pubsub index * |content dictionary| + content index,
+    # mapped to the shared ids through the pairs present.
+    width = max(len(content.dictionary), 1)
+    local = pubsub.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width \
+        + content.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    present, inverse = np.unique(local, return_inverse=True)
+    pubsub_names = pubsub.dictionary.to_pylist()
+    content_names = content.dictionary.to_pylist()
+    ids = pairs.intern([(pubsub_names[int(v) // width], content_names[int(v) % width]) for v in present])
+    pair = ids[inverse] if n else np.empty(0, dtype=np.int64)
+    order = np.lexsort((ts, pair))  # stable: file order within a tie
+    sorted_pair = pair[order]
+    ts_sorted = np.ascontiguousarray(ts[order])
+    bounds = np.flatnonzero(np.diff(sorted_pair)) + 1
+    starts = np.concatenate([[0], bounds]) if n else np.empty(0, dtype=np.int64)
+    ends = np.concatenate([bounds, [n]]) if n else np.empty(0, dtype=np.int64)
+    contiguous = True
+    groups: dict[int, _Group] = {}
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        first = int(order[s])
+        run = order[s:e]
+        if contiguous and not (run[-1] - first == e - s - 1 and (e - s == 1 or (np.diff(run) == 1).all())):
+            contiguous = False
+        groups[int(sorted_pair[s])] = _Group(s, e, first)
+    if not contiguous:
+        groups = {k: _Group(g.start, g.end, -1) for k, g in groups.items()}
+    row = None if contiguous else order.astype(np.int32)
+    prefix = _prefixes(table.column("message_hash"))
+    by_prefix = np.argsort(prefix, kind="stable")
+    return FileIndex(path, file.metadata, groups, ts_sorted, row, prefix[by_prefix],
+                     by_prefix.astype(np.int32))
+
+
+def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = pc.dictionary_encode(array)
+    return array
+
+
+def _prefixes(column) -> np.ndarray:
+    """The first :data:`HASH_PREFIX_BYTES` bytes of each hash, big-endian."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = array.cast(pa.binary())
+    n = len(array)
+    if n == 0:
+        return np.empty(0, dtype=np.uint32)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:array.offset + n + 1]
+    lengths = np.diff(offsets)
+    data = np.frombuffer(array.buffers()[2], dtype=np.uint8)
+    if array.null_count == 0 and (lengths >= HASH_PREFIX_BYTES).all():
+        starts = offsets[:-1].astype(np.int64)
+        picked = data[starts[:, None] + np.arange(HASH_PREFIX_BYTES)]
+        return picked.view(">u4").reshape(n).astype(np.uint32)
+    return hash_prefixes(pc.binary_slice(array, 0, HASH_PREFIX_BYTES).to_pylist())
+
+
+def hash_prefixes(hashes: Sequence[bytes]) -> np.ndarray:
+    padded = b"".join(bytes(h)[:HASH_PREFIX_BYTES].ljust(HASH_PREFIX_BYTES, b"\0") for h in hashes)
+    return np.frombuffer(padded, dtype=">u4").astype(np.uint32)
+
+
+# --- pages --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """Rows of data files that hold the answer (and maybe more)."""
+
+    files: list[FileIndex]
+    rows: list[np.ndarray]  # per file, file row numbers
+
+    @property
+    def count(self) -> int:
+        return sum(len(r) for r in self.rows)
+
+
+def page_candidates(indexes: Sequence[FileIndex], pairs: TopicPairs, query: HistoryQuery,
+                    key: tuple[int, bytes] | None, fetch: int) -> Candidates:
+    """Rows that hold the first ``fetch`` rows of the page of ``query``
+    after ``key`` (a query with a pubsub topic and content topics)."""
+    ids = [pairs.get(query.pubsub_topic, t) for t in query.content_topics]
+    ids = [i for i in ids if i is not None]
+    low, high = store_query.key_range(query, key)
+    # Inclusive timestamp range; the bound's own timestamp is tested exactly later.
+    lo_ts = _MIN_TS if low is None else int(low[0])
+    hi_ts = _MAX_TS if high is None else (int(high[0]) - 1 if high[1] == b"" else int(high[0]))
+    # Rows at the cursor's timestamp may fall on either side of it: they do
+    # not count towards ``fetch``.
+    tie_ts = None if key is None else int(key[0])
+    forward = query.forward
+    files, rows, stamps = [], [], []
+    for index in indexes:
+        picked_rows, picked_ts = [], []
+        for pair_id in ids:
+            group = index.groups.get(pair_id)
+            if group is None:
+                continue
+            stamp = index.ts[group.start:group.end]
+            a = int(np.searchsorted(stamp, lo_ts, "left"))
+            b = int(np.searchsorted(stamp, hi_ts, "right"))
+            if a >= b:
+                continue
+            a, b = _take(stamp, a, b, tie_ts, fetch, forward)
+            picked_rows.append(index.rows_of(group, group.start + a, group.start + b))
+            picked_ts.append(stamp[a:b])
+        if picked_rows:
+            files.append(index)
+            rows.append(np.concatenate(picked_rows))
+            stamps.append(np.concatenate(picked_ts))
+    if not files:
+        return Candidates([], [])
+    # Across files and pairs: the same cut on all candidates by timestamp.
+    which = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(rows)])
+    all_rows = np.concatenate(rows)
+    all_ts = np.concatenate(stamps)
+    order = np.argsort(all_ts, kind="stable")
+    all_ts, which, all_rows = all_ts[order], which[order], all_rows[order]
+    a, b = _take(all_ts, 0, len(all_ts), tie_ts, fetch, forward)
+    which, all_rows = which[a:b], all_rows[a:b]
+    kept_files, kept_rows = [], []
+    for i, index in enumerate(files):
+        mine = all_rows[which == i]
+        if len(mine):
+            kept_files.append(index)
+            kept_rows.append(np.sort(mine))
+    return Candidates(kept_files, kept_rows)
+
+
+def _take(stamp: np.ndarray, a: int, b: int, tie_ts: int | None, fetch: int, forward: bool) -> tuple[int, int]:
+    """Of the ascending timestamps ``stamp[a:b]`` (all in the page's time
+    range), the positions that hold the first ``fetch`` rows in page order:
+    every row at ``tie_ts`` (the cursor's timestamp: the exact test decides
+    them), then ``fetch`` more, then every row tied with the last one (the
+    order key decides among them)."""
+    if forward:
+        start = a
+        if tie_ts is not None and stamp[a] <= tie_ts:
+            start = min(b, int(np.searchsorted(stamp, tie_ts, "right")))
+        end = min(b, start + fetch)
+        if a < end < b:
+            end = min(b, int(np.searchsorted(stamp, stamp[end - 1], "right")))
+        return a, end
+    end = b
+    if tie_ts is not None and stamp[b - 1] >= tie_ts:
+        end = max(a, int(np.searchsorted(stamp, tie_ts, "left")))
+    start = max(a, end - fetch)
+    if a < start < b:
+        start = max(a, int(np.searchsorted(stamp, stamp[start], "left")))
+    return start, b
+
+
+def hash_candidates(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> Candidates:
+    """Rows whose hash may be one of ``hashes`` (same prefix)."""
+    prefixes = np.unique(hash_prefixes(hashes))
+    files, rows = [], []
+    for index in indexes:
+        found = index.rows_with_prefixes(prefixes)
+        if len(found):
+            files.append(index)
+            rows.append(np.sort(found))
+    return Candidates(files, rows)
+
+
+def read_rows(candidates: Candidates, columns: Sequence[str], read_group) -> pa.Table | None:
+    """The ``columns`` of the candidate rows, read one row group at a time
+    (``read_group(index, group, columns)`` gives a row group's table);
+    None when there are none."""
+    pieces = []
+    # One row group after the other: reading them in threads was slower
+    # here (2 cores, pages p50 +20-30%).
+    for index, rows in zip(candidates.files, candidates.rows):
+        groups = np.searchsorted(index.group_starts, rows, "right") - 1
+        for group in np.unique(groups).tolist():
+            local = rows[groups == group] - index.group_starts[group]
+            pieces.append(read_group(index, group, columns).take(pa.array(local, type=pa.int64())))
+    if not pieces:
+        return None
+    return pa.concat_tables(pieces, promote_options="permissive") if len(pieces) > 1 else pieces[0]
+
+
+def finish(table: pa.Table | None, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table | None:
+    """The rows of ``table`` on the page (exactly tested), in query order,
+    at most ``fetch``."""
+    if table is None or table.num_rows == 0:
+        return table
+    match = store_query.matcher(query, key)
+    order_column = store_query.order_column(query.ordering)
+    columns = table.select(list(MATCH_COLUMNS)).to_pydict()
+    keyed = []
+    for i, (p, c, h, t, d) in enumerate(zip(*(columns[name] for name in MATCH_COLUMNS))):
+        if match(p, c, h, t, d):
+            keyed.append(((t, d if order_column == store_query.DIGEST else h), i))
+    keyed.sort(reverse=not query.forward)
+    return table.take(pa.array([i for _, i in keyed[:fetch]], type=pa.int64()))

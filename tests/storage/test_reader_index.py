@@ -1,0 +1,228 @@
+"""The reader's key index: pages and lookups read through it are exactly
+the DataFusion answers, on ingest files and compacted days alike, and it
+follows the table's files as versions advance."""
+
+import datetime as dt
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wakustore.protocols.message import WakuMessage, message_hash
+from wakustore.protocols.store_query import HistoryQuery, Ordering
+from wakustore.storage import maintenance, reader as reader_module
+from wakustore.storage.message_store import MessageStore, StoreConfig
+from wakustore.storage.reader import TableReader
+from wakustore.storage.schema import day_start_ns
+from wakustore.storage.table import DeltaTableRef
+
+PUBSUB = "/waku/2/rs/16/32"
+OTHER_PUBSUB = "/waku/2/rs/16/33"
+HOUR = 3_600 * 10**9
+DAY = 24 * HOUR
+DAY0 = day_start_ns(dt.date(2026, 3, 1))
+TOPICS = ["/app/1/a/proto", "/app/1/b/proto", "/app/1/c'/proto", "/app/1/ü/proto"]
+COLD = StoreConfig(hot_tier_bytes=0)
+# Random queries a comparison: at 300, dropping either tie rule of
+# row_index._take (rows at the cursor's timestamp) is caught.
+EXAMPLES = 300
+
+
+def corpus(n: int = 300, days: int = 3):
+    """``n`` messages over ``days`` days, in random-looking time order,
+    each timestamp shared by 12 messages, several of them of one topic
+    (ties broken by the order key)."""
+    out = []
+    for i in range(n):
+        ts = DAY0 + ((i * 7919) % n // 12) * (days * DAY // (n // 12))
+        topic = TOPICS[(i * 31) % 5 % 4]
+        msg = WakuMessage(payload=b"x%d" % i * (1 + i % 5), content_topic=topic, timestamp=ts, meta=b"m%d" % (i % 2))
+        out.append((OTHER_PUBSUB if i % 7 == 0 else PUBSUB, msg, ts))
+    return out
+
+
+def keys_of(data):
+    return [(m.timestamp, message_hash(p, m), p) for p, m, _ in data]
+
+
+@st.composite
+def page_query(draw, data):
+    keys = keys_of(data)
+    times = sorted({k[0] for k in keys})
+    ordering = draw(st.sampled_from([Ordering.MESSAGE_HASH, Ordering.DIGEST]))
+    bound = st.one_of(st.none(), st.sampled_from(times).flatmap(lambda t: st.sampled_from([t - 1, t, t + 1])))
+    query = HistoryQuery(
+        pubsub_topic=draw(st.sampled_from([PUBSUB, OTHER_PUBSUB])),
+        content_topics=tuple(draw(st.lists(st.sampled_from(TOPICS + ["/app/1/none/proto"]), min_size=1, max_size=5,
+                                           unique=True))),
+        time_start=draw(bound), time_end=draw(bound), forward=draw(st.booleans()),
+        limit=draw(st.integers(1, 6)), include_data=draw(st.booleans()), ordering=ordering,
+    )
+    # The cursor: often a message on the page's topics, where rows tied
+    # with it at its timestamp fall on both sides of it.
+    on_topics = [(p, m, a) for p, m, a in data if p == query.pubsub_topic and m.content_topic in query.content_topics]
+    if on_topics and draw(st.booleans()):
+        return query, draw(cursor(on_topics, ordering).filter(lambda k: k is not None))
+    return query, draw(cursor(data, ordering))
+
+
+@st.composite
+def hash_query(draw, data):
+    hashes = [k[1] for k in keys_of(data)]
+    chosen = draw(st.lists(st.sampled_from(hashes), min_size=1, max_size=25, unique=True))
+    if draw(st.booleans()):
+        chosen.append(bytes(32 * [7]))  # in no file
+    query = HistoryQuery(pubsub_topic=draw(st.sampled_from([None, PUBSUB, OTHER_PUBSUB])), message_hashes=tuple(chosen),
+                         forward=draw(st.booleans()), limit=draw(st.integers(1, 30)), include_data=draw(st.booleans()))
+    return query, draw(cursor(data, Ordering.MESSAGE_HASH))
+
+
+def cursor(data, ordering):
+    """None, or the key of any stored message (matching the query or not)."""
+    if ordering is Ordering.DIGEST:
+        from wakustore.storage.rows import Row
+
+        keys = [(r.timestamp, r.digest) for r in (Row.build(p, m, a) for p, m, a in data)]
+    else:
+        keys = [(k[0], k[1]) for k in keys_of(data)]
+    return st.one_of(st.none(), st.sampled_from(keys))
+
+
+def assert_same_answers(indexed: TableReader, plain: TableReader, data) -> None:
+    """Random pages and lookups, each answered alike by both readers, the
+    indexed one answering every one through its index."""
+    answered = indexed.indexed_answers
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.one_of(page_query(data), hash_query(data)))
+    def check(case):
+        query, key = case
+        fetch = query.limit + 1
+        assert indexed.page(query, key, fetch).to_pylist() == plain.page(query, key, fetch).to_pylist(), (query, key)
+
+    check()
+    assert indexed.indexed_answers - answered >= EXAMPLES
+
+
+@pytest.fixture()
+def store(engine, tmp_path):
+    store = MessageStore(DeltaTableRef(engine, str(tmp_path / "m")), tmp_path / "wal", COLD)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def readers(uri: str) -> tuple[TableReader, TableReader]:
+    indexed = TableReader(uri, check_interval_s=None, index_in_background=False)
+    return indexed, TableReader(uri, check_interval_s=None, key_index=False)
+
+
+def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(store):
+    data = corpus()
+    for start in range(0, len(data), 50):  # several files a day, topics interleaved in each
+        store.put(data[start:start + 50])
+        store.flush()
+    indexed, plain = readers(store.table.uri)
+    indexed.index_now()
+    assert indexed.index_complete()
+    assert any(index.row is not None for index in indexed._indexes.values())  # rows of a topic not contiguous
+    assert_same_answers(indexed, plain, data)
+
+    maintenance.compact(store.table, today=dt.date(2030, 1, 1))
+    indexed.committed()
+    plain.committed()
+    indexed.index_now()
+    assert all(index.row is None for index in indexed._indexes.values())  # sorted days: no row numbers kept
+    assert_same_answers(indexed, plain, data)
+    assert sum(i.nbytes for i in indexed._indexes.values()) < 24 * len(data)
+
+
+def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store):
+    data = corpus(120, days=2)
+    for start in range(0, len(data), 30):
+        store.put(data[start:start + 30])
+        store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False)
+    reader.index_now()
+    before = set(reader._indexes)
+    assert len(before) > 2  # several files a day
+
+    maintenance.compact(store.table, today=dt.date(2030, 1, 1))
+    reader.committed()
+    assert not set(reader._indexes) & before  # every old file left the table
+    reader.index_now()
+    live = {path for path, _ in reader._snapshot.files}
+    assert set(reader._indexes) == live and len(live) == 2  # one file a day
+    query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), limit=200, forward=True)
+    expected = sorted((k[0], k[1]) for k in keys_of(data) if k[2] == PUBSUB)
+    got = reader.page(query, None, 201).to_pylist()
+    assert [(r["timestamp"], r["message_hash"]) for r in got] == expected
+
+
+def test_an_indexed_reader_answers_without_datafusion(store, monkeypatch):
+    data = corpus(80, days=2)
+    store.put(data)
+    store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False)
+    reader.index_now()
+
+    def no_datafusion(*args):
+        raise AssertionError("read through DataFusion")
+
+    monkeypatch.setattr(reader_module, "_run", no_datafusion)
+    p, m, _ = data[5]
+    h = message_hash(p, m)
+    assert reader.timestamp_of_hash(h, p) == m.timestamp
+    assert reader.timestamp_of_hash(h, OTHER_PUBSUB if p == PUBSUB else PUBSUB) is None
+    assert reader.page(HistoryQuery(message_hashes=(h,)), None, 2).column("payload").to_pylist() == [m.payload]
+    page = reader.page(HistoryQuery(pubsub_topic=p, content_topics=(m.content_topic,), limit=100), None, 101)
+    assert h in page.column("message_hash").to_pylist()
+
+
+def test_lookups_before_the_files_are_indexed_read_through_datafusion(store):
+    data = corpus(40, days=1)
+    store.put(data)
+    store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False)
+    p, m, _ = data[3]
+    found = reader.page(HistoryQuery(message_hashes=(message_hash(p, m),)), None, 2)
+    assert found.column("timestamp").to_pylist() == [m.timestamp]
+    assert reader.indexed_answers == 0 and reader.index_builds == 0
+
+
+def test_the_background_thread_indexes_a_new_version(store):
+    import time
+
+    data = corpus(60, days=2)
+    store.put(data)
+    store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None)
+    reader.refresh()
+    deadline = time.monotonic() + 30
+    while not reader.index_complete():
+        assert time.monotonic() < deadline, "files not indexed in the background"
+        time.sleep(0.02)
+    assert reader.index_builds == len(reader._snapshot.files) > 0
+
+
+def test_candidates_keep_every_row_tied_at_the_cut_and_at_the_cursor():
+    import numpy as np
+
+    from wakustore.storage.row_index import _take
+
+    stamp = np.array([1, 2, 2, 2, 3, 4, 4, 5], dtype=np.int64)
+    # Forward, 2 rows from the start: 1, 2 and the 2s tied with the last.
+    assert _take(stamp, 0, 8, None, 2, True) == (0, 4)
+    # Backward, 2 rows from the end: 5, 4 and the 4 tied with it.
+    assert _take(stamp, 0, 8, None, 2, False) == (5, 8)
+    assert _take(stamp, 0, 8, None, 3, False) == (5, 8)  # 5, 4, 4: no tie to extend
+    assert _take(stamp, 0, 8, None, 5, False) == (1, 8)  # 5, 4, 4, 3, 2 and the other 2s
+    # A cursor at 2: the 2s may lie on either side of it and do not count.
+    assert _take(stamp, 1, 8, 2, 1, True) == (1, 5)
+    assert _take(stamp, 0, 4, 2, 1, False) == (0, 4)
+    assert _take(stamp, 0, 4, 2, 2, False) == (0, 4)
+    # Nothing beyond the range.
+    assert _take(stamp, 2, 6, None, 10, True) == (2, 6)
+    assert _take(stamp, 2, 6, None, 10, False) == (2, 6)
