@@ -191,7 +191,6 @@ def is_duplicate(spec: DatasetSpec, slot: int) -> bool:
 def _messages(spec: DatasetSpec, originals: np.ndarray) -> tuple[list[str], list[WakuMessage]]:
     """``(pubsub topics, messages)`` of original slots, built a column at a time."""
     draws = _draws(spec, originals)
-    n = len(originals)
     topics = np.minimum(np.searchsorted(spec._weights(), draws[:, _TOPIC] * spec._cum_weights[-1]), spec.topics - 1)
     jitter = np.floor(draws[:, _JITTER] * (2 * JITTER_NS + 1)).astype(np.int64) - JITTER_NS
     timestamps = np.clip(spec._slot_times(originals) + jitter, spec.start_ns, spec.end_ns - 1)
