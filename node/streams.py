@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 # Bytes asked of the muxer per read: small enough to keep each copy cheap,
-# large enough that the biggest Store request (1.06 MB) takes 17 reads.
+# large enough that the biggest request served (a lightpush of 1.06 MB) takes 17 reads.
 READ_CHUNK = 64 * 1024
 
 # Closing waits for the muxer to send its FIN; a peer that stopped reading

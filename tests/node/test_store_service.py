@@ -170,9 +170,9 @@ def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
             assert service.store.hot.page(page_of(old.timestamp, old.timestamp + 1), None) is None
             real_merge = service.store.writes._merge
 
-            def merge_stuck(batch):
+            def merge_stuck(*args):
                 release.wait()
-                real_merge(batch)
+                real_merge(*args)
 
             service.store.writes._merge = merge_stuck
             await service.put([(PUBSUB, stuck, now), (PUBSUB, recent, now)])
