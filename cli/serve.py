@@ -126,6 +126,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     SIGINT or SIGTERM: then the host stops first (no new requests), then
     the store commits and stops."""
     from wakustore.node.host import write_node_info
+    from wakustore.node.mailserver import dialable_enodes
     from wakustore.node.running import running_node
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -156,7 +157,8 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                              config.max_connections, config.ip_colocation_limit)
                     for addr in info.multiaddrs:
                         print(addr, flush=True)
-                    print(mailserver.enode, flush=True)
+                    for enode in dialable_enodes(mailserver):
+                        print(enode, flush=True)
                     print(f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/", flush=True)
                     if node.seeder is not None:
                         print(f"seeding community archives on port {node.seeder.port}", flush=True)

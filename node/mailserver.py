@@ -224,6 +224,20 @@ def load_or_create_node_key(data_dir: Path) -> bytes:
     return key
 
 
+def dialable_enodes(info: MailserverInfo, interfaces: Callable[[str], list[str]] | None = None) -> list[str]:
+    """What a peer can dial: ``info.enode``, or, when the mailserver is
+    bound to the unspecified address (which nobody can dial), one enode
+    per interface address of its family, loopback first (as the node's
+    libp2p addresses are printed)."""
+    if info.host not in ("", "0.0.0.0", "::"):
+        return [info.enode]
+    if interfaces is None:
+        # Here: the request clients import this module without libp2p.
+        from wakustore.node.host import interface_addresses as interfaces
+    family = "ip6" if info.host == "::" else "ip4"
+    return [enode_url(info.public_key, ip, info.port) for ip in interfaces(family)] or [info.enode]
+
+
 def enode_url(public_key: bytes, host: str, port: int) -> str:
     """``enode://<128 hex digits>@host:port``; an unspecified host reads 127.0.0.1 as geth's does."""
     if host in ("", "0.0.0.0", "::"):

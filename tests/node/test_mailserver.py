@@ -23,8 +23,8 @@ from wakustore.cli import main as cli
 from wakustore.cli import mailserver as mailserver_cli
 from wakustore.node.config import NodeConfig
 from wakustore.node.mailserver import (
-    DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverSettings, load_or_create_node_key, run_mailserver,
-    running_mailserver,
+    DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverInfo, MailserverSettings, dialable_enodes, enode_url,
+    load_or_create_node_key, run_mailserver, running_mailserver,
 )
 from wakustore.node.usage import UsageError
 from wakustore.clients.mailserver import MailserverClient, MailserverError, parse_enode, seal_envelope
@@ -376,6 +376,24 @@ def test_running_mailserver_commits_what_it_archived_on_exit(engine, tmp_path):
         assert store.table.count() == 1
     finally:
         store.close()
+
+
+def test_a_mailserver_on_every_address_prints_an_enode_per_interface():
+    public = ecies.public_key_of(os.urandom(32))
+    interfaces = {"ip4": ["127.0.0.1", "192.0.2.7"], "ip6": ["::1", "2001:db8::7"]}.__getitem__
+
+    def info(host: str) -> MailserverInfo:
+        return MailserverInfo(enode_url(public, host, 30303), public, host, 30303)
+
+    assert dialable_enodes(info("0.0.0.0"), interfaces) == [
+        f"enode://{public.hex()}@127.0.0.1:30303", f"enode://{public.hex()}@192.0.2.7:30303"]
+    assert dialable_enodes(info("::"), interfaces) == [
+        f"enode://{public.hex()}@[::1]:30303", f"enode://{public.hex()}@[2001:db8::7]:30303"]
+    # Bound to one address: that one only; no interface found: the loopback URL.
+    assert dialable_enodes(info("10.0.0.5"), interfaces) == [f"enode://{public.hex()}@10.0.0.5:30303"]
+    assert dialable_enodes(info("0.0.0.0"), lambda family: []) == [f"enode://{public.hex()}@127.0.0.1:30303"]
+    for enode in dialable_enodes(info("0.0.0.0")):  # this machine's own interfaces
+        assert parse_enode(enode)[0] == public
 
 
 def test_node_key_file_and_enode_urls(tmp_path):
