@@ -43,16 +43,21 @@ def test_unusable_node_key_is_refused(tmp_path, content):
         load_or_create_key(tmp_path)
 
 
+# The other listeners on any port: their defaults (metrics 8008, mailserver
+# 30303) may be taken on this machine by a running node.
+OTHER_PORTS_ANY = {"metrics_port": 0, "mailserver_port": 0}
+
+
 def test_taken_port_is_reported_before_anything_starts():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        config = NodeConfig(listen_host="127.0.0.1", tcp_port=0, ws_port=port)
+        config = NodeConfig(listen_host="127.0.0.1", tcp_port=0, ws_port=port, **OTHER_PORTS_ANY)
         with pytest.raises(HostError, match=f"ws_port {port} .* already in use"):
             check_ports_free(config)
     check_ports_free(config)  # free again once the holder is closed
-    check_ports_free(NodeConfig(listen_host="127.0.0.1", tcp_port=0, ws_port=0))
+    check_ports_free(NodeConfig(listen_host="127.0.0.1", tcp_port=0, ws_port=0, **OTHER_PORTS_ANY))
 
 
 def test_listen_addresses_are_tcp_and_websocket():
