@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
+from wakustore.storage.rows import binary_prefixes
 
 # Columns the exact test of a row needs (store_query.matcher).
 MATCH_COLUMNS = ("pubsub_topic", "content_topic", "message_hash", "timestamp", "digest")
@@ -157,20 +158,13 @@ def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
 
 
 def _prefixes(column) -> np.ndarray:
-    """The first :data:`HASH_PREFIX_BYTES` bytes of each hash, big-endian."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    array = array.cast(pa.binary())
-    n = len(array)
-    if n == 0:
-        return np.empty(0, dtype=np.uint32)
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:array.offset + n + 1]
-    lengths = np.diff(offsets)
-    data = np.frombuffer(array.buffers()[2], dtype=np.uint8)
-    if array.null_count == 0 and (lengths >= HASH_PREFIX_BYTES).all():
-        starts = offsets[:-1].astype(np.int64)
-        picked = data[starts[:, None] + np.arange(HASH_PREFIX_BYTES)]
-        return picked.view(">u4").reshape(n).astype(np.uint32)
-    return hash_prefixes(pc.binary_slice(array, 0, HASH_PREFIX_BYTES).to_pylist())
+    """The first :data:`HASH_PREFIX_BYTES` bytes of each hash, big-endian
+    (a null or short value, never written by this node, reads as padded)."""
+    try:
+        return binary_prefixes(column, HASH_PREFIX_BYTES)
+    except ValueError:
+        values = column.cast(pa.binary()).to_pylist()
+        return hash_prefixes([v or b"" for v in values])
 
 
 def hash_prefixes(hashes: Sequence[bytes]) -> np.ndarray:

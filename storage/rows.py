@@ -7,15 +7,13 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.protocols.message import _MUID_META_PART, WakuMessage
+from wakustore.protocols.message import _MUID_META_PART, WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import StoredMessage
 from wakustore.storage import schema
-
-_sha256 = hashlib.sha256
-_TIMESTAMP = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,17 +30,10 @@ class Row:
 
     @classmethod
     def build(cls, pubsub_topic: str, message: WakuMessage, arrival_ns: int) -> Row:
-        # Once per message on the ingest path: the three hashes of
-        # protocols.message (muid, message_hash) and legacy_digest, each
-        # over one joined buffer (fewer calls than update() per field),
-        # the topics encoded once; positional, as keywords cost a third more.
-        pubsub = pubsub_topic.encode()
-        content = message.content_topic.encode()
-        payload, meta = message.payload, message.meta
+        # Positional: once per message on the ingest path, and keywords
+        # cost a third more here.
         return cls(
-            _sha256(b"".join((pubsub, content, meta, payload))).digest() + meta[:_MUID_META_PART],
-            _sha256(b"".join((pubsub, payload, content, meta, _TIMESTAMP.pack(message.timestamp)))).digest(),
-            _sha256(content + payload).digest(),
+            muid(pubsub_topic, message), message_hash(pubsub_topic, message), legacy_digest(message),
             pubsub_topic, message, message.timestamp or arrival_ns, arrival_ns,
         )
 
@@ -223,3 +214,24 @@ def records_to_arrow(records: Sequence[tuple]) -> pa.Table:
         ],
         schema=schema.MESSAGES,
     )
+
+
+def binary_prefixes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
+    """The first ``width`` (4 or 8) bytes of each value of a binary column
+    (hashes) as big-endian unsigned integers, without a Python object per
+    value. Raises ValueError on a null or a value shorter than ``width``."""
+    dtype = {4: np.uint32, 8: np.uint64}[width]
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if values.null_count:
+        raise ValueError("null values in a key column")
+    values = values.cast(pa.binary())
+    count = len(values)
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + count + 1]
+    if int(np.diff(offsets).min()) < width:
+        raise ValueError(f"values shorter than {width} bytes in a key column")
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
+    picked = data[offsets[:-1, None].astype(np.int64) + np.arange(width)[None, :]]
+    return picked.view(f">u{width}").ravel().astype(dtype)

@@ -19,6 +19,7 @@ import pyarrow as pa
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import schema
+from wakustore.storage.rows import binary_prefixes
 
 if TYPE_CHECKING:
     from wakustore.storage.engine import Engine
@@ -178,7 +179,7 @@ class DeltaTableRef:
             )
             batches = (b.column(0) for b in table.to_batches(max_chunksize=batch_rows))
         for values in batches:
-            yield _prefixes(values)
+            yield binary_prefixes(values, 8)
 
     def existing_keys(self, column: str, keys: Sequence[bytes], partition: str, days: Sequence[Any]) -> set[bytes]:
         """Which of ``keys`` the table holds, looking only in partitions ``days``."""
@@ -393,22 +394,6 @@ class DeltaTableRef:
         """Run ``sql`` with ``{table}`` replaced by this table; first column of the first row."""
         rows = self.engine.run(lambda spark: spark.sql(sql.format(table=f"delta.`{self.uri}`")).collect())
         return rows[0][0] if rows else None
-
-
-def _prefixes(values: pa.Array) -> np.ndarray:
-    """First 8 bytes of each value of a binary array as big-endian uint64."""
-    if values.null_count:
-        raise ValueError("null values in a key column")
-    values = values.cast(pa.binary())
-    count = len(values)
-    if count == 0:
-        return np.zeros(0, dtype=np.uint64)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + count + 1]
-    if int(np.diff(offsets).min()) < 8:
-        raise ValueError("values shorter than 8 bytes in a key column")
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
-    picked = data[offsets[:-1, None] + np.arange(8)[None, :]]
-    return picked.view(">u8").ravel().astype(np.uint64)
 
 
 def _query_condition(F, preds: Sequence[store_query.Predicate], after: store_query.After | None):

@@ -103,6 +103,17 @@ def seeder_for(control):
     return seeder
 
 
+def fetch_edited(control, store, data_dir):
+    """Fetch the control node's archive after a test edited its files: the
+    torrent made anew over them and seeded, as a control node would."""
+    control.torrent_path.write_bytes(torrent.create_torrent(control.archive_dir, CID, archive.PIECE_LENGTH, ()))
+    seeder = seeder_for(control)
+    try:
+        return fetch(store, data_dir, seeder, torrent.magnet_uri(control.torrent_path.read_bytes()))
+    finally:
+        seeder.stop()
+
+
 def fetch(store, data_dir, seeder, magnet, layout=Layout.STATUS_GO, **extra):
     extra.setdefault("stall_timeout_s", 20)
     return node_archive.fetch_archives(
@@ -421,14 +432,8 @@ def test_an_archive_that_fails_its_checks_is_rejected_whole(tmp_path, make_store
     writer = archive.ArchiveWriter(Layout.STATUS_GO)
     (community / "data").write_bytes(writer.add(archive.Window(T0, T0 + 7 * DAY), TOPICS[:1], items))
     (community / "index").write_bytes(writer.index_bytes())
-    control.torrent_path.write_bytes(torrent.create_torrent(control.archive_dir, CID, archive.PIECE_LENGTH, ()))
-    magnet = torrent.magnet_uri(control.torrent_path.read_bytes())
     before = hashes(member_store, T0, T0 + 7 * DAY)
-    seeder = seeder_for(control)
-    try:
-        got = fetch(member_store, member_dir, seeder, magnet)
-    finally:
-        seeder.stop()
+    got = fetch_edited(control, member_store, member_dir)
     assert list(got.rejected) == [writer.entries[0].archive_id] and got.imported == []
     assert "not the community's" in next(iter(got.rejected.values()))
     assert hashes(member_store, T0, T0 + 7 * DAY) == before != []
@@ -686,14 +691,8 @@ def test_an_import_in_worker_processes_rejects_a_bad_window_whole_and_imports_th
     assert first.offset < body < first.offset + first.encoded_size
     data[body + 10] ^= 0x01  # no longer the message its hash names
     (community / "data").write_bytes(bytes(data))
-    control.torrent_path.write_bytes(torrent.create_torrent(control.archive_dir, CID, archive.PIECE_LENGTH, ()))
-    magnet = torrent.magnet_uri(control.torrent_path.read_bytes())
     before = hashes(member_store, T0, T0 + 7 * DAY)
-    seeder = seeder_for(control)
-    try:
-        got = fetch(member_store, member_dir, seeder, magnet)
-    finally:
-        seeder.stop()
+    got = fetch_edited(control, member_store, member_dir)
     assert list(got.rejected) == [first.archive_id] and got.imported == [second.archive_id]
     assert hashes(member_store, T0, T0 + 7 * DAY) == before != []
     assert hashes(member_store, T0 + 7 * DAY, T0 + 14 * DAY) == hashes(control_store, T0 + 7 * DAY, T0 + 14 * DAY) != []

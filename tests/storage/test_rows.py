@@ -9,7 +9,7 @@ import pytest
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.storage.rows import Row, legacy_digest, to_arrow
 from wakustore.storage.schema import day_of_ns
-from wakustore.storage.table import _prefixes
+from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.write_path import BoundedSet, _Pending
 from wakustore.storage.message_store import MESSAGE_CODEC
 
@@ -46,10 +46,10 @@ def test_hash_prefixes_read_from_arrow_are_the_first_eight_bytes_big_endian():
     hashes = [hashlib.sha256(bytes([i])).digest() for i in range(10)]
     values = pa.array(hashes, pa.binary()).slice(3, 5)  # a slice: offsets do not start at 0
     expected = [int.from_bytes(h[:8], "big") for h in hashes[3:8]]
-    assert _prefixes(values).tolist() == expected
-    assert _prefixes(pa.array([], pa.binary())).dtype == np.uint64
+    assert binary_prefixes(values, 8).tolist() == expected
+    assert binary_prefixes(pa.array([], pa.binary()), 8).dtype == np.uint64
     with pytest.raises(ValueError):
-        _prefixes(pa.array([b"short"], pa.binary()))
+        binary_prefixes(pa.array([b"short"], pa.binary()), 8)
 
 
 def test_pending_rows_are_read_in_order_by_time_range_and_group_whatever_order_they_came_in():
