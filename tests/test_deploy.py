@@ -127,3 +127,13 @@ def test_grafana_dashboard_uses_only_metrics_the_node_exports():
         for target in panel["targets"]:
             used |= set(re.findall(r"wakustore_[a-z_]+", target["expr"]))
     assert used and used <= exported
+
+
+def test_grafana_dashboard_shows_every_metric_the_node_exports():
+    """An operator finds each family on the dashboard (a new metric gets a panel)."""
+    dashboard = json.loads((DEPLOY / "grafana" / "wakustore-dashboard.json").read_text())
+    shown = " ".join(target["expr"] for panel in dashboard["panels"] for target in panel["targets"])
+    families = {metric.name for metric in NodeMetrics().registry.collect()}
+    assert families
+    assert sorted(name for name in families if name not in shown) == []
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
