@@ -126,16 +126,26 @@ class StoreClient:
         """Open a stream, write ``data`` as given (no framing added), close
         the write side and read one response frame; None when the node
         closed the stream without answering."""
+        from wakustore.node.libp2p_tuning import corked
+
         try:
             with trio.fail_after(self.timeout_s):
-                stream = await self.host.get_network().new_stream(self.peer_id)
+                network = self.host.get_network()
+                connections = network.get_connections(self.peer_id)
+                # The stream's SYN, the request and the FIN leave in one write.
+                async with corked(connections[0] if connections else None):
+                    stream = await network.new_stream(self.peer_id)
+                    try:
+                        # multistream-select's header and the protocol id go
+                        # out with the request (js-waku and go-libp2p select
+                        # lazily the same way): no round trip before the
+                        # request; the node's echo is checked when reading.
+                        await stream.write(select_message(protocol) + data)
+                        await stream.close_write()
+                    except BaseException:
+                        await stream.close()
+                        raise
                 try:
-                    # multistream-select's header and the protocol id go out
-                    # with the request (js-waku and go-libp2p select lazily
-                    # the same way): one frame and no round trip before the
-                    # request; the node's echo is checked when reading.
-                    await stream.write(select_message(protocol) + data)
-                    await stream.close_write()
                     return await _read_selected(stream, protocol, max_response)
                 finally:
                     await stream.close()

@@ -75,6 +75,7 @@ import dis
 import inspect
 import logging
 import struct
+from contextlib import asynccontextmanager
 
 import trio
 from libp2p.host.basic_host import BasicHost  # noqa: F401  (imported for its notifee class)
@@ -132,9 +133,69 @@ async def _window_update_at_half(self: yamux.YamuxStream, *, bytes_read: int = 0
 
 
 async def _write_frame(self: yamux.Yamux, data: bytes) -> None:
-    """One frame to the connection; writes are serialized."""
+    """One frame to the connection; writes are serialized. A stream's
+    deferred ACK goes out in the same write, just ahead of the stream's
+    first frame; frames written under :func:`corked` by the corking task
+    wait for the end of the cork."""
+    acks = getattr(self, "_wk_acks", None)
+    if acks:
+        stream_id = int.from_bytes(data[4:8], "big")
+        if stream_id in acks:
+            acks.discard(stream_id)
+            data = _HEADER.pack(0, _WINDOW_UPDATE, _ACK, stream_id, 0) + data
+    cork = getattr(self, "_wk_cork", None)
+    if cork is not None and cork[0] is trio.lowlevel.current_task():
+        cork[1].append(data)
+        return
     async with self._write_lock:
         await self.secured_conn.write(data)
+
+
+# The longest a cork's frames may take to leave once its block ends
+# (cancelled or not): a frame for the peer's socket buffer, as a close is
+# given (node/streams.py CLOSE_TIMEOUT_S).
+CORK_FLUSH_TIMEOUT_S = 5.0
+
+
+def _yamux_of(thing) -> yamux.Yamux | None:
+    """The yamux connection under a NetStream, a muxed stream or a swarm
+    connection; None for other muxers."""
+    for conn in (thing, getattr(thing, "muxed_conn", None),
+                 getattr(getattr(thing, "muxed_stream", thing), "conn", None)):
+        if isinstance(conn, yamux.Yamux):
+            return conn
+    return None
+
+
+async def _flush_cork(conn: yamux.Yamux, frames: list[bytes]) -> None:
+    if frames:
+        data = b"".join(frames)
+        frames.clear()
+        with trio.CancelScope(shield=True), trio.fail_after(CORK_FLUSH_TIMEOUT_S):
+            async with conn._write_lock:
+                await conn.secured_conn.write(data)
+
+
+@asynccontextmanager
+async def corked(stream):
+    """Frames this task writes on ``stream``'s yamux connection inside the
+    block go out together at its end: one Noise message and one ``send``
+    instead of one per frame (a response and the FIN closing its stream,
+    a new stream's SYN, request and FIN). Only this task's frames wait;
+    other streams of the connection write as usual. A no-op on other
+    muxers, inside another cork of the connection, and on a connection
+    another task corks."""
+    conn = _yamux_of(stream)
+    if conn is None or getattr(conn, "_wk_cork", None) is not None:
+        yield
+        return
+    frames: list[bytes] = []
+    conn._wk_cork = (trio.lowlevel.current_task(), frames)
+    try:
+        yield
+    finally:
+        conn._wk_cork = None
+        await _flush_cork(conn, frames)
 
 
 async def _stream_write(self: yamux.YamuxStream, data: bytes) -> None:
@@ -149,7 +210,18 @@ async def _stream_write(self: yamux.YamuxStream, data: bytes) -> None:
         self.send_window -= size
         await self.conn._write_frame(_HEADER.pack(0, _DATA, 0, self.stream_id, size) + data)
         return
-    await _plain_stream_write(self, data)
+    # A write that may wait for the peer's window updates cannot wait in a
+    # cork: the peer would never see the data it has to credit.
+    cork = getattr(self.conn, "_wk_cork", None)
+    if cork is None or cork[0] is not trio.lowlevel.current_task():
+        await _plain_stream_write(self, data)
+        return
+    self.conn._wk_cork = None
+    try:
+        await _flush_cork(self.conn, cork[1])
+        await _plain_stream_write(self, data)
+    finally:
+        self.conn._wk_cork = cork
 
 
 async def _stream_read(self: yamux.YamuxStream, n: int | None = -1) -> bytes:
@@ -418,10 +490,35 @@ async def _on_syn(self: yamux.Yamux, typ: int, flags: int, stream_id: int, lengt
         self._finalize_stream_locked(stream, fully_closed=True)
         await self.new_stream_send_channel.send(stream)
         return
-    await self._write_frame(_HEADER.pack(0, _WINDOW_UPDATE, _ACK, stream_id, 0))
+    # The ACK waits for the stream's first frame (the node's first write on
+    # an inbound stream is its multistream-select answer, right after the
+    # stream is handled) and goes out in the same write, just ahead of it.
+    acks = getattr(self, "_wk_acks", None)
+    if acks is None:
+        acks = self._wk_acks = set()
+    acks.add(stream_id)
     await self.new_stream_send_channel.send(stream)
 
 
+def _finalize_stream_locked(self: yamux.Yamux, stream: yamux.YamuxStream, *, fully_closed: bool) -> None:
+    """py-libp2p's, and a dropped stream's deferred ACK forgotten."""
+    _plain_finalize(self, stream, fully_closed=fully_closed)
+    acks = getattr(self, "_wk_acks", None)
+    if acks and stream.stream_id not in self.streams:
+        acks.discard(stream.stream_id)
+
+
+def _sweep_stale_streams(self: yamux.Yamux, now: float | None = None) -> int:
+    """py-libp2p's, and the swept streams' deferred ACKs forgotten."""
+    reclaimed = _plain_sweep(self, now)
+    acks = getattr(self, "_wk_acks", None)
+    if acks:
+        acks.intersection_update(self.streams)
+    return reclaimed
+
+
+_plain_finalize = yamux.Yamux._finalize_stream_locked
+_plain_sweep = yamux.Yamux._sweep_stale_streams
 _plain_stream_write = yamux.YamuxStream.write
 _plain_stream_read = yamux.YamuxStream.read
 
@@ -610,6 +707,8 @@ def tune_libp2p() -> None:
     yamux.Yamux._write_frame = _write_frame
     yamux.Yamux.read_stream = _read_stream
     yamux.Yamux.handle_incoming = _handle_incoming
+    yamux.Yamux._finalize_stream_locked = _finalize_stream_locked
+    yamux.Yamux._sweep_stale_streams = _sweep_stale_streams
     Swarm._notify = _notify
     SecureSession.read = _session_read
     noise_io.BaseNoiseMsgReadWriter.read_msg = _noise_read_msg
