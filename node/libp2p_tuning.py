@@ -142,7 +142,8 @@ async def _write_frame(self: yamux.Yamux, data: bytes) -> None:
         stream_id = int.from_bytes(data[4:8], "big")
         if stream_id in acks:
             acks.discard(stream_id)
-            data = _HEADER.pack(0, _WINDOW_UPDATE, _ACK, stream_id, 0) + data
+            ahead = self._wk_ahead.pop(stream_id, b"")
+            data = _HEADER.pack(0, _WINDOW_UPDATE, _ACK, stream_id, 0) + ahead + data
     cork = getattr(self, "_wk_cork", None)
     if cork is not None and cork[0] is trio.lowlevel.current_task():
         cork[1].append(data)
@@ -496,6 +497,7 @@ async def _on_syn(self: yamux.Yamux, typ: int, flags: int, stream_id: int, lengt
     acks = getattr(self, "_wk_acks", None)
     if acks is None:
         acks = self._wk_acks = set()
+        self._wk_ahead = {}
     acks.add(stream_id)
     await self.new_stream_send_channel.send(stream)
 
@@ -506,6 +508,7 @@ def _finalize_stream_locked(self: yamux.Yamux, stream: yamux.YamuxStream, *, ful
     acks = getattr(self, "_wk_acks", None)
     if acks and stream.stream_id not in self.streams:
         acks.discard(stream.stream_id)
+        self._wk_ahead.pop(stream.stream_id, None)
 
 
 def _sweep_stale_streams(self: yamux.Yamux, now: float | None = None) -> int:
@@ -514,6 +517,8 @@ def _sweep_stale_streams(self: yamux.Yamux, now: float | None = None) -> int:
     acks = getattr(self, "_wk_acks", None)
     if acks:
         acks.intersection_update(self.streams)
+        for stream_id in [sid for sid in self._wk_ahead if sid not in acks]:
+            del self._wk_ahead[stream_id]
     return reclaimed
 
 
@@ -667,6 +672,44 @@ def parse_lines(data: bytes, count: int) -> tuple[list[bytes], int] | None:
     return lines, pos
 
 
+# Protocols whose handler reads one length-prefixed request and always
+# writes (an answer, a close or a reset) once it has it: see
+# :func:`answer_with_first_write`.
+_ANSWER_WITH_FIRST_WRITE: set[str] = set()
+
+
+def answer_with_first_write(protocols) -> None:
+    """Let inbound streams of ``protocols`` carry their multistream-select
+    answer in the handler's first write when the dialer's request was
+    received with its protocol id (see the module's notes)."""
+    _ANSWER_WITH_FIRST_WRITE.update(protocols)
+
+
+def _complete_frame(data: bytes, start: int) -> bool:
+    """True when ``data[start:]`` begins with a whole varint-length-prefixed frame."""
+    length = shift = 0
+    for pos in range(start, min(start + 10, len(data))):
+        byte = data[pos]
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return len(data) - pos - 1 >= length
+    return False
+
+
+def _hold_answer(stream, answer: bytes) -> bool:
+    """Keep ``answer`` (the multistream-select reply) to go out just ahead of
+    the stream's first frame, with its ACK; False when the stream's ACK has
+    already gone (the answer is then written now)."""
+    muxed = stream.muxed_stream
+    conn = muxed.conn
+    if muxed.stream_id not in getattr(conn, "_wk_acks", ()) or muxed.send_window < len(answer):
+        return False
+    muxed.send_window -= len(answer)
+    conn._wk_ahead[muxed.stream_id] = _HEADER.pack(0, _DATA, 0, muxed.stream_id, len(answer)) + answer
+    return True
+
+
 async def _negotiate(self: multiselect.Multiselect, communicator, negotiate_timeout: int = multiselect.DEFAULT_NEGOTIATE_TIMEOUT):
     """``Multiselect.negotiate`` answering in one write when the dialer's
     header and a served protocol id are already received."""
@@ -680,12 +723,17 @@ async def _negotiate(self: multiselect.Multiselect, communicator, negotiate_time
         except UnicodeDecodeError:
             protocol = None
         if header == _MULTISTREAM and protocol and protocol != "ls" and protocol in self.handlers:
+            # With the request in already the handler answers without waiting
+            # for the dialer, so this reply can go out with that answer.
+            request_in = protocol in _ANSWER_WITH_FIRST_WRITE and _complete_frame(received, used)
             try:
                 with trio.fail_after(negotiate_timeout):
                     taken = await stream.read(used)
                     if len(taken) != used:
                         raise multiselect.MultiselectError("multistream-select bytes vanished while read")
-                    await stream.write(encode_delim(_MULTISTREAM) + encode_delim(command))
+                    answer = encode_delim(_MULTISTREAM) + encode_delim(command)
+                    if not (request_in and _hold_answer(stream, answer)):
+                        await stream.write(answer)
             except multiselect.MultiselectError:
                 raise
             except Exception as exc:

@@ -59,7 +59,7 @@ from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
-from wakustore.node.libp2p_tuning import corked
+from wakustore.node.libp2p_tuning import answer_with_first_write, corked
 from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
@@ -173,6 +173,9 @@ class StoreProtocols:
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
+        # Each handler reads one request frame and always writes (an answer,
+        # a close or a reset) once it has it.
+        answer_with_first_write(self.handlers())
 
     def handlers(self) -> dict[str, Handler]:
         return {

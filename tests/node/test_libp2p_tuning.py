@@ -200,10 +200,11 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session
         # The dialer: SYN, multistream-select with the request, FIN, in one
         # write (before: five writes and two round trips before the request).
         assert [[(k, f) for k, f, _, _ in w] for w in dialer] == [[(wu, syn), (data, 0), (wu, fin)]]
-        # The node: its ACK with the multistream-select answer, then the
-        # answer with its FIN (before: ACK, header, protocol id, answer and
-        # FIN, five writes).
-        assert [[(k, f) for k, f, _, _ in w] for w in listener] == [[(wu, ack), (data, 0)], [(data, 0), (wu, fin)]]
+        # The node: its ACK, the multistream-select answer, the answer and
+        # its FIN, in one write: the request came with the protocol id, so
+        # the node answers without waiting for the dialer (before: ACK,
+        # header, protocol id, answer and FIN, five writes).
+        assert [[(k, f) for k, f, _, _ in w] for w in listener] == [[(wu, ack), (data, 0), (data, 0), (wu, fin)]]
 
 
 def test_a_large_answer_written_corked_still_arrives_whole(tmp_path):
@@ -244,7 +245,7 @@ async def _read_line(stream, buffered: bytearray) -> bytes:
     return line
 
 
-@pytest.mark.parametrize("dialer", ["waits-for-the-header", "asks-an-unserved-protocol-first"])
+@pytest.mark.parametrize("dialer", ["waits-for-the-header", "waits-for-the-echo", "asks-an-unserved-protocol-first"])
 def test_multistream_select_with_dialers_that_do_not_send_everything_at_once(tmp_path, dialer):
     from libp2p.utils import encode_delim
 
@@ -262,6 +263,11 @@ def test_multistream_select_with_dialers_that_do_not_send_everything_at_once(tmp
                     got.append(await _read_line(stream, buffered))
                     await stream.write(encode_delim(metadata.PROTOCOL_ID.encode()))
                     got.append(await _read_line(stream, buffered))
+                elif dialer == "waits-for-the-echo":
+                    # Header and protocol id together, the request only once
+                    # the node has echoed the protocol id.
+                    await stream.write(encode_delim(b"/multistream/1.0.0") + encode_delim(metadata.PROTOCOL_ID.encode()))
+                    got += [await _read_line(stream, buffered), await _read_line(stream, buffered)]
                 else:
                     await stream.write(encode_delim(b"/multistream/1.0.0") + encode_delim(b"/not/served/1"))
                     got += [await _read_line(stream, buffered), await _read_line(stream, buffered)]
@@ -277,7 +283,7 @@ def test_multistream_select_with_dialers_that_do_not_send_everything_at_once(tmp
 
     got, rest = _run(main)
     served = metadata.PROTOCOL_ID.encode()
-    if dialer == "waits-for-the-header":
+    if dialer != "asks-an-unserved-protocol-first":
         assert got == [b"/multistream/1.0.0", served]
     else:
         assert got == [b"/multistream/1.0.0", b"na", served]
