@@ -29,9 +29,13 @@ ENGINE_THREADS = 4
 
 # Pages read from the table's files run in worker threads of their own,
 # never queued behind engine work (commits, maintenance, supervision): the
-# in-process reader needs no engine. The reader's scans release the GIL;
-# four at once keep two cores busy while one thread converts its result.
-READ_THREADS = 4
+# in-process reader needs no engine. The reader's scans release the GIL,
+# its Python steps do not: one thread per core of the 2-core machines this
+# targets. Four threads cost more CPU per page, not less (`bench wire`,
+# 16 clients, 100k messages, interleaved runs: node CPU 2.4-3.4 ms/query
+# with two threads, 3.0-4.0 ms with four; the extra threads only take turns
+# at the GIL with the event loop).
+READ_THREADS = 2
 
 # Puts waiting for the log writer (senders wait beyond this: backpressure),
 # and the most one log write takes at once.
