@@ -66,7 +66,22 @@ handled and the protocol is served, the node reads exactly those bytes
 unread for the handler) and answers the header and the protocol id in
 one write: the same bytes on the wire, one frame. Otherwise (nothing
 received yet, ``ls``, a protocol not served) py-libp2p negotiates as
-before, from the start.
+before, from the start. For the node's request/response protocols
+(:func:`answer_with_first_write`), when the whole request came with the
+protocol id, that answer waits for the handler's first write and leaves
+with it: the handler answers without waiting for the dialer, and the
+dialer has nothing to do before the answer anyway. A dialer that waits
+for the echo before sending its request gets it at once.
+
+**Fewer writes per stream.** Each frame was one Noise message and one
+``send``. A new inbound stream's ACK now goes out in the same write as
+the stream's first frame, just ahead of it (the node's first write on an
+inbound stream is its multistream-select answer, as soon as the stream
+is handled; the frames on the wire are the ones py-libp2p sent, in the
+same order). :func:`corked` lets a task write several frames as one
+message: the Store handler's answer and the FIN closing its stream, the
+client's SYN, request and FIN. A Store query now costs the client one
+write and the node one, instead of five each.
 """
 
 from __future__ import annotations
@@ -400,8 +415,6 @@ async def _handle_incoming(self: yamux.Yamux) -> None:
                     event = self.stream_events.get(stream_id)
                     if event is not None:
                         event.set()
-                    if not flags & _ACK:
-                        continue
                     continue
                 if body:
                     _deliver(self, stream, body)
