@@ -178,8 +178,10 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session
     config, handlers = _metadata_node(tmp_path)
     opened = []
 
+    held = []
+
     async def main():
-        async with running_host(config, handlers) as (_, info):
+        async with running_host(config, handlers) as (host, info):
             addr = next(a for a in info.multiaddrs if "/ws/" not in a)
             async with StoreClient.connect(addr) as client:
                 conn = client.host.get_network().get_connections(client.peer_id)[0].muxed_conn
@@ -188,9 +190,14 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session
                     first = conn.next_stream_id
                     answers.append(await client.metadata(metadata.Metadata(cluster_id=16, shards=(0,))))
                     opened.append(first)
+                # Nothing held back for streams that are done.
+                for conns in host.get_network().connections.values():
+                    for node_conn in conns:
+                        held.append((set(node_conn.muxed_conn._wk_acks), dict(node_conn.muxed_conn._wk_ahead)))
                 return answers
 
     answers = _run(main)
+    assert held and all(acks == set() and ahead == {} for acks, ahead in held)
     assert [(a.cluster_id, a.shards) for a in answers] == [(16, (0, 1))] * 3
     syn, ack, fin = yamux.FLAG_SYN, yamux.FLAG_ACK, yamux.FLAG_FIN
     wu, data = yamux.TYPE_WINDOW_UPDATE, yamux.TYPE_DATA
