@@ -3,8 +3,10 @@
 
 :class:`StoreClient` runs its own short-lived libp2p host (a fresh key each
 time), dials one node and speaks the request/response protocols: one
-stream per request, the request frame written and the write side closed,
-the response frame read, the stream closed.
+stream per request, the multistream-select header, protocol id and
+request frame written at once and the write side closed (one write),
+the node's multistream-select answer checked and the response frame
+read, the stream closed.
 
 :meth:`StoreClient.pages` waits out the node's rate limit (429) through
 :mod:`~wakustore.clients.backoff`. A failure to reach or use the node is a

@@ -93,7 +93,6 @@ import struct
 from contextlib import asynccontextmanager
 
 import trio
-from libp2p.host.basic_host import BasicHost  # noqa: F401  (imported for its notifee class)
 from libp2p.io.exceptions import IncompleteReadError
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.swarm import Swarm
