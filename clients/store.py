@@ -3,8 +3,10 @@
 
 :class:`StoreClient` runs its own short-lived libp2p host (a fresh key each
 time), dials one node and speaks the request/response protocols: one
-stream per request, the request frame written and the write side closed,
-the response frame read, the stream closed.
+stream per request, the multistream-select header, protocol id and
+request frame written at once and the write side closed (one write),
+the node's multistream-select answer checked and the response frame
+read, the stream closed.
 
 :meth:`StoreClient.pages` waits out the node's rate limit (429) through
 :mod:`~wakustore.clients.backoff`. A failure to reach or use the node is a
@@ -55,6 +57,13 @@ DEFAULT_TIMEOUT_S = 20.0
 # over a longer period is still retried every few seconds within the minute.
 STORE_BACKOFF = BackoffPolicy(first_s=0.05, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=2.0)
 LIGHTPUSH_BACKOFF = BackoffPolicy(first_s=0.2, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=1.0)
+
+# multistream-select 1.0.0's header, and the most a node's answer to it and
+# to one protocol id may take (two protocol ids of go-libp2p's 1024-byte
+# limit, each with its length and newline).
+MULTISTREAM = "/multistream/1.0.0"
+MAX_SELECT_ANSWER = 2 * (1024 + 3)
+
 
 class ClientError(Exception):
     """The node could not be reached or answered something unusable."""
@@ -119,17 +128,27 @@ class StoreClient:
         """Open a stream, write ``data`` as given (no framing added), close
         the write side and read one response frame; None when the node
         closed the stream without answering."""
-        from libp2p.custom_types import TProtocol
-
-        from wakustore.node.store_protocols import read_frame
+        from wakustore.node.libp2p_tuning import corked
 
         try:
             with trio.fail_after(self.timeout_s):
-                stream = await self.host.new_stream(self.peer_id, [TProtocol(protocol)])
+                network = self.host.get_network()
+                connections = network.get_connections(self.peer_id)
+                # The stream's SYN, the request and the FIN leave in one write.
+                async with corked(connections[0] if connections else None):
+                    stream = await network.new_stream(self.peer_id)
+                    try:
+                        # multistream-select's header and the protocol id go
+                        # out with the request (js-waku and go-libp2p select
+                        # lazily the same way): no round trip before the
+                        # request; the node's echo is checked when reading.
+                        await stream.write(select_message(protocol) + data)
+                        await stream.close_write()
+                    except BaseException:
+                        await stream.close()
+                        raise
                 try:
-                    await stream.write(data)
-                    await stream.close_write()
-                    return await read_frame(stream, max_response)
+                    return await _read_selected(stream, protocol, max_response)
                 finally:
                     await stream.close()
         except trio.TooSlowError:
@@ -222,6 +241,53 @@ def _meaningful_error(group: BaseExceptionGroup, peer: str) -> BaseException | N
         if isinstance(leaf, (trio.TooSlowError, *_connection_failures())):
             return ClientError(f"connection to {peer} lost: {describe_failure(leaf)}")
     return None
+
+
+def select_message(protocol: str) -> bytes:
+    """multistream-select's header and ``protocol``, as a dialer sends them."""
+    from libp2p.utils import encode_delim
+
+    return encode_delim(MULTISTREAM.encode()) + encode_delim(protocol.encode())
+
+
+async def _read_selected(stream, protocol: str, max_response: int) -> bytes | None:
+    """The node's multistream-select answer to :func:`select_message`, then
+    one response frame (None when the stream ends before it begins).
+    ClientError when the node does not serve ``protocol`` or answers
+    something else."""
+    from libp2p.custom_types import TProtocol
+
+    from wakustore.node.libp2p_tuning import parse_lines
+    from wakustore.node.streams import read_chunk
+    from wakustore.protocols.framing import FrameReader
+
+    received = b""
+    while (parsed := parse_lines(received, 2)) is None:
+        if len(received) > MAX_SELECT_ANSWER:
+            raise ClientError(f"{protocol}: malformed protocol negotiation from the node")
+        chunk = await read_chunk(stream)
+        if not chunk:
+            raise ClientError(f"{protocol}: the node closed the stream during protocol negotiation")
+        received += chunk
+    (header, answer), used = parsed
+    if header != MULTISTREAM.encode():
+        raise ClientError(f"{protocol}: the node speaks {header[:60]!r}, not multistream-select 1.0.0")
+    if answer != protocol.encode():
+        if answer == b"na":
+            raise ClientError(f"{protocol}: the node does not serve this protocol")
+        raise ClientError(f"{protocol}: the node answered {answer[:60]!r} to the protocol id")
+    stream.set_protocol(TProtocol(protocol))
+    reader = FrameReader(max_response)
+    data = received[used:]
+    while True:
+        if data:
+            frames = reader.feed(data)
+            if frames:
+                return frames[0]
+        data = await read_chunk(stream)
+        if not data:
+            reader.eof()
+            return None
 
 
 def parse_peer(peer: str):

@@ -59,6 +59,7 @@ from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.libp2p_tuning import answer_with_first_write, corked
 from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
@@ -172,6 +173,9 @@ class StoreProtocols:
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
+        # Each handler reads one request frame and always writes (an answer,
+        # a close or a reset) once it has it.
+        answer_with_first_write(self.handlers())
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -367,10 +371,14 @@ class StoreProtocols:
                     await close_stream(stream)
                     return
                 reply = await answer(peer, raw)
-            if reply is not None:
+            if reply is None:
+                await close_stream(stream)
+                return
+            # The answer and the FIN closing the stream leave in one write.
+            async with corked(stream):
                 with trio.fail_after(self.write_timeout_s):
                     await stream.write(encode_frame(reply))
-            await close_stream(stream)
+                await close_stream(stream)
         except (IOException, trio.TooSlowError) as exc:
             log.debug("stream from %s failed: %r", peer, exc)
             await reset_stream(stream)

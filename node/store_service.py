@@ -4,6 +4,7 @@ that flush, retain and compact, all owned by one trio nursery."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -29,9 +30,23 @@ ENGINE_THREADS = 4
 
 # Pages read from the table's files run in worker threads of their own,
 # never queued behind engine work (commits, maintenance, supervision): the
-# in-process reader needs no engine. The reader's scans release the GIL;
-# four at once keep two cores busy while one thread converts its result.
-READ_THREADS = 4
+# in-process reader needs no engine. The reader's scans release the GIL,
+# its Python steps do not: one thread per core of the 2-core machines this
+# targets. Four threads cost more CPU per page, not less (`bench wire`,
+# 16 clients, 100k messages, interleaved runs: node CPU 2.4-3.4 ms/query
+# with two threads, 3.0-4.0 ms with four; the extra threads only take turns
+# at the GIL with the event loop).
+READ_THREADS = 2
+
+# How long a thread holding the GIL keeps it while another waits (Python's
+# default is 5 ms). The event loop serves every connection in one thread
+# and needs the GIL for each frame; the reader threads' Python steps would
+# otherwise hold it for up to 5 ms at a time while queries wait. `bench
+# wire` (100k messages, 16 clients, interleaved runs on a shared 2-core
+# machine): 374-393 queries/s and 2.8 ms of node CPU a query at 1 ms,
+# 318-322 queries/s and 3.2-3.3 ms at 5 ms, 276-308 queries/s at 20 ms.
+# Set while a store serves, for the whole process (it is a process setting).
+GIL_SWITCH_INTERVAL_S = 0.001
 
 # Puts waiting for the log writer (senders wait beyond this: backpressure),
 # and the most one log write takes at once.
@@ -259,6 +274,7 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
     owned = engine is None
     engine, store = await trio.to_thread.run_sync(open_store, config, engine)
     service = StoreService(config, engine, store, trio.CapacityLimiter(ENGINE_THREADS))
+    _switch_interval.enter()
     try:
         await trio.to_thread.run_sync(service.refresh_gauges)
         async with trio.open_nursery() as nursery:
@@ -271,6 +287,7 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
             finally:
                 nursery.cancel_scope.cancel()
     finally:
+        _switch_interval.exit()
         with trio.CancelScope(shield=True):
             try:
                 await trio.to_thread.run_sync(store.close)
@@ -278,3 +295,26 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
                 log.error("final commit failed; the write-ahead log keeps the messages: %s", exc)
             if owned:
                 await trio.to_thread.run_sync(engine.close)
+
+
+class _SwitchInterval:
+    """:data:`GIL_SWITCH_INTERVAL_S` while at least one store serves in the
+    process; the interval found before the first comes back after the last."""
+
+    def __init__(self) -> None:
+        self.serving = 0
+        self.previous = sys.getswitchinterval()
+
+    def enter(self) -> None:
+        if self.serving == 0:
+            self.previous = sys.getswitchinterval()
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.serving += 1
+
+    def exit(self) -> None:
+        self.serving -= 1
+        if self.serving == 0:
+            sys.setswitchinterval(self.previous)
+
+
+_switch_interval = _SwitchInterval()

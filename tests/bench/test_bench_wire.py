@@ -42,7 +42,9 @@ def test_non_empty_data_dir_is_refused(tmp_path):
 
 def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_path, capsys):
     out = tmp_path / "wire.json"
-    args = parse("--messages", "1500", "--clients", "1,2", "--queries", "12", "--json", str(out))
+    # Enough queries for the node's CPU to span several of the kernel's
+    # 10 ms accounting ticks.
+    args = parse("--messages", "1500", "--clients", "1,2", "--queries", "60", "--json", str(out))
     assert bench_wire.run_wire_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
 
@@ -53,12 +55,12 @@ def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_
     assert 0 < report["direct_p50_ms"] <= report["direct_p99_ms"]
     assert [level["clients"] for level in report["levels"]] == [1, 2]
     for level in report["levels"]:
-        assert level["queries"] == 12
+        assert level["queries"] == 60
         assert level["errors"] == 0
         assert level["qps"] > 0
         assert level["node_cpu_ms_per_query"] > 0 and level["client_cpu_ms_per_query"] > 0
         assert 0 < level["p50_ms"] <= level["p99_ms"]
-        assert sum(shape["n"] for shape in level["per_shape"].values()) == 12
+        assert sum(shape["n"] for shape in level["per_shape"].values()) == 60
         assert all(name.split("/")[1] in ("first", "cursor") for name in level["per_shape"])
     printed = capsys.readouterr().out
     assert "queries/s" in printed and "ms/query" in printed

@@ -194,3 +194,25 @@ def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
     trio.run(main)
     assert [m.message.payload for m in pages["memory"].messages] == [b"being-committed", b"from-memory"]
     assert [m.message.payload for m in pages["table"].messages] == [b"from-the-table"]
+
+
+def test_the_gil_switch_interval_is_short_while_stores_serve_and_restored_after(engine, tmp_path):
+    import sys
+
+    from wakustore.node.store_service import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    seen = []
+
+    async def main():
+        async with running_store(NodeConfig(data_dir=tmp_path / "a"), engine):
+            seen.append(sys.getswitchinterval())
+            async with running_store(NodeConfig(data_dir=tmp_path / "b"), engine):
+                seen.append(sys.getswitchinterval())
+            # The other store still serves.
+            seen.append(sys.getswitchinterval())
+
+    trio.run(main)
+    assert before != GIL_SWITCH_INTERVAL_S
+    assert seen == [GIL_SWITCH_INTERVAL_S] * 3
+    assert sys.getswitchinterval() == before
