@@ -92,6 +92,9 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                        help=f"Store v3 pages to time (default {DEFAULT_QUERIES})")
     store.add_argument("--lookups", type=positive_int, default=DEFAULT_LOOKUPS,
                        help=f"lookups by 1 and by 20 hashes, each (default {DEFAULT_LOOKUPS})")
+    store.add_argument("--days", type=positive_int, default=DatasetSpec.days,
+                       help=f"days the messages' timestamps spread over, ending now (default {DatasetSpec.days}; "
+                            "10M over 30 days has the rows per day of 3M over 9)")
     add_common_arguments(store, "where the Delta table goes (must be empty; default: a temporary directory, removed)")
     store.set_defaults(handler=run_store_bench)
 
@@ -322,7 +325,7 @@ def run_store_bench(args: argparse.Namespace) -> int:
     if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
         raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
     config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
-    spec = DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed)
+    spec = DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed, days=args.days)
     report: dict = {
         "messages": spec.messages,
         "dataset": {

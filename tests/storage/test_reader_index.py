@@ -3,7 +3,9 @@ the DataFusion answers, on ingest files and compacted days alike, and it
 follows the table's files as versions advance."""
 
 import datetime as dt
+import os
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -159,6 +161,57 @@ def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store
     expected = sorted((k[0], k[1]) for k in keys_of(data) if k[2] == PUBSUB)
     got = reader.page(query, None, 201).to_pylist()
     assert [(r["timestamp"], r["message_hash"]) for r in got] == expected
+
+
+def _open_paths() -> set[str]:
+    paths = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return paths
+
+
+def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
+    data = corpus(120, days=2)
+    for start in range(0, len(data), 30):
+        store.put(data[start:start + 30])
+        store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False, row_group_cache_bytes=0)
+    reader.index_now()
+    query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), limit=200, forward=True)
+    first = reader.page(query, None, 201).to_pylist()
+    old = {os.path.join(store.table.uri, path) for path, _ in reader._snapshot.files}
+    held = len(reader._open)
+    opened = {os.path.join(store.table.uri, path) for path in reader._open._free}
+    assert held == len(opened) > 2 and opened <= old & _open_paths()  # one reader per file read, kept open
+    assert reader.page(query, None, 201).to_pylist() == first
+    assert len(reader._open) == held  # reused, not opened again
+
+    maintenance.compact(store.table, today=dt.date(2030, 1, 1))
+    reader.committed()
+    reader.index_now()
+    assert not old & _open_paths()  # the compacted-away files are closed (their space can be freed)
+    assert reader.page(query, None, 201).to_pylist() == first
+    new = {os.path.join(store.table.uri, path) for path, _ in reader._snapshot.files}
+    assert len(reader._open) == len(new) == 2 and new <= _open_paths()  # one file a day
+
+
+def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
+    data = corpus(600, days=1)
+    for start in range(0, len(data), 300):
+        store.put(data[start:start + 300])
+        store.flush()
+    maintenance.compact(store.table, today=dt.date(2030, 1, 1))
+    reader = TableReader(store.table.uri, check_interval_s=None)
+    reader.refresh()
+    (path, _), = reader._snapshot.files
+    metadata = pq.ParquetFile(os.path.join(store.table.uri, path)).metadata
+    assert metadata.num_row_groups == -(-600 // maintenance.ROW_GROUP_ROWS)
+    codecs = {metadata.row_group(g).column(c).compression
+              for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
+    assert codecs == {"SNAPPY"}
 
 
 def test_an_indexed_reader_answers_without_datafusion(store, monkeypatch):
