@@ -151,6 +151,10 @@ class MessageStore:
             config.flush_interval_s, config.flush_max_messages,
             key_filter=None if config.shared_table else DayKeyFilter(config.messages_per_day),
             on_commit=self.reader.committed,
+            # The reader advances on every commit (on_commit) before its
+            # rows leave the pending set, so its files and the pending rows
+            # together hold every committed key.
+            key_lookup=None if config.shared_table else self.reader.existing_muids,
         )
         self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes

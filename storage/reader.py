@@ -516,6 +516,31 @@ class TableReader:
         found = self._execute(read, ("timestamp",))
         return found.column(0)[0].as_py() if found.num_rows else None
 
+    def existing_muids(self, keys: Sequence[bytes], days: Sequence[dt.date]) -> set[bytes] | None:
+        """Which of ``keys`` (MUIDs) the table's files of ``days`` hold, in
+        the latest version this process knows of; None when the key index
+        cannot say (off, deletion vectors, a file unreadable now): then ask
+        the engine. Exact: a prefix match is confirmed by the row's MUID.
+        Raises :class:`TableUnreadable` when the log cannot be read."""
+        if not keys or not days:
+            return set()
+        snapshot = self._current()
+        try:
+            indexes = self._indexed(snapshot, days, build=True)
+            if indexes is None:
+                return None
+            candidates = row_index.muid_candidates(indexes, keys)
+            if candidates is None:
+                return None
+            table = row_index.read_rows(candidates, ("muid",), self._read_group)
+        except Exception as exc:
+            log.info("key index could not look up MUIDs at version %d (asking the engine): %s",
+                     snapshot.version, _one_line(exc))
+            return None
+        if table is None:
+            return set()
+        return set(table.column(0).to_pylist()).intersection(keys)
+
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
         """``read`` on the current snapshot: every query of one answer reads the same version."""
         snapshot = self._current()

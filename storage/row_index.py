@@ -15,11 +15,17 @@ with its tie on the order key) and sorted by (timestamp, order key), so
 that a page is exactly what the SQL path answers; the candidates always
 hold the answer (see :func:`_take`).
 
-Memory, per message: the timestamp (8 bytes), and a 4-byte hash prefix with
-its row number (8 bytes); a file whose rows of each topic pair are
-contiguous and in time order (a compacted day, sorted by pubsub topic,
-content topic and time) needs no row numbers for its time index, other
-files 4 bytes more.
+Memory, per message: the timestamp (8 bytes), a 4-byte hash prefix with
+its row number (8 bytes), and a 4-byte MUID prefix with its row number
+(8 bytes); a file whose rows of each topic pair are contiguous and in
+time order (a compacted day, sorted by pubsub topic, content topic and
+time) needs no row numbers for its time index, other files 4 bytes more.
+
+The MUID prefixes let a node that owns its table tell whether a key is in
+a day's files without the engine (see :func:`muid_candidates`): a put
+whose day filter flags a key (a duplicate older than the recent set)
+costs binary searches and the read of the matching rows' MUIDs, instead
+of an engine query whose cost grows with the day.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from wakustore.storage.rows import binary_prefixes
 
 # Columns the exact test of a row needs (store_query.matcher).
 MATCH_COLUMNS = ("pubsub_topic", "content_topic", "message_hash", "timestamp", "digest")
-_INDEX_COLUMNS = ("pubsub_topic", "content_topic", "timestamp", "message_hash")
+_INDEX_COLUMNS = ("pubsub_topic", "content_topic", "timestamp", "message_hash", "muid")
 
 _MIN_TS = np.iinfo(np.int64).min
 _MAX_TS = np.iinfo(np.int64).max
@@ -47,6 +53,11 @@ _MAX_TS = np.iinfo(np.int64).max
 # Bytes of a hash kept for lookups: at 10M messages and 100 hashes, 0.2
 # rows read in vain a lookup on average (100 * 1e7 / 2**32).
 HASH_PREFIX_BYTES = 4
+# Bytes of a MUID kept (its checksum's first 4): a key flagged by a day
+# filter matches a row of that day in vain with odds of ~rows / 2**32
+# (3e-5 at 10M messages over 30 days); every match is confirmed by
+# reading the row's MUID, so the answer is exact.
+MUID_PREFIX_BYTES = 4
 
 
 class TopicPairs:
@@ -76,10 +87,12 @@ class FileIndex:
     """The keys of one data file: per topic pair its timestamps ascending
     (with their rows), and its hash prefixes sorted (with their rows)."""
 
-    __slots__ = ("path", "rows", "groups", "ts", "row", "prefix", "prefix_row", "metadata", "group_starts")
+    __slots__ = ("path", "rows", "groups", "ts", "row", "prefix", "prefix_row", "muid", "muid_row", "metadata",
+                 "group_starts")
 
     def __init__(self, path: str, metadata: pq.FileMetaData, groups: dict[int, _Group], ts: np.ndarray,
-                 row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray):
+                 row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray,
+                 muid: np.ndarray | None = None, muid_row: np.ndarray | None = None):
         self.path = path
         self.metadata = metadata
         self.rows = metadata.num_rows
@@ -88,12 +101,16 @@ class FileIndex:
         self.row = row
         self.prefix = prefix
         self.prefix_row = prefix_row
+        # Sorted MUID prefixes and their rows (None: the file has no MUID column).
+        self.muid = muid
+        self.muid_row = muid_row
         self.group_starts = np.cumsum([0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
 
     @property
     def nbytes(self) -> int:
         return (self.ts.nbytes + (0 if self.row is None else self.row.nbytes) + self.prefix.nbytes
-                + self.prefix_row.nbytes + 64 * len(self.groups))
+                + self.prefix_row.nbytes + 64 * len(self.groups)
+                + (0 if self.muid is None else self.muid.nbytes + self.muid_row.nbytes))
 
     def rows_of(self, group: _Group, lo: int, hi: int) -> np.ndarray:
         """File rows of positions [lo, hi) of ``group``."""
@@ -108,11 +125,27 @@ class FileIndex:
             return np.empty(0, dtype=np.int64)
         return np.concatenate([self.prefix_row[a:b] for a, b in zip(lo, hi) if b > a]).astype(np.int64)
 
+    def rows_with_muid_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
+        """Rows whose MUID prefix is one of ``prefixes`` (sorted, unique).
+        One binary search per key; a second only for the few that match."""
+        muid = self.muid
+        lo = np.searchsorted(muid, prefixes, "left")
+        inside = np.flatnonzero(lo < len(muid))
+        hit = inside[muid[lo[inside]] == prefixes[inside]]
+        if not len(hit):
+            return np.empty(0, dtype=np.int64)
+        starts = lo[hit]
+        ends = np.searchsorted(muid, prefixes[hit], "right")
+        if (ends - starts == 1).all():
+            return self.muid_row[starts].astype(np.int64)
+        return np.concatenate([self.muid_row[a:b] for a, b in zip(starts.tolist(), ends.tolist())]).astype(np.int64)
+
 
 def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
     """Read the key columns of the data file at ``path`` and index them."""
     file = pq.ParquetFile(path, filesystem=filesystem, read_dictionary=["pubsub_topic", "content_topic"])
-    table = file.read(columns=list(_INDEX_COLUMNS)).unify_dictionaries().combine_chunks()
+    columns = [c for c in _INDEX_COLUMNS if c in file.schema_arrow.names]
+    table = file.read(columns=columns).unify_dictionaries().combine_chunks()
     n = table.num_rows
     pubsub = _dictionary(table.column("pubsub_topic"))
     content = _dictionary(table.column("content_topic"))
@@ -146,8 +179,14 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
     row = None if contiguous else order.astype(np.int32)
     prefix = _prefixes(table.column("message_hash"))
     by_prefix = np.argsort(prefix, kind="stable")
+    muid = muid_row = None
+    if "muid" in table.column_names:
+        muids = muid_prefixes_of(table.column("muid"))
+        muid_row = np.argsort(muids, kind="stable")
+        muid = muids[muid_row]
+        muid_row = muid_row.astype(np.int32)
     return FileIndex(path, file.metadata, groups, ts_sorted, row, prefix[by_prefix],
-                     by_prefix.astype(np.int32))
+                     by_prefix.astype(np.int32), muid, muid_row)
 
 
 def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
@@ -165,6 +204,20 @@ def _prefixes(column) -> np.ndarray:
     except ValueError:
         values = column.cast(pa.binary()).to_pylist()
         return hash_prefixes([v or b"" for v in values])
+
+
+def muid_prefixes_of(column) -> np.ndarray:
+    """The first :data:`MUID_PREFIX_BYTES` bytes of each MUID, big-endian."""
+    try:
+        return binary_prefixes(column, MUID_PREFIX_BYTES)
+    except ValueError:
+        values = column.cast(pa.binary()).to_pylist()
+        return muid_prefixes([v or b"" for v in values])
+
+
+def muid_prefixes(keys: Sequence[bytes]) -> np.ndarray:
+    padded = b"".join(bytes(k)[:MUID_PREFIX_BYTES].ljust(MUID_PREFIX_BYTES, b"\0") for k in keys)
+    return np.frombuffer(padded, dtype=">u4").astype(np.uint32)
 
 
 def hash_prefixes(hashes: Sequence[bytes]) -> np.ndarray:
@@ -268,6 +321,21 @@ def hash_candidates(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> Ca
     files, rows = [], []
     for index in indexes:
         found = index.rows_with_prefixes(prefixes)
+        if len(found):
+            files.append(index)
+            rows.append(np.sort(found))
+    return Candidates(files, rows)
+
+
+def muid_candidates(indexes: Sequence[FileIndex], keys: Sequence[bytes]) -> Candidates | None:
+    """Rows whose MUID may be one of ``keys`` (same prefix); None when a
+    file was indexed without its MUIDs."""
+    prefixes = np.unique(muid_prefixes(keys))
+    files, rows = [], []
+    for index in indexes:
+        if index.muid is None:
+            return None
+        found = index.rows_with_muid_prefixes(prefixes)
         if len(found):
             files.append(index)
             rows.append(np.sort(found))

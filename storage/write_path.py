@@ -296,8 +296,14 @@ class WritePath(Generic[R]):
         key_filter: DayKeyFilter | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         on_commit: Callable[[], None] | None = None,
+        key_lookup: Callable[[list[bytes], list[object]], set[bytes] | None] | None = None,
     ):
         self.table = table
+        # Owned mode: which keys the table's files of the given days hold,
+        # answered in process (None: it cannot say; the engine is asked).
+        # It must know every commit on_commit reported.
+        self.key_lookup = key_lookup
+        self.engine_lookups = 0
         # Called once a commit has landed, before its rows leave the pending
         # set: a reader of the table advances there, so that a query sees
         # every row either pending or committed (never neither). Must not raise.
@@ -445,6 +451,13 @@ class WritePath(Generic[R]):
         return maybe, sorted(set().union(*candidates.values()))
 
     def _lookup(self, keys: list[bytes], days: list[object]) -> set[bytes]:
+        if not keys or not days:
+            return set()
+        if self.key_lookup is not None:
+            known = self.key_lookup(keys, days)
+            if known is not None:
+                return known
+        self.engine_lookups += 1
         found: set[bytes] = set()
         # A replay after a crash may ask about a whole buffer at once: keep
         # each IN list a small request.

@@ -177,10 +177,14 @@ class EngineDownForLookups(DeltaTableRef):
 
 def test_puts_that_need_the_engine_pause_while_it_is_down_and_are_decided_at_commit(engine, tmp_path):
     from wakustore.storage import schema
+    from wakustore.storage.reader import TableReader
 
     base = now_ns() - 2 * DAY
     table = EngineDownForLookups(engine, str(tmp_path / "messages"))
-    store = MessageStore(table, tmp_path / "wal", StoreConfig(recent_muids=1))
+    # Without the key index the reader cannot say which keys the table
+    # holds: the engine is the one to ask.
+    store = MessageStore(table, tmp_path / "wal", StoreConfig(recent_muids=1),
+                         reader=TableReader(table.uri, key_index=False))
     store.open()
     store.put([(PUBSUB, msg(i, base + i), base) for i in range(3)])
     store.flush()
@@ -197,6 +201,34 @@ def test_puts_that_need_the_engine_pause_while_it_is_down_and_are_decided_at_com
     assert [m.message.payload for m in page_all(store)] == [b"payload-0", b"payload-1", b"payload-2", b"payload-99"]
     assert store.hot.timestamp_of(Row.build(PUBSUB, lucky, later).message_hash) == later
     assert store.table.count() == 4
+    store.close()
+
+
+def test_old_duplicates_are_found_in_process_while_the_engine_is_down(engine, tmp_path):
+    """The key index answers which MUIDs a day holds: a duplicate older than
+    the recent set is dropped at once, and a false positive of the day
+    filter is accepted and shown at once, with no engine call."""
+    from wakustore.storage import schema
+
+    base = now_ns() - 2 * DAY
+    table = EngineDownForLookups(engine, str(tmp_path / "messages"))
+    store = MessageStore(table, tmp_path / "wal", StoreConfig(recent_muids=1))
+    store.open()
+    store.put([(PUBSUB, msg(i, base + i), base) for i in range(3)])
+    store.flush()
+
+    later = now_ns()
+    lucky = msg(99, later)
+    store.writes.key_filter.add([Row.build(PUBSUB, lucky, later).muid], [schema.day_of_ns(base)])
+    table.down = True
+    result = store.put([(PUBSUB, msg(0, later), later), (PUBSUB, msg(2, later + 1), later), (PUBSUB, lucky, later)])
+    assert (result.accepted, result.duplicates) == (1, 2)
+    assert store.writes.engine_lookups == 0
+    assert [m.message.payload for m in page_all(store)] == [b"payload-0", b"payload-1", b"payload-2", b"payload-99"]
+    table.down = False
+    store.flush()
+    assert store.table.count() == 4
+    assert store.writes.merged_rows == 0, "every row was known new: a plain append"
     store.close()
 
 

@@ -138,7 +138,9 @@ def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(
     indexed.index_now()
     assert all(index.row is None for index in indexed._indexes.values())  # sorted days: no row numbers kept
     assert_same_answers(indexed, plain, data)
-    assert sum(i.nbytes for i in indexed._indexes.values()) < 24 * len(data)
+    # 8 bytes of timestamp, 8 of hash prefix and row, 8 of MUID prefix and
+    # row, and the topic groups (a few hundred bytes a file here).
+    assert sum(i.nbytes for i in indexed._indexes.values()) < 32 * len(data)
 
 
 def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store):
@@ -212,6 +214,34 @@ def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
     codecs = {metadata.row_group(g).column(c).compression
               for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
     assert codecs == {"SNAPPY"}
+
+
+def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store):
+    """The reader says which MUIDs a day's files hold exactly as the engine
+    does: keys sharing a stored key's prefix, keys of another day and
+    unknown keys are not held."""
+    from wakustore.protocols.message import muid
+    from wakustore.storage.schema import day_of_ns
+
+    data = corpus(240, days=3)
+    for start in range(0, len(data), 40):
+        store.put(data[start:start + 40])
+        store.flush()
+    stored = [muid(p, m) for p, m, _ in data]
+    day_of = {k: day_of_ns(m.timestamp) for k, (p, m, _) in zip(stored, data)}
+    days = sorted(set(day_of.values()))
+    # Same 4-byte prefix as a stored key, another rest: a prefix match to refute.
+    twins = [k[:4] + bytes(b ^ 0xFF for b in k[4:]) for k in stored[:30]]
+    unknown = [bytes(32 * [i]) for i in range(10)]
+    asked = stored[::3] + twins + unknown
+    reader = store.reader
+    for _ in range(2):
+        reader.committed()
+        for wanted in (days, days[:1], days[1:]):
+            engine = store.table.existing_keys("muid", asked, "day", wanted)
+            assert reader.existing_muids(asked, wanted) == engine
+            assert engine == {k for k in stored[::3] if day_of[k] in wanted}
+        maintenance.compact(store.table, today=dt.date(2030, 1, 1))
 
 
 def test_an_indexed_reader_answers_without_datafusion(store, monkeypatch):
