@@ -32,7 +32,9 @@ generation of the messages (``ingest_breakdown_s.generate``).
 
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 ``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
-``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}``,
+``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}`` (the whole
+run), ``ingest_peak_rss_mb`` ``{node, engine, sum}`` (sampled during the
+ingest; ``sum`` is both at one sample),
 ``spark_path`` (the same figures through the engine, and its
 ``crosscheck`` against the reader), and per
 compared backend ``{ingest_msgs_per_s, query_p50_ms, query_p99_ms,
@@ -246,6 +248,10 @@ class RssSampler:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.engine_peak = 0
+        # Sampled (VmRSS): the peak of a phase, where ru_maxrss is the whole run's.
+        self.node_sampled_peak = 0
+        # Node + engine at the same sample: what the machine had to hold at once.
+        self.sum_peak = 0
         self.engine_pids: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
@@ -277,7 +283,15 @@ class RssSampler:
             return [pid, *(c.pid for c in _children(psutil, pid))]
         return [c.pid for c in _children(psutil, os.getpid())]
 
+    def peaks(self) -> dict:
+        """Peaks sampled so far, MB: node, engine, and both at one sample."""
+        self.sample()
+        return {"node": round(self.node_sampled_peak / MIB, 1), "engine": round(self.engine_peak / MIB, 1),
+                "sum": round(self.sum_peak / MIB, 1)}
+
     def sample(self) -> None:
+        node, _ = _proc_memory(os.getpid())
+        self.node_sampled_peak = max(self.node_sampled_peak, node)
         try:
             pids = self._pids()
         except Exception:
@@ -290,6 +304,7 @@ class RssSampler:
         if pids:
             self.engine_pids.update(pids)
         self.engine_peak = max(self.engine_peak, total)
+        self.sum_peak = max(self.sum_peak, node + total)
 
     @staticmethod
     def node_peak() -> int:
@@ -432,6 +447,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             if failure:
                 raise failure[0]
             ingest_s = time.perf_counter() - began
+            ingest_rss = rss.peaks()
             flush_s = sum(flush_times)
             flushes = len(flush_times)
             before = maintenance.stats(store.table)
@@ -495,6 +511,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "node": round(RssSampler.node_peak() / MIB, 1),
                 "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
             },
+            "ingest_peak_rss_mb": ingest_rss,
             "engine_pids": sorted(rss.engine_pids),
             "engine_restarts": max(engine.generation - 1, 0),
         })
@@ -804,6 +821,10 @@ def _print_table(report: dict) -> None:
           f"{spark.get('checked')} answers compared, {spark.get('mismatches')} differ")
     rss = report.get("peak_rss_mb", {})
     print(f"peak RSS: node {rss.get('node')} MB, engine {rss.get('engine')} MB")
+    during = report.get("ingest_peak_rss_mb")
+    if during:
+        print(f"peak RSS during the ingest (sampled): node {during['node']} MB, engine {during['engine']} MB, "
+              f"both at once {during['sum']} MB")
     for name in report["compare"]:
         out = report.get(name, {})
         if "error" in out:
