@@ -76,27 +76,27 @@ class TopicPairs:
             return np.array([ids.setdefault(p, len(ids)) for p in pairs], dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    start: int  # positions [start, end) of the pair in FileIndex.ts
-    end: int
-    first_row: int  # file row of position ``start`` when the group's rows are contiguous, else -1
-
-
 class FileIndex:
     """The keys of one data file: per topic pair its timestamps ascending
-    (with their rows), and its hash prefixes sorted (with their rows)."""
+    (with their rows), and its hash and MUID prefixes sorted (with their
+    rows). The topic pairs are arrays, not an object each: an ingest file
+    holds hundreds of pairs, and 2,000 such files held 1.4M objects."""
 
-    __slots__ = ("path", "rows", "groups", "ts", "row", "prefix", "prefix_row", "muid", "muid_row", "metadata",
-                 "group_starts")
+    __slots__ = ("path", "rows", "pair_ids", "pair_bounds", "contiguous", "ts", "row", "prefix", "prefix_row",
+                 "muid", "muid_row", "metadata", "group_starts")
 
-    def __init__(self, path: str, metadata: pq.FileMetaData, groups: dict[int, _Group], ts: np.ndarray,
-                 row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray,
+    def __init__(self, path: str, metadata: pq.FileMetaData, pair_ids: np.ndarray, pair_bounds: np.ndarray,
+                 ts: np.ndarray, row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray,
                  muid: np.ndarray | None = None, muid_row: np.ndarray | None = None):
         self.path = path
         self.metadata = metadata
         self.rows = metadata.num_rows
-        self.groups = groups
+        # The pairs present, ascending, and per pair (start, end) of its
+        # positions in ``ts``, then its first file row: with ``row`` None
+        # (every pair's rows contiguous and in time order), position p of
+        # a pair is file row first + p - start.
+        self.pair_ids = pair_ids
+        self.pair_bounds = pair_bounds
         self.ts = ts
         self.row = row
         self.prefix = prefix
@@ -106,16 +106,26 @@ class FileIndex:
         self.muid_row = muid_row
         self.group_starts = np.cumsum([0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
 
+    def pairs(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
+        """(start, end, first row) of each of ``ids`` present in the file."""
+        found = np.searchsorted(self.pair_ids, ids)
+        out = []
+        for id_, at in zip(ids.tolist(), found.tolist()):
+            if at < len(self.pair_ids) and self.pair_ids[at] == id_:
+                start, end, first = self.pair_bounds[at].tolist()
+                out.append((start, end, first))
+        return out
+
     @property
     def nbytes(self) -> int:
         return (self.ts.nbytes + (0 if self.row is None else self.row.nbytes) + self.prefix.nbytes
-                + self.prefix_row.nbytes + 64 * len(self.groups)
+                + self.prefix_row.nbytes + self.pair_ids.nbytes + self.pair_bounds.nbytes
                 + (0 if self.muid is None else self.muid.nbytes + self.muid_row.nbytes))
 
-    def rows_of(self, group: _Group, lo: int, hi: int) -> np.ndarray:
-        """File rows of positions [lo, hi) of ``group``."""
-        if group.first_row >= 0:
-            return np.arange(group.first_row + lo - group.start, group.first_row + hi - group.start, dtype=np.int64)
+    def rows_of(self, start: int, first: int, lo: int, hi: int) -> np.ndarray:
+        """File rows of positions [lo, hi) of the pair starting at ``start``."""
+        if self.row is None:
+            return np.arange(first + lo - start, first + hi - start, dtype=np.int64)
         return self.row[lo:hi].astype(np.int64)
 
     def rows_with_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
@@ -166,16 +176,15 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
     bounds = np.flatnonzero(np.diff(sorted_pair)) + 1
     starts = np.concatenate([[0], bounds]) if n else np.empty(0, dtype=np.int64)
     ends = np.concatenate([bounds, [n]]) if n else np.empty(0, dtype=np.int64)
-    contiguous = True
-    groups: dict[int, _Group] = {}
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        first = int(order[s])
-        run = order[s:e]
-        if contiguous and not (run[-1] - first == e - s - 1 and (e - s == 1 or (np.diff(run) == 1).all())):
-            contiguous = False
-        groups[int(sorted_pair[s])] = _Group(s, e, first)
-    if not contiguous:
-        groups = {k: _Group(g.start, g.end, -1) for k, g in groups.items()}
+    # Contiguous: within each pair, each position's row follows the one before.
+    follows = np.diff(order) == 1
+    if len(bounds):
+        follows[bounds - 1] = True  # a pair's first position follows nothing
+    contiguous = bool(follows.all())
+    pair_ids = sorted_pair[starts].astype(np.int64)
+    pair_bounds = np.stack([starts, ends, order[starts] if contiguous else np.full(len(starts), -1)], axis=1) \
+        if n else np.empty((0, 3), dtype=np.int64)
+    pair_bounds = pair_bounds.astype(np.int64)
     row = None if contiguous else order.astype(np.int32)
     prefix = _prefixes(table.column("message_hash"))
     by_prefix = np.argsort(prefix, kind="stable")
@@ -185,7 +194,7 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
         muid_row = np.argsort(muids, kind="stable")
         muid = muids[muid_row]
         muid_row = muid_row.astype(np.int32)
-    return FileIndex(path, file.metadata, groups, ts_sorted, row, prefix[by_prefix],
+    return FileIndex(path, file.metadata, pair_ids, pair_bounds, ts_sorted, row, prefix[by_prefix],
                      by_prefix.astype(np.int32), muid, muid_row)
 
 
@@ -255,19 +264,17 @@ def page_candidates(indexes: Sequence[FileIndex], pairs: TopicPairs, query: Hist
     tie_ts = None if key is None else int(key[0])
     forward = query.forward
     files, rows, stamps = [], [], []
+    wanted = np.array(sorted(set(ids)), dtype=np.int64)
     for index in indexes:
         picked_rows, picked_ts = [], []
-        for pair_id in ids:
-            group = index.groups.get(pair_id)
-            if group is None:
-                continue
-            stamp = index.ts[group.start:group.end]
+        for start, end, first in index.pairs(wanted):
+            stamp = index.ts[start:end]
             a = int(np.searchsorted(stamp, lo_ts, "left"))
             b = int(np.searchsorted(stamp, hi_ts, "right"))
             if a >= b:
                 continue
             a, b = _take(stamp, a, b, tie_ts, fetch, forward)
-            picked_rows.append(index.rows_of(group, group.start + a, group.start + b))
+            picked_rows.append(index.rows_of(start, first, start + a, start + b))
             picked_ts.append(stamp[a:b])
         if picked_rows:
             files.append(index)

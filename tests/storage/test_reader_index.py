@@ -143,6 +143,45 @@ def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(
     assert sum(i.nbytes for i in indexed._indexes.values()) < 32 * len(data)
 
 
+def test_the_index_of_a_file_of_many_topics_is_the_size_it_reports(tmp_path):
+    """An ingest file holds hundreds of topic pairs: the index keeps them
+    in arrays (what ``nbytes`` and the benchmark report), not an object
+    each."""
+    import gc
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from wakustore.storage import row_index, schema
+
+    n = 4_000
+    columns = {
+        "muid": [b"%032d" % i for i in range(n)],
+        "message_hash": [b"%032d" % (n - i) for i in range(n)],
+        "digest": [b"d" * 32] * n,
+        "pubsub_topic": [PUBSUB] * n,
+        "content_topic": [f"/app/1/t{i % 2000}/proto" for i in range(n)],  # 2,000 pairs
+        "payload": [b"p"] * n, "meta": [b""] * n, "version": [0] * n,
+        "timestamp": [DAY0 + i for i in range(n)], "sender_timestamp": [DAY0 + i for i in range(n)],
+        "rate_limit_proof": [b""] * n, "arrival_time": [DAY0] * n,
+        "day": [dt.date(2026, 3, 1)] * n,
+    }
+    path = str(tmp_path / "file.parquet")
+    pq.write_table(pa.table(columns, schema=schema.MESSAGES), path)
+    pairs = row_index.TopicPairs()
+    row_index.build(path, pairs)  # the pairs' names are interned once, shared by every file
+    gc.collect()
+    tracemalloc.start()
+    try:
+        index = row_index.build(path, pairs)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(index.pair_ids) == 2_000
+    assert held < 1.5 * index.nbytes + 64 * 1024, (held, index.nbytes)
+
+
 def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store):
     data = corpus(120, days=2)
     for start in range(0, len(data), 30):
