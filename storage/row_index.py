@@ -181,10 +181,11 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
     if len(bounds):
         follows[bounds - 1] = True  # a pair's first position follows nothing
     contiguous = bool(follows.all())
-    pair_ids = sorted_pair[starts].astype(np.int64)
+    # 32 bits: a file holds far fewer than 2**31 rows (12 bytes a pair).
+    pair_ids = sorted_pair[starts].astype(np.int32)
     pair_bounds = np.stack([starts, ends, order[starts] if contiguous else np.full(len(starts), -1)], axis=1) \
         if n else np.empty((0, 3), dtype=np.int64)
-    pair_bounds = pair_bounds.astype(np.int64)
+    pair_bounds = pair_bounds.astype(np.int32)
     row = None if contiguous else order.astype(np.int32)
     prefix = _prefixes(table.column("message_hash"))
     by_prefix = np.argsort(prefix, kind="stable")
@@ -264,7 +265,7 @@ def page_candidates(indexes: Sequence[FileIndex], pairs: TopicPairs, query: Hist
     tie_ts = None if key is None else int(key[0])
     forward = query.forward
     files, rows, stamps = [], [], []
-    wanted = np.array(sorted(set(ids)), dtype=np.int64)
+    wanted = np.array(sorted(set(ids)), dtype=np.int32)
     for index in indexes:
         picked_rows, picked_ts = [], []
         for start, end, first in index.pairs(wanted):
