@@ -16,7 +16,10 @@ Two ways to read it, the same answers:
   holding them with pyarrow (the most recent ones kept decoded); a lookup
   reads the row group of each hash. DataFusion costs 2-4 ms a query before
   any work, more than such a page (bench store, 1M messages, load 1.3-5:
-  pages p50 9.2 -> 1.4-1.8 ms, 20 hashes 69 -> 20-37 ms);
+  pages p50 9.2 -> 1.4-1.8 ms, 20 hashes 69 -> 20-37 ms). With its MUID
+  prefixes, the same index tells a put of an owned table which of its
+  keys a day's files already hold (:meth:`TableReader.existing_muids`),
+  without the engine;
 - DataFusion SQL over the version, for what the index does not answer: a
   page over every topic, files not indexed yet (pages right after a
   commit or a compaction), versions with deletion vectors. A page over
