@@ -82,7 +82,7 @@ class FileIndex:
     rows). The topic pairs are arrays, not an object each: an ingest file
     holds hundreds of pairs, and 2,000 such files held 1.4M objects."""
 
-    __slots__ = ("path", "rows", "pair_ids", "pair_bounds", "contiguous", "ts", "row", "prefix", "prefix_row",
+    __slots__ = ("path", "rows", "pair_ids", "pair_bounds", "ts", "row", "prefix", "prefix_row",
                  "muid", "muid_row", "metadata", "group_starts")
 
     def __init__(self, path: str, metadata: pq.FileMetaData, pair_ids: np.ndarray, pair_bounds: np.ndarray,
@@ -129,26 +129,28 @@ class FileIndex:
         return self.row[lo:hi].astype(np.int64)
 
     def rows_with_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
-        lo = np.searchsorted(self.prefix, prefixes, "left")
-        hi = np.searchsorted(self.prefix, prefixes, "right")
-        if not (hi > lo).any():
-            return np.empty(0, dtype=np.int64)
-        return np.concatenate([self.prefix_row[a:b] for a, b in zip(lo, hi) if b > a]).astype(np.int64)
+        """Rows whose hash prefix is one of ``prefixes`` (sorted, unique)."""
+        return _rows_with(self.prefix, self.prefix_row, prefixes)
 
     def rows_with_muid_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
-        """Rows whose MUID prefix is one of ``prefixes`` (sorted, unique).
-        One binary search per key; a second only for the few that match."""
-        muid = self.muid
-        lo = np.searchsorted(muid, prefixes, "left")
-        inside = np.flatnonzero(lo < len(muid))
-        hit = inside[muid[lo[inside]] == prefixes[inside]]
-        if not len(hit):
-            return np.empty(0, dtype=np.int64)
-        starts = lo[hit]
-        ends = np.searchsorted(muid, prefixes[hit], "right")
-        if (ends - starts == 1).all():
-            return self.muid_row[starts].astype(np.int64)
-        return np.concatenate([self.muid_row[a:b] for a, b in zip(starts.tolist(), ends.tolist())]).astype(np.int64)
+        """Rows whose MUID prefix is one of ``prefixes`` (sorted, unique)."""
+        return _rows_with(self.muid, self.muid_row, prefixes)
+
+
+def _rows_with(sorted_prefixes: np.ndarray, rows: np.ndarray, prefixes: np.ndarray) -> np.ndarray:
+    """The rows beside the entries of ``sorted_prefixes`` equal to one of
+    ``prefixes`` (sorted, unique): one binary search per prefix, a second
+    only for the few that match."""
+    lo = np.searchsorted(sorted_prefixes, prefixes, "left")
+    inside = np.flatnonzero(lo < len(sorted_prefixes))
+    hit = inside[sorted_prefixes[lo[inside]] == prefixes[inside]]
+    if not len(hit):
+        return np.empty(0, dtype=np.int64)
+    starts = lo[hit]
+    ends = np.searchsorted(sorted_prefixes, prefixes[hit], "right")
+    if (ends - starts == 1).all():
+        return rows[starts].astype(np.int64)
+    return np.concatenate([rows[a:b] for a, b in zip(starts.tolist(), ends.tolist())]).astype(np.int64)
 
 
 def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
@@ -187,11 +189,11 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
         if n else np.empty((0, 3), dtype=np.int64)
     pair_bounds = pair_bounds.astype(np.int32)
     row = None if contiguous else order.astype(np.int32)
-    prefix = _prefixes(table.column("message_hash"))
+    prefix = _prefixes(table.column("message_hash"), HASH_PREFIX_BYTES)
     by_prefix = np.argsort(prefix, kind="stable")
     muid = muid_row = None
     if "muid" in table.column_names:
-        muids = muid_prefixes_of(table.column("muid"))
+        muids = _prefixes(table.column("muid"), MUID_PREFIX_BYTES)
         muid_row = np.argsort(muids, kind="stable")
         muid = muids[muid_row]
         muid_row = muid_row.astype(np.int32)
@@ -206,33 +208,20 @@ def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
     return array
 
 
-def _prefixes(column) -> np.ndarray:
-    """The first :data:`HASH_PREFIX_BYTES` bytes of each hash, big-endian
+def _prefixes(column, width: int) -> np.ndarray:
+    """The first ``width`` (4 or 8) bytes of each key of a column, big-endian
     (a null or short value, never written by this node, reads as padded)."""
     try:
-        return binary_prefixes(column, HASH_PREFIX_BYTES)
+        return binary_prefixes(column, width)
     except ValueError:
         values = column.cast(pa.binary()).to_pylist()
-        return hash_prefixes([v or b"" for v in values])
+        return key_prefixes([v or b"" for v in values], width)
 
 
-def muid_prefixes_of(column) -> np.ndarray:
-    """The first :data:`MUID_PREFIX_BYTES` bytes of each MUID, big-endian."""
-    try:
-        return binary_prefixes(column, MUID_PREFIX_BYTES)
-    except ValueError:
-        values = column.cast(pa.binary()).to_pylist()
-        return muid_prefixes([v or b"" for v in values])
-
-
-def muid_prefixes(keys: Sequence[bytes]) -> np.ndarray:
-    padded = b"".join(bytes(k)[:MUID_PREFIX_BYTES].ljust(MUID_PREFIX_BYTES, b"\0") for k in keys)
-    return np.frombuffer(padded, dtype=">u4").astype(np.uint32)
-
-
-def hash_prefixes(hashes: Sequence[bytes]) -> np.ndarray:
-    padded = b"".join(bytes(h)[:HASH_PREFIX_BYTES].ljust(HASH_PREFIX_BYTES, b"\0") for h in hashes)
-    return np.frombuffer(padded, dtype=">u4").astype(np.uint32)
+def key_prefixes(keys: Sequence[bytes], width: int) -> np.ndarray:
+    """:func:`_prefixes` of keys given as bytes."""
+    padded = b"".join(bytes(k)[:width].ljust(width, b"\0") for k in keys)
+    return np.frombuffer(padded, dtype=f">u{width}").astype(f"u{width}")
 
 
 # --- pages --------------------------------------------------------------------
@@ -325,25 +314,22 @@ def _take(stamp: np.ndarray, a: int, b: int, tie_ts: int | None, fetch: int, for
 
 def hash_candidates(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> Candidates:
     """Rows whose hash may be one of ``hashes`` (same prefix)."""
-    prefixes = np.unique(hash_prefixes(hashes))
-    files, rows = [], []
-    for index in indexes:
-        found = index.rows_with_prefixes(prefixes)
-        if len(found):
-            files.append(index)
-            rows.append(np.sort(found))
-    return Candidates(files, rows)
+    return _candidates(indexes, key_prefixes(hashes, HASH_PREFIX_BYTES), FileIndex.rows_with_prefixes)
 
 
 def muid_candidates(indexes: Sequence[FileIndex], keys: Sequence[bytes]) -> Candidates | None:
     """Rows whose MUID may be one of ``keys`` (same prefix); None when a
     file was indexed without its MUIDs."""
-    prefixes = np.unique(muid_prefixes(keys))
+    if any(index.muid is None for index in indexes):
+        return None
+    return _candidates(indexes, key_prefixes(keys, MUID_PREFIX_BYTES), FileIndex.rows_with_muid_prefixes)
+
+
+def _candidates(indexes: Sequence[FileIndex], prefixes: np.ndarray, rows_with) -> Candidates:
+    prefixes = np.unique(prefixes)
     files, rows = [], []
     for index in indexes:
-        if index.muid is None:
-            return None
-        found = index.rows_with_muid_prefixes(prefixes)
+        found = rows_with(index, prefixes)
         if len(found):
             files.append(index)
             rows.append(np.sort(found))

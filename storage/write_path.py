@@ -380,8 +380,9 @@ class WritePath(Generic[R]):
 
         One put at a time (its own lock). In owned mode, keys that the table
         may already hold are looked up first (in the reader's key index, or
-        one engine call for the batch). The log's fsync happens outside the lock that readers of the
-        pending rows take: queries never wait for the disk."""
+        one engine call for the batch). The log's fsync happens outside the
+        lock that readers of the pending rows take: queries never wait for
+        the disk."""
         with self._put_lock:
             with self._lock:
                 if len(self._buffer) + len(self._inflight) >= self.max_pending:
@@ -394,7 +395,8 @@ class WritePath(Generic[R]):
                     known = self._lookup(maybe, days)
                 except Exception as exc:
                     # The table cannot be read (the engine is down and the
-                    # key index cannot answer): writes pause, they do not fail. The rows are made durable and decided at
+                    # key index cannot answer): writes pause, they do not
+                    # fail. The rows are made durable and decided at
                     # commit; until then no query shows them.
                     log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
                              len(maybe), exc)
