@@ -101,8 +101,9 @@ def _in_log(config: node_config.NodeConfig) -> int:
     """Messages in the write-ahead log (where open_store keeps it), counted
     without touching it; some may already be committed."""
     from wakustore.storage.wal import count_records
+    from wakustore.storage.write_path import record_rows
 
-    return count_records(config.data_dir / "wal" / "messages")
+    return count_records(config.data_dir / "wal" / "messages", weigh=record_rows)
 
 
 def _stats(args) -> int:

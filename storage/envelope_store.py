@@ -58,13 +58,16 @@ class EnvelopePage:
 _RECORD = struct.Struct(">q")
 
 
-def _encode(row: StoredEnvelope) -> bytes:
-    return _RECORD.pack(row.arrival_time) + row.raw
-
-
 def _decode(record: bytes) -> StoredEnvelope:
+    """A record of a log written one envelope per record (earlier versions)."""
     (arrival,) = _RECORD.unpack_from(record)
     return StoredEnvelope.from_raw(record[_RECORD.size:], arrival)
+
+
+def _from_arrow(table: pa.Table) -> list[StoredEnvelope]:
+    columns = [table.column(name).to_pylist() for name in ("envelope_hash", "raw", "topic", "expiry", "ttl", "sent",
+                                                           "arrival_time")]
+    return [StoredEnvelope(*values) for values in zip(*columns)]
 
 
 def _to_arrow(rows: Sequence[StoredEnvelope]) -> pa.Table:
@@ -85,9 +88,9 @@ def _to_arrow(rows: Sequence[StoredEnvelope]) -> pa.Table:
 
 ENVELOPE_CODEC = RowCodec(
     key=lambda row: row.envelope_hash,
-    encode=_encode,
     decode=_decode,
     to_arrow=_to_arrow,
+    from_arrow=_from_arrow,
     key_column="envelope_hash",
     partition_column=schema.ENVELOPES_PARTITION,
 )

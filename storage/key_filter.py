@@ -19,6 +19,11 @@ import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
+
+from wakustore.storage.rows import leading_bytes
+
+_EPOCH = dt.date(1970, 1, 1)
 
 DEFAULT_CAPACITY = 20_000_000
 DEFAULT_FPP = 0.01
@@ -45,20 +50,25 @@ class KeyFilter:
         self.count = 0
 
     def _positions(self, keys: list[bytes]) -> np.ndarray:
-        joined = b"".join([k[:16] for k in keys])
-        if len(joined) != 16 * len(keys):  # a key shorter than 16 bytes
-            joined = b"".join([k[:16].ljust(16, b"\0") for k in keys])
-        raw = np.frombuffer(joined, dtype="<u8").reshape(-1, 2)
-        h1, h2 = raw[:, 0], raw[:, 1] | np.uint64(1)
+        return self.positions_of(_leading_words(keys))
+
+    def positions_of(self, words: np.ndarray) -> np.ndarray:
+        """Probe positions of keys given as their first 16 bytes, two
+        little-endian 64-bit words a key (see :func:`leading_words`)."""
+        h1, h2 = words[:, 0], words[:, 1] | np.uint64(1)
         steps = np.arange(self.probes, dtype=np.uint64)
         with np.errstate(over="ignore"):
             return (h1[:, None] + steps[None, :] * h2[:, None]) & np.uint64(self.bits - 1)
 
     def add(self, keys: Iterable[bytes]) -> None:
         keys = list(keys)
-        if not keys:
+        if keys:
+            self.add_positions(self._positions(keys))
+
+    def add_positions(self, positions: np.ndarray) -> None:
+        if not len(positions):
             return
-        positions = np.sort(self._positions(keys).ravel())
+        positions = np.sort(positions.ravel())
         byte_index = (positions >> np.uint64(3)).astype(np.int64)
         masks = np.uint8(1) << (positions & np.uint64(7)).astype(np.uint8)
         # One OR per distinct byte (np.bitwise_or.at, the obvious way, took
@@ -67,7 +77,7 @@ class KeyFilter:
         combined = np.bitwise_or.reduceat(masks, starts)
         with self._lock:
             self._array[byte_index[starts]] |= combined
-            self.count += len(keys)
+            self.count += len(positions) // self.probes
 
     def might_contain(self, keys: list[bytes]) -> np.ndarray:
         """One boolean per key: False means certainly never added."""
@@ -113,11 +123,26 @@ class DayKeyFilter:
             by_day.setdefault(day, []).append(key)
         self._all.add(keys)
         for day, group in by_day.items():
-            with self._lock:
-                day_filter = self._days.get(day)
-                if day_filter is None:
-                    day_filter = self._days[day] = KeyFilter(self.capacity_per_day, self.fpp)
-            day_filter.add(group)
+            self._day(day).add(group)
+
+    def add_columns(self, keys: pa.Array | pa.ChunkedArray, days: pa.Array | pa.ChunkedArray) -> None:
+        """:meth:`add` for Arrow columns (binary keys of at least 16 bytes,
+        date32 days): a commit's keys with no object per key."""
+        if not len(keys):
+            return
+        words = leading_words(keys)
+        self._all.add_positions(self._all.positions_of(words))
+        numbers = pa.chunked_array([days]).combine_chunks().cast(pa.int32()).to_numpy(zero_copy_only=False)
+        for number in np.unique(numbers).tolist():
+            day_filter = self._day(_EPOCH + dt.timedelta(days=number))
+            day_filter.add_positions(day_filter.positions_of(words[numbers == number]))
+
+    def _day(self, day: dt.date) -> KeyFilter:
+        with self._lock:
+            day_filter = self._days.get(day)
+            if day_filter is None:
+                day_filter = self._days[day] = KeyFilter(self.capacity_per_day, self.fpp)
+            return day_filter
 
     def candidate_days(self, keys: Sequence[bytes]) -> list[set[dt.date]]:
         """For each key, the days whose filter might hold it (empty: new for certain)."""
@@ -155,3 +180,16 @@ class DayKeyFilter:
         with self._lock:
             self._days.clear()
             self._all = KeyFilter(self.capacity, DEFAULT_FPP)
+
+
+def _leading_words(keys: list[bytes]) -> np.ndarray:
+    """The first 16 bytes of each key (zero-padded) as two 64-bit words."""
+    joined = b"".join([k[:16] for k in keys])
+    if len(joined) != 16 * len(keys):  # a key shorter than 16 bytes
+        joined = b"".join([k[:16].ljust(16, b"\0") for k in keys])
+    return np.frombuffer(joined, dtype="<u8").reshape(-1, 2)
+
+
+def leading_words(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """:func:`_leading_words` of a binary column of keys of at least 16 bytes."""
+    return np.ascontiguousarray(leading_bytes(keys, 16)).view("<u8").reshape(-1, 2)

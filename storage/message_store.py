@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import (
@@ -34,7 +37,7 @@ from wakustore.protocols.store_query import (
     unknown_cursor,
 )
 from wakustore.storage import schema
-from wakustore.storage.rows import Row, decode_record, encode_record, from_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.rows import Row, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.reader import TableReader
@@ -72,12 +75,11 @@ DEFAULT_CURSOR_CACHE = 100_000
 # attrgetter does it in C.
 MESSAGE_CODEC = RowCodec(
     key=operator.attrgetter("muid"),
-    encode=lambda row: encode_record(row.pubsub_topic, row.message, row.arrival_time),
     decode=decode_record,
     to_arrow=to_arrow,
+    from_arrow=rows_from_arrow,
     key_column="muid",
     partition_column=schema.MESSAGES_PARTITION,
-    day=lambda row: schema.day_of_ns(row.timestamp),
     order=operator.attrgetter("timestamp", "message_hash"),
     group=operator.attrgetter("pubsub_topic", "message.content_topic"),
 )
@@ -227,22 +229,44 @@ class MessageStore:
     def put_groups(self, groups: Sequence[Sequence[tuple[str, WakuMessage, int]]]) -> list[PutResult]:
         """Several callers' batches in one log write (one fsync: group
         commit); one result per group. A message in two groups counts as
-        accepted in the first only."""
-        rows = [[Row.build(p, m, a) for p, m, a in group] for group in groups]
-        flat = [row for group in rows for row in group]
-        fresh = self.writes.put_new(flat)
-        if fresh and self.hot.enabled:
-            visible = [row for row in flat if row.muid in fresh and not self.writes.is_unresolved(row.muid)]
-            self.hot.add(visible, time.time_ns())
+        accepted in the first only. The messages become Arrow rows a column
+        at a time (:func:`rows.messages_to_arrow`): no object per message."""
+        flat = [triple for group in groups for triple in group]
+        table = messages_to_arrow(flat)
+        keys = table.column("muid").to_pylist()
+        fresh, accepted = self.writes.put_table(table, keys)
+        if accepted is not None and self.hot.enabled and self.hot.start_ns is not None:
+            now = time.time_ns()
+            rows = self._hot_rows(accepted, now)
+            if self.writes.has_unresolved:
+                rows = [row for row in rows if not self.writes.is_unresolved(row.muid)]
+            self.hot.add(rows, now)
+        if len(groups) == 1:
+            return [PutResult(accepted=len(fresh), duplicates=len(flat) - len(fresh))]
         results = []
-        for group in rows:
-            accepted = 0
-            for row in group:
-                if row.muid in fresh:
-                    fresh.discard(row.muid)  # claimed: a later copy is a duplicate
-                    accepted += 1
-            results.append(PutResult(accepted=accepted, duplicates=len(group) - accepted))
+        start = 0
+        for group in groups:
+            # A key counts where its first copy is.
+            taken = sum(1 for index in range(start, start + len(group)) if fresh.get(keys[index]) == index)
+            results.append(PutResult(accepted=taken, duplicates=len(group) - taken))
+            start += len(group)
         return results
+
+    def _hot_rows(self, table, now_ns: int) -> list[Row]:
+        """What the hot tier needs of new Arrow rows: those inside its
+        window as rows, and of the older rows it claims only the newest (it
+        gives up completeness below that time): no object for the others."""
+        tier_from = self.hot.start_ns
+        stamps = table.column("timestamp")
+        if not table.num_rows or tier_from is None or pc.max(stamps).as_py() < tier_from:
+            return []
+        horizon = max(tier_from, now_ns - self.hot.window_ns)
+        rows = rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
+        below = table.filter(pc.and_(pc.greater_equal(stamps, tier_from), pc.less(stamps, horizon)))
+        if below.num_rows:
+            stamps = below.column("timestamp")
+            rows.insert(0, rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0])
+        return rows
 
     @property
     def pending(self) -> int:
@@ -431,9 +455,6 @@ class MessageStore:
         window of a million messages builds no object per message. The same
         guarantees: one transaction, staged beyond a chunk, nothing
         committed if ``tables`` raises or a row lies outside the window."""
-        import pyarrow as pa  # here: the rest of the store needs only rows.py's conversions
-        import pyarrow.compute as pc
-
         self.flush()
         listed = pa.array(list(content_topics), pa.string())
         seen: set[bytes] = set()
@@ -447,7 +468,6 @@ class MessageStore:
         older: Row | None = None
         now = time.time_ns()
         tier_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
-        horizon = None if tier_from is None else max(tier_from, now - self.hot.window_ns)
         with StagedRows(self.table.uri) as staged:
             for table in tables:
                 if not table.num_rows:
@@ -464,15 +484,14 @@ class MessageStore:
                 muids += keys
                 days += table.column(schema.MESSAGES_PARTITION).to_pylist()
                 staged.add_table(table)
-                if tier_from is not None and high >= tier_from:
-                    stamps = table.column("timestamp")
-                    recent += rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
-                    below = table.filter(pc.and_(pc.greater_equal(stamps, tier_from), pc.less(stamps, horizon)))
-                    if below.num_rows:
-                        stamps = below.column("timestamp")
-                        candidate = rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0]
+                if tier_from is not None:
+                    joining = self._hot_rows(table, now)
+                    horizon = max(tier_from, now - self.hot.window_ns)
+                    if joining and joining[0].timestamp < horizon:
+                        candidate = joining.pop(0)
                         if older is None or candidate.timestamp > older.timestamp:
                             older = candidate
+                    recent += joining
             source = staged.source()
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
         self.reader.committed()

@@ -1,6 +1,7 @@
 """Write-ahead log: the point where an accepted message counts as stored.
 
-Records are opaque byte strings appended in batches; each batch is written
+Records are opaque byte strings (the write path logs one Arrow IPC stream
+per batch of rows) appended in batches; each batch is written
 and fsynced before :meth:`WriteAheadLog.append` returns, so a ``kill -9``
 after that loses nothing. The log is a directory of segment files named by
 the sequence number of their first record. After the Delta commit that
@@ -20,15 +21,16 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 _FRAME = struct.Struct(">II")
 
-# One record holds one message; 150 KiB messages plus topics fit easily.
+# A record holds a slice of a batch of rows, which the write path keeps
+# under half of this (one 150 KiB message with its topics fits easily).
 # Anything larger in a frame header is corruption, not data.
-MAX_RECORD_SIZE = 4 * 1024 * 1024
+MAX_RECORD_SIZE = 16 * 1024 * 1024
 
 # Rotate segments at 64 MiB so trimming frees space in reasonable steps
 # without creating thousands of files at 1 s batches.
@@ -116,6 +118,7 @@ class WriteAheadLog:
         """Forget records up to and including ``upto_seq`` (whole segments only)."""
         with self._lock:
             self._committed_upto = max(self._committed_upto, upto_seq)
+            removed = False
             while len(self._segments) >= 1:
                 head = self._segments[0]
                 following = self._segments[1].first_seq if len(self._segments) > 1 else self._next_seq
@@ -127,7 +130,9 @@ class WriteAheadLog:
                     self._file = None
                 head.path.unlink(missing_ok=True)
                 self._segments.pop(0)
-            _fsync_dir(self.directory)
+                removed = True
+            if removed:
+                _fsync_dir(self.directory)
 
     def close(self) -> None:
         with self._lock:
@@ -164,7 +169,7 @@ class WriteAheadLog:
             return 1, 0
         last = self._segments[-1]
         count, good_bytes = 0, 0
-        for count, good_bytes in _scan_frames(last.path):
+        for count, good_bytes, _ in _scan_frames(last.path):
             pass
         if good_bytes != last.path.stat().st_size:
             with open(last.path, "r+b") as handle:
@@ -173,11 +178,12 @@ class WriteAheadLog:
         return last.first_seq + count, good_bytes
 
 
-def count_records(directory: Path | str) -> int:
+def count_records(directory: Path | str, weigh: Callable[[bytes], int] | None = None) -> int:
     """Intact records in the log at ``directory``, read without changing it,
     so it is safe beside the process that writes the log (a frame that
     process is still writing counts as absent; a torn tail is not cut).
-    Records committed but not yet trimmed are counted too."""
+    Records committed but not yet trimmed are counted too. ``weigh``:
+    what one record counts for (the rows a batch record holds), else 1."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0
@@ -185,21 +191,21 @@ def count_records(directory: Path | str) -> int:
     for path in directory.iterdir():
         if path.suffix != _SUFFIX or not path.stem.isdigit():
             continue
-        count = 0
         try:
-            for count, _ in _scan_frames(path):
-                pass
+            for _, _, body in _scan_frames(path):
+                if body is not None:
+                    total += 1 if weigh is None else weigh(body)
         except FileNotFoundError:  # trimmed by the writer meanwhile
             continue
-        total += count
     return total
 
 
-def _scan_frames(path: Path) -> Iterator[tuple[int, int]]:
-    """Yield (records so far, offset after them) for every intact frame."""
+def _scan_frames(path: Path) -> Iterator[tuple[int, int, bytes | None]]:
+    """Yield (records so far, offset after them, the last record) for
+    every intact frame, first (0, 0, None)."""
     count = 0
     offset = 0
-    yield count, offset
+    yield count, offset, None
     with open(path, "rb") as handle:
         while True:
             header = handle.read(_FRAME.size)
@@ -213,7 +219,7 @@ def _scan_frames(path: Path) -> Iterator[tuple[int, int]]:
                 return
             count += 1
             offset += _FRAME.size + length
-            yield count, offset
+            yield count, offset, body
 
 
 def _read_frames(path: Path, tolerate_tail: bool) -> Iterator[bytes]:

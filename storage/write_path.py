@@ -41,6 +41,7 @@ Two modes, chosen by whether the node owns its table:
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import logging
 import threading
@@ -55,7 +56,7 @@ import pyarrow as pa
 from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.engine import CommitConflict
 from wakustore.storage.table import DeltaTableRef
-from wakustore.storage.wal import WriteAheadLog
+from wakustore.storage.wal import MAX_RECORD_SIZE, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,16 @@ COMMIT_BACKOFF_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class RowCodec(Generic[R]):
-    """How one table's rows are keyed, logged and turned into Arrow."""
+    """How one table's rows are keyed and turned into Arrow and back. The
+    log holds Arrow rows; ``decode`` reads the row-per-record logs of
+    earlier versions."""
 
     key: Callable[[R], bytes]
-    encode: Callable[[R], bytes]
     decode: Callable[[bytes], R]
     to_arrow: Callable[[Sequence[R]], pa.Table]
+    from_arrow: Callable[[pa.Table], list[R]]
     key_column: str
     partition_column: str
-    # The partition value of a row (its UTC day); needed by the owned mode.
-    day: Callable[[R], object] | None = None
     # The (timestamp, hash) queries order rows by and cursors name: when
     # set, the rows waiting for a commit are kept sorted by it and by hash
     # (see WritePath.pending_scan and WritePath.pending_by_hash).
@@ -96,11 +97,6 @@ class BufferFull(Exception):
 
 # Keys per existence lookup (64-byte MUIDs: a 320 KB IN list).
 LOOKUP_CHUNK = 5_000
-
-# Rows of one commit batch kept as Arrow beside the rows (built by the
-# puts): at ~1.2 KB a row 60 MB, some commits' worth. A buffer past it (the
-# engine is behind or down) stops keeping them and its commit converts.
-PREPARED_MAX_ROWS = 50_000
 
 # Rows allowed to wait for a commit: at ~1 KB each, ~200 MB; with one
 # commit a second that is minutes of a busy node's traffic.
@@ -183,55 +179,101 @@ class _SortedRun:
 
 class _Pending(Generic[R]):
     """One generation of rows waiting for a commit (the buffer, or the batch
-    in flight): by key, and, when the codec orders rows, sorted by
-    (timestamp, hash, key) and by hash. Guarded by the write path's lock."""
+    in flight), kept as the Arrow chunks the puts built and the set of
+    their keys: a put adds no object per row. Queries read them through
+    row objects and indexes (by key; when the codec orders rows, sorted by
+    (timestamp, hash, key) and by hash) built from the chunks on the first
+    read that needs them, a chunk once. Guarded by the write path's lock."""
 
-    __slots__ = ("_by_hash", "_chunks", "_codec", "_groups", "_order", "rows")
+    __slots__ = ("_by_hash", "_chunks", "_codec", "_groups", "_indexed", "_keys", "_order", "rows")
 
     def __init__(self, codec: RowCodec[R]):
         self._codec = codec
+        self._keys: set[bytes] = set()
+        # (keys, Arrow rows, row objects if the put had them) per put, in order.
+        self._chunks: list[tuple[list[bytes], pa.Table, Sequence[R] | None]] = []
+        self._indexed = 0  # chunks whose rows are in the read indexes
         self.rows: dict[bytes, R] = {}
-        # The rows as Arrow, built by the puts that added them, so that the
-        # commit sends them without converting; None once a row came without.
-        self._chunks: list[pa.Table] | None = []
         # The key ends each entry: two rows may share (timestamp, hash).
         self._order: _SortedRun | None = _SortedRun() if codec.order is not None else None
         self._groups: dict[object, _SortedRun] = {}
         self._by_hash: dict[bytes, R] = {}
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._keys)
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self.rows
+        return key in self._keys
+
+    def keys(self) -> set[bytes]:
+        return self._keys
+
+    def add(self, keys: list[bytes], table: pa.Table, rows: Sequence[R] | None = None) -> None:
+        """Add a put's rows: ``keys`` distinct and none of them here already
+        (the write path sees to it), ``table`` the same rows as Arrow, and
+        ``rows`` as objects when the caller had them."""
+        if not keys:
+            return
+        self._keys.update(keys)
+        self._chunks.append((keys, table, rows))
+
+    def absorb(self, other: _Pending[R]) -> None:
+        for chunk in other._chunks:
+            self.add(*chunk)
+
+    def table(self) -> pa.Table:
+        """Every row as Arrow, in put order."""
+        tables = [table for _, table, _ in self._chunks]
+        if len(tables) == 1:
+            return tables[0]
+        return pa.concat_tables(tables) if tables else self._codec.to_arrow([])
+
+    def key_list(self) -> list[bytes]:
+        """Every key, in the order of :meth:`table`."""
+        return [key for keys, _, _ in self._chunks for key in keys]
 
     def values(self):
+        self._index()
         return self.rows.values()
 
-    def add(self, key: bytes, row: R) -> None:
-        """Add ``row`` unless ``key`` is here already (the first copy wins)."""
-        self.add_many({key: row})
+    def by_hash(self, hash_: bytes) -> R | None:
+        self._index()
+        return self._by_hash.get(hash_)
 
-    def add_many(self, rows: dict[bytes, R], arrow: pa.Table | None = None) -> None:
-        """:meth:`add` for many rows, the order indexes extended once each;
-        ``arrow``: the same rows as the codec converts them, if built."""
-        present = self.rows
-        new = {k: r for k, r in rows.items() if k not in present}
-        if not new:
-            return
-        present.update(new)
-        if self._chunks is not None:
-            if arrow is not None and len(new) == len(rows) == arrow.num_rows and len(present) <= PREPARED_MAX_ROWS:
-                self._chunks.append(arrow)
-            else:
-                self._chunks = None
+    def entries(
+        self, low_ts: int | None, high_ts: int | None, reverse: bool, group: object = None
+    ) -> Iterator[tuple]:
+        """(timestamp, hash, key) with low <= timestamp <= high (None:
+        unbounded), of one group or (None) of all, ascending unless ``reverse``."""
+        if self._order is None:
+            raise TypeError("the rows of this table are not ordered")
+        self._index()
+        entries = self._order if group is None else self._groups.get(group)
+        if not entries:
+            return iter(())
+        # (ts,) sorts before every (ts, hash, key): inclusive low, exclusive high + 1.
+        low = (low_ts,) if low_ts is not None else None
+        high = (high_ts + 1,) if high_ts is not None else None
+        return entries.irange(low, high, reverse)
+
+    def _index(self) -> None:
+        """Bring the chunks added since the last read into the read indexes."""
+        while self._indexed < len(self._chunks):
+            keys, table, rows = self._chunks[self._indexed]
+            self._indexed += 1
+            if rows is None:
+                rows = self._codec.from_arrow(table)
+            self._index_rows(keys, rows)
+
+    def _index_rows(self, keys: list[bytes], rows: Sequence[R]) -> None:
+        self.rows.update(zip(keys, rows))
         if self._order is None:
             return
         order, group = self._codec.order, self._codec.group
         by_hash = self._by_hash
         entries = []
         by_group: dict[object, list] = {}
-        for key, row in new.items():
+        for key, row in zip(keys, rows):
             timestamp, hash_ = order(row)
             entry = (timestamp, hash_, key)
             entries.append(entry)
@@ -251,37 +293,6 @@ class _Pending(Generic[R]):
                 self._groups[name] = _SortedRun(members)
             else:
                 existing.extend(members)
-
-    def absorb(self, other: _Pending[R]) -> None:
-        self.add_many(other.rows)
-
-    def takes_arrow(self) -> bool:
-        """Whether Arrow built by a put is still kept (see :data:`PREPARED_MAX_ROWS`)."""
-        return self._chunks is not None and len(self.rows) < PREPARED_MAX_ROWS
-
-    def prepared(self) -> pa.Table | None:
-        """Every row as Arrow when the puts built it all, else None."""
-        if not self._chunks or sum(c.num_rows for c in self._chunks) != len(self.rows):
-            return None
-        return self._chunks[0] if len(self._chunks) == 1 else pa.concat_tables(self._chunks)
-
-    def by_hash(self, hash_: bytes) -> R | None:
-        return self._by_hash.get(hash_)
-
-    def entries(
-        self, low_ts: int | None, high_ts: int | None, reverse: bool, group: object = None
-    ) -> Iterator[tuple]:
-        """(timestamp, hash, key) with low <= timestamp <= high (None:
-        unbounded), of one group or (None) of all, ascending unless ``reverse``."""
-        if self._order is None:
-            raise TypeError("the rows of this table are not ordered")
-        entries = self._order if group is None else self._groups.get(group)
-        if not entries:
-            return iter(())
-        # (ts,) sorts before every (ts, hash, key): inclusive low, exclusive high + 1.
-        low = (low_ts,) if low_ts is not None else None
-        high = (high_ts + 1,) if high_ts is not None else None
-        return entries.irange(low, high, reverse)
 
 
 def _tagged(entries: Iterator[tuple], generation: _Pending) -> Iterator[tuple[tuple, _Pending]]:
@@ -341,31 +352,44 @@ class WritePath(Generic[R]):
         self.committed_rows = 0
         self.duplicates = 0
         self.last_commit_seconds = 0.0
+        # (last sequence number, rows) of each log append not yet trimmed.
+        self._logged: collections.deque[tuple[int, int]] = collections.deque()
+        self._logged_rows = 0
 
     def replay(self) -> int:
-        """Load what the log still holds into the buffer; returns the count.
+        """Load what the log still holds into the buffer; returns the rows read.
 
         In owned mode the log may hold rows that a commit landed just before
         a crash (the log is trimmed after the commit): those are found in the
         table and dropped here, so that the buffer holds only new rows."""
-        replayed = 0
-        rows: dict[bytes, R] = {}
+        tables: list[pa.Table] = []
+        legacy: list[R] = []  # a log written one record per row
         last_seq = 0
         for seq, record in self._wal.replay():
-            row = self.codec.decode(record)
-            rows.setdefault(self.codec.key(row), row)
+            if is_batch_record(record):
+                tables.append(read_batch_record(record))
+            else:
+                legacy.append(self.codec.decode(record))
             last_seq = seq
-            replayed += 1
-        committed = self._known_keys(rows) if self.key_filter is not None else set()
+        if legacy:
+            tables.insert(0, self.codec.to_arrow(legacy))
+        if not tables:
+            return 0
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        keys = table.column(self.codec.key_column).to_pylist()
+        first = _first_copies(keys)
+        committed = self._known_keys(list(first)) if self.key_filter is not None else set()
+        keep = [index for key, index in first.items() if key not in committed]
         with self._lock:
-            for key, row in rows.items():
-                self._recent.add(key)
-                if key not in committed:
-                    self._buffer.add(key, row)
+            self._recent.add_many(first)
+            if keep:
+                self._buffer.add([keys[i] for i in keep], table if len(keep) == len(keys) else table.take(keep))
             self._buffer_last_seq = last_seq
-        if rows and not self._buffer:
-            self._wal.trim(last_seq)
-        return replayed
+            self._logged.append((last_seq, table.num_rows))
+            self._logged_rows += table.num_rows
+        if not self._buffer:
+            self._trim(last_seq)
+        return table.num_rows
 
     def put(self, rows: Sequence[R]) -> tuple[int, int]:
         """Log and buffer the rows not seen recently; returns (accepted, duplicates).
@@ -376,21 +400,37 @@ class WritePath(Generic[R]):
         return len(fresh), len(rows) - len(fresh)
 
     def put_new(self, rows: Sequence[R]) -> set[bytes]:
-        """As :meth:`put`, in one log write; returns the keys that were new.
+        """As :meth:`put`; returns the keys that were new."""
+        rows = list(rows)
+        fresh, _ = self.put_table(self.codec.to_arrow(rows), list(map(self.codec.key, rows)), rows)
+        return set(fresh)
+
+    def put_table(
+        self, table: pa.Table, keys: list[bytes] | None = None, rows: Sequence[R] | None = None
+    ) -> tuple[dict[bytes, int], pa.Table | None]:
+        """Log and buffer the rows of ``table`` (the codec's Arrow rows) not
+        seen recently, in one log write; returns the new keys, each with its
+        row's index in ``table``, and those rows as Arrow (None when none).
+        ``keys``: the key column as a list, if the caller has it; ``rows``:
+        the same rows as objects, if the caller has them (else queries
+        build them from Arrow when they first read the rows).
 
         One put at a time (its own lock). In owned mode, keys that the table
         may already hold are looked up first (in the reader's key index, or
         one engine call for the batch). The log's fsync happens outside the
         lock that readers of the pending rows take: queries never wait for
-        the disk."""
+        the disk. Raises :class:`BufferFull` (nothing stored) when the rows
+        waiting for a commit reach ``max_pending``."""
+        if keys is None:
+            keys = table.column(self.codec.key_column).to_pylist()
         with self._put_lock:
             with self._lock:
                 if len(self._buffer) + len(self._inflight) >= self.max_pending:
                     raise BufferFull(f"{self.max_pending} rows are waiting for a commit")
-                candidates = self._unseen(rows)
+                fresh = self._unseen(_first_copies(keys))
             unresolved: list[bytes] = []
-            if self.key_filter is not None and candidates:
-                maybe, days = self._maybe(candidates)
+            if self.key_filter is not None and fresh:
+                maybe, days = self._maybe(list(fresh))
                 try:
                     known = self._lookup(maybe, days)
                 except Exception as exc:
@@ -402,28 +442,35 @@ class WritePath(Generic[R]):
                              len(maybe), exc)
                     known, unresolved = set(), maybe
                 for key in known:
-                    del candidates[key]
+                    del fresh[key]
             with self._lock:
                 # A commit or a window replace may have run meanwhile.
-                fresh = self._unseen(candidates.values())
-                self.duplicates += len(rows) - len(fresh)
-            if fresh:
-                # A flush meanwhile takes the buffer without these rows and
-                # trims the log only up to the sequence it took: safe.
-                last_seq = self._wal.append([self.codec.encode(r) for r in fresh.values()])
-                # The commit's Arrow batch is built here, a put at a time,
-                # while the committer waits for the engine with the last one.
-                arrow = self.codec.to_arrow(fresh.values()) if self._buffer.takes_arrow() else None
-                with self._lock:
-                    self._buffer_last_seq = last_seq
-                    self._buffer.add_many(fresh, arrow)
-                    self._recent.add_many(fresh)
+                fresh = self._unseen(fresh)
+                self.duplicates += len(keys) - len(fresh)
+            if not fresh:
+                return fresh, None
+            picked = list(fresh.values())
+            chunk = table if len(picked) == table.num_rows else table.take(picked)
+            # A flush meanwhile takes the buffer without these rows and
+            # trims the log only up to the sequence it took: safe.
+            last_seq = self._wal.append(batch_records(chunk))
+            with self._lock:
+                self._buffer_last_seq = last_seq
+                self._logged.append((last_seq, len(picked)))
+                self._logged_rows += len(picked)
+                self._buffer.add(list(fresh), chunk, None if rows is None else [rows[i] for i in picked])
+                self._recent.add_many(fresh)
+                if unresolved:
                     self._unresolved.update(k for k in unresolved if k in fresh)
-        return set(fresh)
+        return fresh, chunk
 
     def is_unresolved(self, key: bytes) -> bool:
         """Accepted while the engine was down, not yet known to be new."""
         return key in self._unresolved
+
+    @property
+    def has_unresolved(self) -> bool:
+        return bool(self._unresolved)
 
     def take_decided(self) -> list[R]:
         """Rows that the last commits MERGEd without knowing whether they were
@@ -432,29 +479,23 @@ class WritePath(Generic[R]):
             decided, self._decided = self._decided, []
         return decided
 
-    def _unseen(self, rows) -> dict[bytes, R]:
-        """The rows (first copy of each key) neither recent nor pending; under the lock."""
-        rows = list(rows)
-        keys = list(map(self.codec.key, rows))
-        first: dict[bytes, R] = {}
-        for key, row in zip(keys, rows):
-            if key not in first:
-                first[key] = row
-        # Set differences run in C: most keys of a batch are new.
-        seen = self._recent.common(first.keys())
-        seen |= first.keys() & self._buffer.rows.keys()
-        seen |= first.keys() & self._inflight.rows.keys()
-        if not seen:
-            return first
-        return {key: row for key, row in first.items() if key not in seen}
+    def _unseen(self, first: dict[bytes, int]) -> dict[bytes, int]:
+        """``first`` without the keys recent or pending; under the lock.
+        Set intersections run in C: most keys of a batch are new."""
+        keys = first.keys()
+        seen = self._recent.common(keys)
+        seen |= keys & self._buffer.keys()
+        seen |= keys & self._inflight.keys()
+        for key in seen:
+            del first[key]
+        return first
 
-    def _known_keys(self, rows: dict[bytes, R]) -> set[bytes]:
-        """Owned mode: the keys among ``rows`` the table holds (exact)."""
-        return self._lookup(*self._maybe(rows))
+    def _known_keys(self, keys: list[bytes]) -> set[bytes]:
+        """Owned mode: the keys the table holds (exact)."""
+        return self._lookup(*self._maybe(keys))
 
-    def _maybe(self, rows: dict[bytes, R]) -> tuple[list[bytes], list[object]]:
+    def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], list[object]]:
         """The keys some day's filter might hold, and those days."""
-        keys = list(rows)
         candidates = self.key_filter.candidates(keys)
         maybe = [keys[i] for i in sorted(candidates)]
         return maybe, sorted(set().union(*candidates.values()))
@@ -556,7 +597,8 @@ class WritePath(Generic[R]):
 
     @property
     def wal_depth(self) -> int:
-        return self._wal.depth
+        """Rows in the log not yet trimmed (a log record holds many)."""
+        return self._logged_rows
 
     def flush_due(self) -> bool:
         if not self._buffer:
@@ -585,11 +627,13 @@ class WritePath(Generic[R]):
                     return 0
                 self._inflight, self._buffer = self._buffer, _Pending(self.codec)
                 upto = self._buffer_last_seq
-            batch = list(self._inflight.values())
-            prepared = self._inflight.prepared()
+            # Puts add to the new buffer only: the batch in flight is read
+            # here without the lock.
+            batch = self._inflight.table()
+            keys = self._inflight.key_list()
             started = time.monotonic()
             try:
-                self._merge(batch, prepared)
+                self._merge(batch, keys)
             except BaseException:
                 with self._lock:
                     self._inflight.absorb(self._buffer)
@@ -599,68 +643,76 @@ class WritePath(Generic[R]):
                 self.on_commit()
             with self._lock:
                 self._inflight = _Pending(self.codec)
-            self._wal.trim(upto)
+            self._trim(upto)
             self.last_commit_seconds = time.monotonic() - started
             self._last_flush = time.monotonic()
             self.commits += 1
-            self.committed_rows += len(batch)
-            return len(batch)
+            self.committed_rows += len(keys)
+            return len(keys)
 
     def close(self) -> None:
         self._wal.close()
 
-    def _merge(self, batch: list[R], prepared: pa.Table | None = None) -> None:
-        """Commit ``batch``; ``prepared``: the whole batch as Arrow, if built."""
+    def _trim(self, upto: int) -> None:
+        self._wal.trim(upto)
+        with self._lock:
+            while self._logged and self._logged[0][0] <= upto:
+                self._logged_rows -= self._logged.popleft()[1]
+
+    def _merge(self, batch: pa.Table, keys: list[bytes]) -> None:
+        """Commit ``batch`` (Arrow rows) whose keys are ``keys``, in order."""
         if self.key_filter is None:
-            self._merge_scoped(batch, arrow=prepared)
+            self._merge_scoped(batch)
             return
-        key = self.codec.key
-        if self._uncertain or self._unresolved:
-            fresh = [r for r in batch if key(r) not in self._uncertain and key(r) not in self._unresolved]
-            retried = [r for r in batch if key(r) in self._uncertain]
-            undecided = [r for r in batch if key(r) in self._unresolved and key(r) not in self._uncertain]
+        uncertain, unresolved = self._uncertain, self._unresolved
+        if uncertain or unresolved:
+            fresh = [i for i, k in enumerate(keys) if k not in uncertain and k not in unresolved]
+            retried = [i for i, k in enumerate(keys) if k in uncertain]
+            undecided = [i for i, k in enumerate(keys) if k in unresolved and k not in uncertain]
         else:
-            fresh, retried, undecided = batch, [], []
-        if fresh:
-            arrow = prepared if fresh is batch and prepared is not None else self.codec.to_arrow(fresh)
-            keys = [key(r) for r in fresh]
+            fresh, retried, undecided = None, [], []
+        if fresh is None or fresh:
+            arrow = batch if fresh is None else batch.take(fresh)
+            fresh_keys = keys if fresh is None else [keys[i] for i in fresh]
             try:
                 # Not repeated by the engine after a restart: an append that
                 # landed before the failure was seen must not land twice.
                 # Its rows are MERGEd instead when the flush is retried.
                 self.table.append(arrow, retry=False)
             except BaseException:
-                self._uncertain.update(keys)
+                self._uncertain.update(fresh_keys)
                 raise
             finally:
                 # Either way the keys may be in the table now.
-                self.key_filter.add(keys, arrow.column(self.codec.partition_column).to_pylist())
-            self.appended_rows += len(fresh)
+                self.key_filter.add_columns(arrow.column(self.codec.key_column),
+                                            arrow.column(self.codec.partition_column))
+            self.appended_rows += len(fresh_keys)
         if retried:
             # Known new at put time: only our own failed append can hold them.
-            self._merge_scoped(retried)
-            self._uncertain.difference_update(key(r) for r in retried)
+            self._merge_scoped(batch.take(retried))
+            self._uncertain.difference_update(keys[i] for i in retried)
         if undecided:
             # Their first copy may be on any day a filter names.
-            keys = [key(r) for r in undecided]
-            days = set().union(*self.key_filter.candidate_days(keys), (self.codec.day(r) for r in undecided))
-            self._merge_scoped(undecided, sorted(days))
-            self.key_filter.add(keys, [self.codec.day(r) for r in undecided])
+            part = batch.take(undecided)
+            undecided_keys = [keys[i] for i in undecided]
+            own_days = part.column(self.codec.partition_column).to_pylist()
+            days = set().union(*self.key_filter.candidate_days(undecided_keys), own_days)
+            self._merge_scoped(part, sorted(days))
+            self.key_filter.add(undecided_keys, own_days)
+            rows = self.codec.from_arrow(part)
             with self._lock:
-                self._unresolved.difference_update(keys)
-                self._decided.extend(undecided)
+                self._unresolved.difference_update(undecided_keys)
+                self._decided.extend(rows)
 
-    def _merge_scoped(self, batch: list[R], days: list[object] | None = None, arrow: pa.Table | None = None) -> None:
-        """MERGE on the key, scoped to ``days`` (default: the partitions the batch touches)."""
-        if arrow is None:
-            arrow = self.codec.to_arrow(batch)
+    def _merge_scoped(self, arrow: pa.Table, days: list[object] | None = None) -> None:
+        """MERGE on the key, scoped to ``days`` (default: the partitions the rows touch)."""
         column = self.codec.partition_column
         if days is None:
             days = sorted(set(arrow.column(column).to_pylist()))
         retry_on_conflict(
             lambda: self.table.merge_new(arrow, key=self.codec.key_column, partition=column, partition_values=days)
         )
-        self.merged_rows += len(batch)
+        self.merged_rows += arrow.num_rows
 
     def load_filter(self) -> int:
         """Fill the key filter from the table (owned mode); returns the count."""
@@ -672,6 +724,68 @@ class WritePath(Generic[R]):
             self.key_filter.add(keys, days)
             count += len(keys)
         return count
+
+
+def _first_copies(keys: list[bytes]) -> dict[bytes, int]:
+    """Each distinct key with the index of its first copy, in that order."""
+    first = dict(zip(keys, range(len(keys))))
+    if len(first) < len(keys):  # a key twice in the batch: the first copy wins
+        first = {}
+        for index, key in enumerate(keys):
+            first.setdefault(key, index)
+    return first
+
+
+# --- log records ------------------------------------------------------------
+# A put logs its rows as Arrow IPC streams (the codec's schema), a batch in
+# one record or a few: no object and no encoding call per row. Logs of
+# earlier versions hold one record per row in the codec's own encoding; a
+# stream starts with the IPC continuation marker, which no such record
+# does (they start with a non-negative big-endian arrival time).
+
+_IPC_MARKER = b"\xff\xff\xff\xff"
+
+# Bytes of Arrow rows per log record: records stay well under the log's
+# MAX_RECORD_SIZE, and a batch is a few records.
+RECORD_TARGET_BYTES = 4 * 1024 * 1024
+
+
+def batch_records(table: pa.Table) -> list:
+    """The log records of a batch of Arrow rows (buffers, no extra copy)."""
+    pieces = max(1, -(-table.nbytes // RECORD_TARGET_BYTES))
+    step = -(-table.num_rows // pieces)
+    out: list = []
+    for start in range(0, table.num_rows, step):
+        _encode_slice(table.slice(start, step), out)
+    return out
+
+
+def _encode_slice(table: pa.Table, out: list) -> None:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    record = sink.getvalue()
+    if record.size > MAX_RECORD_SIZE // 2 and table.num_rows > 1:
+        # Rows of very different sizes: halve until each record fits.
+        half = table.num_rows // 2
+        _encode_slice(table.slice(0, half), out)
+        _encode_slice(table.slice(half), out)
+        return
+    out.append(record)
+
+
+def is_batch_record(record: bytes) -> bool:
+    return record[:4] == _IPC_MARKER
+
+
+def read_batch_record(record: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
+
+
+def record_rows(record: bytes) -> int:
+    """How many rows a log record holds (a row-per-record log: one)."""
+    return read_batch_record(record).num_rows if is_batch_record(record) else 1
+
 
 
 def retry_on_conflict(commit: Callable[[], object]) -> None:

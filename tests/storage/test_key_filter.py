@@ -107,3 +107,20 @@ def test_candidates_name_only_the_keys_some_day_may_hold():
     assert all(found.get(i) == {DAY} for i in range(2_000, 2_005))
     assert len(found) < 2_005 + 20  # a few false positives at most
     assert f.candidate_days(batch) == [found.get(i, set()) for i in range(len(batch))]
+
+
+def test_adding_arrow_columns_sets_the_bits_adding_keys_and_days_sets():
+    import pyarrow as pa
+
+    keys = [hashlib.sha256(b"%d" % i).digest() + b"meta" * (i % 3) for i in range(3000)]
+    days = [dt.date(2026, 11, 1 + i % 7) for i in range(3000)]
+    by_lists, by_columns = DayKeyFilter(1000), DayKeyFilter(1000)
+    by_lists.add(keys, days)
+    by_columns.add_columns(pa.chunked_array([pa.array(keys[:1000]), pa.array(keys[1000:])]), pa.array(days, pa.date32()))
+    assert (by_lists._all._array == by_columns._all._array).all()
+    assert by_lists._days.keys() == by_columns._days.keys()
+    for day in by_lists._days:
+        assert (by_lists._days[day]._array == by_columns._days[day]._array).all()
+        assert by_lists._days[day].count == by_columns._days[day].count
+    found = by_columns.candidate_days(keys[:50])
+    assert found == by_lists.candidate_days(keys[:50]) and all(day in f for day, f in zip(days, found))

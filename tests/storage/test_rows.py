@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from wakustore.protocols.message import WakuMessage, message_hash, muid
-from wakustore.storage.rows import Row, legacy_digest, to_arrow
+from wakustore.storage.rows import Row, legacy_digest, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.schema import day_of_ns
 from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.write_path import BoundedSet, _Pending
@@ -64,9 +64,9 @@ def test_pending_rows_are_read_in_order_by_time_range_and_group_whatever_order_t
     rows = [Row.build(*t) for t in messages]
     pending = _Pending(MESSAGE_CODEC)
     for start in range(0, 400, 37):  # puts of unsorted batches, reads in between
-        pending.add_many({r.muid: r for r in rows[start:start + 37]})
+        chunk = messages_to_arrow(messages[start:start + 37])
+        pending.add(chunk.column("muid").to_pylist(), chunk)
         list(pending.entries(T0 + 10, T0 + 20, False))
-    pending.add_many({r.muid: r for r in rows[:50]})  # already there: the first copy stays
     assert len(pending) == 400
     everything = sorted((r.timestamp, r.message_hash, r.muid) for r in rows)
     for group in [None, *{MESSAGE_CODEC.group(r) for r in rows}]:
@@ -76,7 +76,7 @@ def test_pending_rows_are_read_in_order_by_time_range_and_group_whatever_order_t
             assert list(pending.entries(low, high, False, group)) == wanted
             assert list(pending.entries(low, high, True, group)) == wanted[::-1]
     for row in rows:
-        assert pending.by_hash(row.message_hash) is row
+        assert pending.by_hash(row.message_hash) == row
 
 
 def test_the_recent_set_keeps_at_least_half_its_capacity_of_the_latest_keys_and_at_most_its_capacity():
@@ -91,32 +91,40 @@ def test_the_recent_set_keeps_at_least_half_its_capacity_of_the_latest_keys_and_
         assert all(b"%d" % i in recent for i in range(max(0, count - 2), count))
 
 
-def test_the_arrow_batch_built_by_the_puts_is_the_commit_batch_or_none_when_incomplete():
+def test_the_pending_rows_are_the_puts_arrow_chunks_in_order_and_rows_built_once_read():
     rows = [Row.build(*t) for t in MESSAGES]
     pending = _Pending(MESSAGE_CODEC)
-    first, second = {r.muid: r for r in rows[:2]}, {r.muid: r for r in rows[2:]}
-    pending.add_many(first, to_arrow(first.values()))
-    pending.add_many(second, to_arrow(second.values()))
-    pending.add_many(first, to_arrow(first.values()))  # nothing new: nothing added
-    assert pending.prepared().equals(to_arrow(rows))
-    partly = _Pending(MESSAGE_CODEC)
-    partly.add_many(first, to_arrow(first.values()))
-    partly.add_many({r.muid: r for r in rows[1:]}, to_arrow(rows[1:]))  # rows[1] is there already
-    assert partly.prepared() is None
-    replayed = _Pending(MESSAGE_CODEC)
-    replayed.add(rows[0].muid, rows[0])
-    replayed.add_many(second, to_arrow(second.values()))
-    assert replayed.prepared() is None
+    first, second = messages_to_arrow(MESSAGES[:2]), messages_to_arrow(MESSAGES[2:])
+    pending.add([r.muid for r in rows[:2]], first)
+    pending.add([r.muid for r in rows[2:]], second, rows[2:])  # the put had the objects
+    assert pending.table().equals(to_arrow(rows))
+    assert pending.key_list() == [r.muid for r in rows]
+    assert not pending.rows  # nothing built before a read
+    assert list(pending.values()) == rows
+    assert pending.rows[rows[2].muid] is rows[2]  # given objects are used as they are
+    moved = _Pending(MESSAGE_CODEC)
+    moved.absorb(pending)
+    assert moved.table().equals(to_arrow(rows)) and len(moved) == len(rows)
 
 
-def test_a_buffer_past_its_arrow_bound_keeps_no_arrow(monkeypatch):
+def test_the_columnar_builder_makes_the_rows_row_objects_make():
+    assert messages_to_arrow(MESSAGES).equals(to_arrow([Row.build(*t) for t in MESSAGES]))
+    assert messages_to_arrow([]).equals(to_arrow([]))
+    assert rows_from_arrow(messages_to_arrow(MESSAGES)) == [Row.build(*t) for t in MESSAGES]
+
+
+def test_batch_log_records_hold_the_rows_in_records_under_the_bound_and_old_records_are_told_apart(monkeypatch):
     from wakustore.storage import write_path
+    from wakustore.storage.rows import encode_record
 
-    monkeypatch.setattr(write_path, "PREPARED_MAX_ROWS", 3)
-    rows = [Row.build(*t) for t in MESSAGES]
-    pending = _Pending(MESSAGE_CODEC)
-    pending.add_many({r.muid: r for r in rows[:2]}, to_arrow(rows[:2]))
-    assert pending.takes_arrow() and pending.prepared().num_rows == 2
-    pending.add_many({r.muid: r for r in rows[2:]}, to_arrow(rows[2:]))
-    assert not pending.takes_arrow() and pending.prepared() is None
-    assert len(pending) == 4
+    table = messages_to_arrow(MESSAGES * 50)
+    records = write_path.batch_records(table)
+    assert len(records) == 1 and write_path.is_batch_record(records[0])
+    assert write_path.read_batch_record(records[0]).equals(table)
+    assert write_path.record_rows(records[0]) == table.num_rows
+    monkeypatch.setattr(write_path, "RECORD_TARGET_BYTES", 20_000)
+    records = write_path.batch_records(table)
+    assert len(records) > 5 and all(len(r) < 40_000 for r in records)
+    assert pa.concat_tables([write_path.read_batch_record(r) for r in records]).equals(table)
+    old = encode_record(*MESSAGES[0])
+    assert not write_path.is_batch_record(old) and write_path.record_rows(old) == 1

@@ -60,9 +60,11 @@ def test_damage_inside_an_older_segment_is_reported(tmp_path):
 
 
 def test_oversized_record_is_refused(tmp_path):
+    from wakustore.storage.wal import MAX_RECORD_SIZE
+
     wal = WriteAheadLog(tmp_path)
     with pytest.raises(ValueError):
-        wal.append([bytes(4 * 1024 * 1024 + 1)])
+        wal.append([bytes(MAX_RECORD_SIZE + 1)])
     assert list(wal.replay()) == []
 
 
