@@ -185,6 +185,29 @@ def test_unflushed_messages_are_replayed_after_a_crash(engine, tmp_path):
     s.close()
 
 
+def test_a_log_of_one_record_per_message_from_an_earlier_version_is_replayed(engine, tmp_path):
+    from wakustore.storage.rows import encode_record
+    from wakustore.storage.wal import WriteAheadLog
+
+    uri, wal = str(tmp_path / "messages"), tmp_path / "wal"
+    old = WriteAheadLog(wal)
+    old.append([encode_record(PUBSUB, msg(i), T0) for i in range(30)] + [encode_record(PUBSUB, msg(0), T0)])
+    old.close()
+    s = MessageStore(DeltaTableRef(engine, uri), wal)
+    assert s.open() == 31
+    assert s.wal_depth == 31
+    s.put(triples([msg(i) for i in range(25, 40)]))  # new records after the old ones
+    assert s.pending == 40
+    assert payloads(s.query(query(limit=100)).messages) == [b"payload-%d" % i for i in range(40)]
+    s.writes.close()  # as a crash leaves it: nothing committed
+    s = MessageStore(DeltaTableRef(engine, uri), wal)
+    assert s.open() == 41  # both kinds, replayed again
+    s.flush()
+    assert s.wal_depth == 0 and s.table.count() == 40
+    assert payloads(s.query(query(limit=100)).messages) == [b"payload-%d" % i for i in range(40)]
+    s.close()
+
+
 def test_failed_commit_keeps_the_batch(engine, tmp_path):
     class Flaky:
         is_embedded = True
