@@ -33,7 +33,8 @@ generation of the messages (``ingest_breakdown_s.generate``).
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 ``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
 ``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}`` (the whole
-run), ``ingest_peak_rss_mb`` ``{node, engine, sum}`` (sampled during the
+run), ``ingest_cpu_s`` ``{put_thread, committer_thread, node, engine}``
+(CPU seconds of the ingest), ``ingest_peak_rss_mb`` ``{node, engine, sum}`` (sampled during the
 ingest; ``sum`` is both at one sample),
 ``spark_path`` (the same figures through the engine, and its
 ``crosscheck`` against the reader), and per
@@ -283,6 +284,12 @@ class RssSampler:
             return [pid, *(c.pid for c in _children(psutil, pid))]
         return [c.pid for c in _children(psutil, os.getpid())]
 
+    def engine_processes(self) -> list[int]:
+        try:
+            return self._pids()
+        except Exception:
+            return []
+
     def peaks(self) -> dict:
         """Peaks sampled so far, MB: node, engine, and both at one sample."""
         self.sample()
@@ -309,6 +316,20 @@ class RssSampler:
     @staticmethod
     def node_peak() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds of these processes so far (0 for one gone)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _children(psutil, pid: int):
@@ -408,7 +429,10 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             done = threading.Event()
             failure: list[BaseException] = []
 
+            committer_cpu: list[float] = []
+
             def committer() -> None:
+                began_cpu = time.thread_time()
                 try:
                     while not done.is_set() or store.pending:
                         started = time.perf_counter()
@@ -418,8 +442,13 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                             time.sleep(0.005)
                 except BaseException as exc:  # surfaced below
                     failure.append(exc)
+                finally:
+                    committer_cpu.append(time.thread_time() - began_cpu)
 
             thread = threading.Thread(target=committer, name="bench-committer")
+            engine_cpu = _cpu_seconds(rss.engine_processes())
+            process_cpu = time.process_time()
+            put_cpu = time.thread_time()
             began = time.perf_counter()
             thread.start()
             ingesting = Progress("delta: ingested", total=spec.messages, unit="messages")
@@ -447,6 +476,15 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             if failure:
                 raise failure[0]
             ingest_s = time.perf_counter() - began
+            # CPU seconds of the ingest: this thread (generation and puts),
+            # the committer thread, the whole node process (those two, the
+            # threads of gRPC and the readers, the RSS sampler) and the engine.
+            ingest_cpu = {
+                "put_thread": round(time.thread_time() - put_cpu, 2),
+                "committer_thread": round(committer_cpu[0], 2) if committer_cpu else None,
+                "node": round(time.process_time() - process_cpu, 2),
+                "engine": round(_cpu_seconds(rss.engine_processes()) - engine_cpu, 2),
+            }
             ingest_rss = rss.peaks()
             flush_s = sum(flush_times)
             flushes = len(flush_times)
@@ -490,6 +528,9 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             "ingest_breakdown_s": {
                 "generate": round(generation_s, 3),
                 "put": round(put_s, 3), "flush": round(flush_s, 3), "flushes": flushes,
+                # Keys the day filters flagged (a duplicate older than the
+                # recent set, or a false positive), decided in the puts.
+                "lookup": round(store.writes.lookup_seconds, 3), "looked_up": store.writes.looked_up,
                 "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times, default=0.0), 3),
                 "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
                 "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10):], 50), 3),
@@ -512,6 +553,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
             },
             "ingest_peak_rss_mb": ingest_rss,
+            "ingest_cpu_s": ingest_cpu,
             "engine_pids": sorted(rss.engine_pids),
             "engine_restarts": max(engine.generation - 1, 0),
         })
@@ -825,6 +867,12 @@ def _print_table(report: dict) -> None:
     if during:
         print(f"peak RSS during the ingest (sampled): node {during['node']} MB, engine {during['engine']} MB, "
               f"both at once {during['sum']} MB")
+    cpu = report.get("ingest_cpu_s")
+    if cpu:
+        split = report.get("ingest_breakdown_s", {})
+        print(f"ingest CPU s: put thread {cpu['put_thread']} (generation {split.get('generate')} s of it, wall), "
+              f"committer thread {cpu['committer_thread']}, node process {cpu['node']}, engine {cpu['engine']}; "
+              f"wall {report.get('ingest_s')} s")
     for name in report["compare"]:
         out = report.get(name, {})
         if "error" in out:

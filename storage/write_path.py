@@ -322,6 +322,9 @@ class WritePath(Generic[R]):
         # It must know every commit on_commit reported.
         self.key_lookup = key_lookup
         self.engine_lookups = 0
+        # Keys the day filters flagged, and the time spent deciding them.
+        self.looked_up = 0
+        self.lookup_seconds = 0.0
         # Called once a commit has landed, before its rows leave the pending
         # set: a reader of the table advances there, so that a query sees
         # every row either pending or committed (never neither). Must not raise.
@@ -431,6 +434,7 @@ class WritePath(Generic[R]):
             unresolved: list[bytes] = []
             if self.key_filter is not None and fresh:
                 maybe, days = self._maybe(list(fresh))
+                started = time.perf_counter()
                 try:
                     known = self._lookup(maybe, days)
                 except Exception as exc:
@@ -441,6 +445,9 @@ class WritePath(Generic[R]):
                     log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
                              len(maybe), exc)
                     known, unresolved = set(), maybe
+                finally:
+                    self.lookup_seconds += time.perf_counter() - started
+                    self.looked_up += len(maybe)
                 for key in known:
                     del fresh[key]
             with self._lock:
