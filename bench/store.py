@@ -33,7 +33,7 @@ generation of the messages (``ingest_breakdown_s.generate``).
 The JSON report (``--json``) holds ``messages``, ``ingest_msgs_per_s``,
 ``compact_s``, ``query_p50_ms``, ``query_p99_ms``, ``per_shape``,
 ``hash_lookup_p50_ms``, ``peak_rss_mb`` ``{node, engine}`` (the whole
-run), ``ingest_cpu_s`` ``{put_thread, committer_thread, node, engine}``
+run), ``ingest_cpu_s`` ``{put_thread, committer_thread, node, workers, engine}``
 (CPU seconds of the ingest), ``ingest_peak_rss_mb`` ``{node, engine, sum}`` (sampled during the
 ingest; ``sum`` is both at one sample),
 ``spark_path`` (the same figures through the engine, and its
@@ -238,7 +238,8 @@ def _timed(fn: Callable, *args):
 
 
 class RssSampler:
-    """Peak resident memory of this process and of the engine's processes.
+    """Peak resident memory of this process (with its worker processes)
+    and of the engine's processes.
 
     The engine is found through the pid it exposes (``pid``, ``child_pid``
     or ``server_pid``, or ``process.pid``) or, failing that, as this
@@ -298,10 +299,14 @@ class RssSampler:
 
     def sample(self) -> None:
         node, _ = _proc_memory(os.getpid())
-        self.node_sampled_peak = max(self.node_sampled_peak, node)
         try:
             pids = self._pids()
         except Exception:
+            pids = None
+        # The node's own child processes (the hash worker) count as the node.
+        node += sum(_proc_memory(pid)[0] for pid in _worker_processes(pids or []))
+        self.node_sampled_peak = max(self.node_sampled_peak, node)
+        if pids is None:
             return
         total = 0
         for pid in pids:
@@ -330,6 +335,12 @@ def _cpu_seconds(pids: list[int]) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+def _worker_processes(engine: list[int]) -> list[int]:
+    import psutil
+
+    return [c.pid for c in _children(psutil, os.getpid()) if c.pid not in engine]
 
 
 def _children(psutil, pid: int):
@@ -447,6 +458,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
 
             thread = threading.Thread(target=committer, name="bench-committer")
             engine_cpu = _cpu_seconds(rss.engine_processes())
+            workers_cpu = _cpu_seconds(_worker_processes(rss.engine_processes()))
             process_cpu = time.process_time()
             put_cpu = time.thread_time()
             began = time.perf_counter()
@@ -484,6 +496,8 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "committer_thread": round(committer_cpu[0], 2) if committer_cpu else None,
                 "node": round(time.process_time() - process_cpu, 2),
                 "engine": round(_cpu_seconds(rss.engine_processes()) - engine_cpu, 2),
+                # The node's other child processes (the put path's hash worker).
+                "workers": round(_cpu_seconds(_worker_processes(rss.engine_processes())) - workers_cpu, 2),
             }
             ingest_rss = rss.peaks()
             flush_s = sum(flush_times)
@@ -871,7 +885,8 @@ def _print_table(report: dict) -> None:
     if cpu:
         split = report.get("ingest_breakdown_s", {})
         print(f"ingest CPU s: put thread {cpu['put_thread']} (generation {split.get('generate')} s of it, wall), "
-              f"committer thread {cpu['committer_thread']}, node process {cpu['node']}, engine {cpu['engine']}; "
+              f"committer thread {cpu['committer_thread']}, node process {cpu['node']}, "
+              f"hash worker {cpu.get('workers')}, engine {cpu['engine']}; "
               f"wall {report.get('ingest_s')} s")
     for name in report["compare"]:
         out = report.get(name, {})

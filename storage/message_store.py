@@ -39,6 +39,7 @@ from wakustore.protocols.store_query import (
 from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
+from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.reader import TableReader
 from wakustore.storage.staging import StagedRows
@@ -158,6 +159,9 @@ class MessageStore:
             # together hold every committed key.
             key_lookup=None if config.shared_table else self.reader.existing_muids,
         )
+        # The put path's hashes, in a child process started on the first
+        # large put (see hash_worker).
+        self._hasher = BatchHasher()
         self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
         self.hot = HotTier(hot_bytes, config.hot_window_s * 1_000_000_000)
@@ -214,6 +218,7 @@ class MessageStore:
             self.flush()
         finally:
             self.writes.close()
+            self._hasher.close()
 
     # --- write path -------------------------------------------------------
 
@@ -232,7 +237,7 @@ class MessageStore:
         accepted in the first only. The messages become Arrow rows a column
         at a time (:func:`rows.messages_to_arrow`): no object per message."""
         flat = [triple for group in groups for triple in group]
-        table = messages_to_arrow(flat)
+        table = messages_to_arrow(flat, self._hasher)
         keys = table.column("muid").to_pylist()
         fresh, accepted = self.writes.put_table(table, keys)
         if accepted is not None and self.hot.enabled and self.hot.start_ns is not None:

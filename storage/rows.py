@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from wakustore.protocols.message import _MUID_META_PART, _TIMESTAMP, WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import StoredMessage
 from wakustore.storage import schema
+from wakustore.storage.hash_worker import MIN_BATCH, BatchHasher
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,16 +176,18 @@ def rows_from_arrow(table: pa.Table) -> list[Row]:
 # --- columnar building ----------------------------------------------------
 
 
-def messages_to_arrow(messages: Sequence[tuple[str, WakuMessage, int]]) -> pa.Table:
+def messages_to_arrow(messages: Sequence[tuple[str, WakuMessage, int]], hasher: BatchHasher | None = None) -> pa.Table:
     """The table rows of ``(pubsub_topic, message, arrival_ns)`` triples,
     built a column at a time: what :meth:`Row.build` and :func:`to_arrow`
-    make, with no object per message (the put path's conversion)."""
+    make, with no object per message (the put path's conversion).
+    ``hasher``: a worker process for the hashes of batches large enough."""
     if not messages:
         return schema.MESSAGES.empty_table()
     pubsub, wire, arrival = zip(*messages)
     return _columns_to_arrow(
         pubsub, [m.content_topic for m in wire], [m.payload for m in wire], [m.meta for m in wire],
         [m.version for m in wire], [m.timestamp for m in wire], [m.rate_limit_proof for m in wire], arrival,
+        hasher=hasher,
     )
 
 
@@ -200,37 +203,45 @@ def records_to_arrow(records: Sequence[tuple]) -> pa.Table:
     return _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, arrival, hashes)
 
 
-def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, arrival, hashes=None) -> pa.Table:
+def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, arrival, hashes=None,
+                      hasher: BatchHasher | None = None) -> pa.Table:
     """The message table's rows from its stored columns (equal-length
     sequences); the message hashes are computed unless given. Each hash
     is one call over one joined buffer, in one comprehension per column:
     the per-message cost is the hashing itself (three SHA-256 over the
-    payload, ~0.7 us a KiB each here) plus a few hundred nanoseconds."""
-    sha = hashlib.sha256
+    payload, ~0.7 us a KiB each here) plus a few hundred nanoseconds;
+    with a ``hasher``, a batch large enough is hashed in its process."""
     encoded_pubsub = {t: t.encode() for t in set(pubsub)}
     encoded_content = {t: t.encode() for t in set(content)}
     pubsub_bytes = [encoded_pubsub[p] for p in pubsub]
     content_bytes = [encoded_content[c] for c in content]
-    if hashes is None:
-        stamp = _TIMESTAMP.pack
-        hashes = [
-            sha(b"".join((p, pl, c, m, stamp(s)))).digest()
-            for p, pl, c, m, s in zip(pubsub_bytes, payload, content_bytes, meta, sender)
+    hashed = None
+    if hasher is not None and hashes is None and len(payload) >= MIN_BATCH:
+        hashed = hasher.hash(pubsub_bytes, payload, content_bytes, meta, sender)
+    if hashed is not None:
+        hashes, digests, muids = _hashed_arrays(len(payload), *hashed)
+    else:
+        sha = hashlib.sha256
+        if hashes is None:
+            stamp = _TIMESTAMP.pack
+            hashes = [
+                sha(b"".join((p, pl, c, m, stamp(s)))).digest()
+                for p, pl, c, m, s in zip(pubsub_bytes, payload, content_bytes, meta, sender)
+            ]
+        muids = [
+            sha(b"".join((p, c, m, pl))).digest() + m[:_MUID_META_PART]
+            for p, c, m, pl in zip(pubsub_bytes, content_bytes, meta, payload)
         ]
-    muids = [
-        sha(b"".join((p, c, m, pl))).digest() + m[:_MUID_META_PART]
-        for p, c, m, pl in zip(pubsub_bytes, content_bytes, meta, payload)
-    ]
-    digests = [sha(c + pl).digest() for c, pl in zip(content_bytes, payload)]
+        digests = [sha(c + pl).digest() for c, pl in zip(content_bytes, payload)]
     sender_ns = pa.array(sender, pa.int64())
     arrival_ns = pa.array(arrival, pa.int64())
     # The ordering time: the sender's timestamp, or the arrival when unset.
     ts = pc.if_else(pc.equal(sender_ns, 0), arrival_ns, sender_ns)
     return pa.Table.from_arrays(
         [
-            pa.array(muids, pa.binary()),
-            pa.array(hashes, pa.binary()),
-            pa.array(digests, pa.binary()),
+            _binary(muids),
+            _binary(hashes),
+            _binary(digests),
             pa.array(pubsub, pa.string()),
             pa.array(content, pa.string()),
             pa.array(payload, pa.binary()),
@@ -244,6 +255,20 @@ def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, ar
         ],
         schema=schema.MESSAGES,
     )
+
+
+def _binary(values) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+
+
+def _hashed_arrays(count: int, hashes: bytes, digests: bytes, muid_lengths, muids: bytes) -> tuple[pa.Array, ...]:
+    """Binary columns from a hash worker's buffers (no object per value)."""
+    fixed = [pa.Array.from_buffers(pa.binary(32), count, [None, pa.py_buffer(b)]).cast(pa.binary())
+             for b in (hashes, digests)]
+    offsets = np.zeros(count + 1, dtype=np.int32)
+    np.cumsum(np.frombuffer(muid_lengths, dtype=np.uint32), out=offsets[1:])
+    muid = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(muids)])
+    return fixed[0], fixed[1], muid
 
 
 def binary_prefixes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:

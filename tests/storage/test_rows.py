@@ -128,3 +128,33 @@ def test_batch_log_records_hold_the_rows_in_records_under_the_bound_and_old_reco
     assert pa.concat_tables([write_path.read_batch_record(r) for r in records]).equals(table)
     old = encode_record(*MESSAGES[0])
     assert not write_path.is_batch_record(old) and write_path.record_rows(old) == 1
+
+
+def test_the_hash_worker_makes_the_columns_hashing_in_process_makes_and_a_dead_one_is_replaced(monkeypatch):
+    import os
+    import signal
+
+    from wakustore.storage import hash_worker
+    from wakustore.storage.hash_worker import MIN_BATCH, BatchHasher
+    from wakustore.storage.rows import messages_to_arrow
+
+    many = [(p, WakuMessage(m.payload + b"%d" % i, m.content_topic, m.version, m.timestamp + i, m.meta[:i % 50]), a)
+            for i in range(MIN_BATCH) for p, m, a in MESSAGES]
+    hasher = BatchHasher()
+    try:
+        assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
+        assert hasher.batches == 1 and hasher.failures == 0
+        first = hasher._process.pid
+        os.kill(first, signal.SIGKILL)
+        hasher._process.wait()
+        assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
+        assert hasher.batches == 2 and hasher._process.pid != first  # a new worker
+        with monkeypatch.context() as patch:  # the worker's answer cut short
+            patch.setattr(hash_worker, "_read_exact", lambda fd, size: (_ for _ in ()).throw(EOFError("cut")))
+            assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))  # hashed in process
+        assert hasher.failures == 1 and hasher._process is None
+        assert messages_to_arrow(many[:MIN_BATCH - 1], hasher).equals(messages_to_arrow(many[:MIN_BATCH - 1]))
+        assert hasher.batches == 2  # a small batch stays in process
+    finally:
+        hasher.close()
+    assert hasher._process is None
