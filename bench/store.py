@@ -441,14 +441,17 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             failure: list[BaseException] = []
 
             committer_cpu: list[float] = []
+            flush_rows: list[int] = []
 
             def committer() -> None:
                 began_cpu = time.thread_time()
                 try:
                     while not done.is_set() or store.pending:
                         started = time.perf_counter()
-                        if store.flush():
+                        committed = store.flush()
+                        if committed:
                             flush_times.append(time.perf_counter() - started)
+                            flush_rows.append(committed)
                         else:
                             time.sleep(0.005)
                 except BaseException as exc:  # surfaced below
@@ -548,6 +551,10 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times, default=0.0), 3),
                 "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
                 "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10):], 50), 3),
+                # Commit time a row, first and last tenth of the commits:
+                # flat when the per-commit work does not grow with the table.
+                "flush_us_per_row_first_tenth": _per_row_us(flush_times, flush_rows, slice(0, max(1, flushes // 10))),
+                "flush_us_per_row_last_tenth": _per_row_us(flush_times, flush_rows, slice(-max(1, flushes // 10), None)),
             },
             "compact_s": round(compact_s, 3),
             "checkpoint_s": round(checkpoint_s, 3),
@@ -808,6 +815,11 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
             backend.close()
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _per_row_us(times: list[float], rows: list[int], part: slice) -> float | None:
+    committed = sum(rows[part])
+    return _round(sum(times[part]) / committed * 1e6) if committed else None
 
 
 def _ratio(delta: float | None, other: float | None) -> float | None:

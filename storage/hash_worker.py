@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import select
 import struct
 import subprocess
 import sys
@@ -50,9 +51,23 @@ _STAMP = struct.Struct(">q")
 MIN_BATCH = 64
 
 
-def _read_exact(fd: int, size: int) -> bytes:
+# A batch hashes in milliseconds; a worker silent this long (stopped,
+# starved) is given up and replaced, and the batch hashed in process.
+TIMEOUT_S = 30.0
+
+
+def _ready(fd: int, write: bool, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        return
+    readable, writable, _ = select.select([] if write else [fd], [fd] if write else [], [], timeout_s)
+    if not (writable if write else readable):
+        raise TimeoutError(f"the hash worker did not answer within {timeout_s} s")
+
+
+def _read_exact(fd: int, size: int, timeout_s: float | None = None) -> bytes:
     chunks = []
     while size:
+        _ready(fd, False, timeout_s)
         chunk = os.read(fd, min(size, 1 << 24))
         if not chunk:
             raise EOFError("the hash worker's pipe closed")
@@ -61,9 +76,10 @@ def _read_exact(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _write_all(fd: int, data) -> None:
+def _write_all(fd: int, data, timeout_s: float | None = None) -> None:
     view = memoryview(data)
     while view:
+        _ready(fd, True, timeout_s)
         view = view[os.write(fd, view):]
 
 
@@ -146,11 +162,11 @@ class BatchHasher:
         with self._lock:
             try:
                 process = self._started()
-                _write_all(process.stdin.fileno(), b"".join(request))
-                answered, muid_size = _HEAD.unpack(_read_exact(process.stdout.fileno(), _HEAD.size))
+                _write_all(process.stdin.fileno(), b"".join(request), TIMEOUT_S)
+                answered, muid_size = _HEAD.unpack(_read_exact(process.stdout.fileno(), _HEAD.size, TIMEOUT_S))
                 if answered != count:
                     raise EOFError(f"the hash worker answered {answered} of {count} messages")
-                body = _read_exact(process.stdout.fileno(), 68 * count + muid_size)
+                body = _read_exact(process.stdout.fileno(), 68 * count + muid_size, TIMEOUT_S)
             except (OSError, EOFError, ValueError) as exc:
                 self.failures += 1
                 log.warning("hash worker failed (%s): hashing in process", exc)
@@ -187,7 +203,7 @@ class BatchHasher:
             except OSError:
                 pass
         try:
-            process.wait(timeout=5)
+            process.wait(timeout=1)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -150,11 +150,17 @@ def test_the_hash_worker_makes_the_columns_hashing_in_process_makes_and_a_dead_o
         assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
         assert hasher.batches == 2 and hasher._process.pid != first  # a new worker
         with monkeypatch.context() as patch:  # the worker's answer cut short
-            patch.setattr(hash_worker, "_read_exact", lambda fd, size: (_ for _ in ()).throw(EOFError("cut")))
+            patch.setattr(hash_worker, "_read_exact", lambda fd, size, timeout_s: (_ for _ in ()).throw(EOFError("cut")))
             assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))  # hashed in process
         assert hasher.failures == 1 and hasher._process is None
+        messages_to_arrow(many, hasher)
+        os.kill(hasher._process.pid, signal.SIGSTOP)  # a worker that stops answering
+        with monkeypatch.context() as patch:
+            patch.setattr(hash_worker, "TIMEOUT_S", 0.2)
+            assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
+        assert hasher.failures == 2 and hasher._process is None  # stopped, killed and replaced next time
         assert messages_to_arrow(many[:MIN_BATCH - 1], hasher).equals(messages_to_arrow(many[:MIN_BATCH - 1]))
-        assert hasher.batches == 2  # a small batch stays in process
+        assert hasher.batches == 3  # a small batch stays in process
     finally:
         hasher.close()
     assert hasher._process is None
