@@ -191,7 +191,10 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
     pair_bounds = np.stack([starts, ends, order[starts] if contiguous else np.full(len(starts), -1)], axis=1) \
         if n else np.empty((0, 3), dtype=np.int64)
     pair_bounds = pair_bounds.astype(np.int32)
-    row = None if contiguous else order.astype(np.int32)
+    # Row numbers in 16 bits where they fit (an ingest file holds a few
+    # thousand rows: 6 bytes a message less at 10M before compaction).
+    row_type = np.uint16 if n <= 1 << 16 else np.int32
+    row = None if contiguous else order.astype(row_type)
     prefix = _prefixes(table.column("message_hash"), HASH_PREFIX_BYTES)
     by_prefix = np.argsort(prefix, kind="stable")
     muid = muid_row = None
@@ -199,9 +202,9 @@ def build(path: str, pairs: TopicPairs, filesystem=None) -> FileIndex:
         muids = _prefixes(table.column("muid"), MUID_PREFIX_BYTES)
         muid_row = np.argsort(muids, kind="stable")
         muid = muids[muid_row]
-        muid_row = muid_row.astype(np.int32)
+        muid_row = muid_row.astype(row_type)
     return FileIndex(path, file.metadata, pair_ids, pair_bounds, ts_sorted, row, prefix[by_prefix],
-                     by_prefix.astype(np.int32), muid, muid_row)
+                     by_prefix.astype(row_type), muid, muid_row)
 
 
 def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
