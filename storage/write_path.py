@@ -4,7 +4,11 @@ A batch is made durable in the write-ahead log (the point where a record
 counts as stored) and kept in memory, visible to readers, until a flush
 commits it to Delta with a MERGE on the table's key scoped to the day
 partitions the batch touches, retried on conflict. A bounded set of
-recent keys drops duplicates before they reach the log.
+recent keys drops duplicates before they reach the log. A batch travels
+as Arrow from the put to the commit: the caller builds the rows a column
+at a time, the log records them as Arrow IPC, the commit sends the
+puts' chunks, and row objects are built only when a query first reads
+the rows waiting for a commit.
 
 Two modes, chosen by whether the node owns its table:
 
