@@ -76,23 +76,43 @@ def _read_exact(fd: int, size: int, timeout_s: float | None = None) -> bytes:
     return b"".join(chunks)
 
 
-def _write_all(fd: int, data, timeout_s: float | None = None) -> None:
-    view = memoryview(data)
-    while view:
+def _read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from ``fd`` (the child: no copy of a request)."""
+    got = 0
+    while got < len(view):
+        read = os.readv(fd, [view[got:]])
+        if not read:
+            raise EOFError("the hash worker's pipe closed")
+        got += read
+
+
+def _write_all(fd: int, parts: list, timeout_s: float | None = None) -> None:
+    """Write the buffers ``parts`` in order, without joining them."""
+    parts = [memoryview(p).cast("B") for p in parts if len(p)]
+    while parts:
         _ready(fd, True, timeout_s)
-        view = view[os.write(fd, view):]
+        written = os.writev(fd, parts[:512])
+        while parts and written >= len(parts[0]):
+            written -= len(parts[0])
+            parts.pop(0)
+        if written:
+            parts[0] = parts[0][written:]
 
 
 def serve(infd: int, outfd: int) -> None:
     """The child's loop: answer requests until end of input."""
     sha = hashlib.sha256
     stamp = _STAMP.pack
+    buffer = bytearray()  # the largest request so far, reused
     while True:
         try:
             count, size = _HEAD.unpack(_read_exact(infd, _HEAD.size))
         except EOFError:
             return
-        body = memoryview(_read_exact(infd, size))
+        if len(buffer) < size:
+            buffer = bytearray(size)
+        body = memoryview(buffer)[:size]
+        _read_into(infd, body)
         lengths = array("I")
         lengths.frombytes(body[:16 * count])
         sender = array("q")
@@ -119,8 +139,9 @@ def serve(infd: int, outfd: int) -> None:
         if sys.byteorder != "little":
             muid_lengths.byteswap()
         muid_bytes = b"".join(muids)
-        _write_all(outfd, b"".join((_HEAD.pack(count, len(muid_bytes)), *hashes, *digests,
-                                    muid_lengths.tobytes(), muid_bytes)))
+        _write_all(outfd, [_HEAD.pack(count, len(muid_bytes)), b"".join(hashes), b"".join(digests),
+                           muid_lengths.tobytes(), muid_bytes])
+        del hashes, digests, muids, muid_bytes, body
 
 
 def _widen(fd: int) -> None:
@@ -158,11 +179,11 @@ class BatchHasher:
             lengths.byteswap()
             stamps.byteswap()
         fields = b"".join(chain.from_iterable(zip(pubsub, payload, content, meta)))
-        request = (_HEAD.pack(count, 24 * count + len(fields)), lengths.tobytes(), stamps.tobytes(), fields)
+        request = [_HEAD.pack(count, 24 * count + len(fields)), lengths.tobytes(), stamps.tobytes(), fields]
         with self._lock:
             try:
                 process = self._started()
-                _write_all(process.stdin.fileno(), b"".join(request), TIMEOUT_S)
+                _write_all(process.stdin.fileno(), request, TIMEOUT_S)
                 answered, muid_size = _HEAD.unpack(_read_exact(process.stdout.fileno(), _HEAD.size, TIMEOUT_S))
                 if answered != count:
                     raise EOFError(f"the hash worker answered {answered} of {count} messages")
