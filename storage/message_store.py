@@ -71,6 +71,11 @@ DEFAULT_HOT_WINDOW_S = 86_400
 # IN list of this size stays a small request (32 bytes a hash).
 IMPORT_LOOKUP_KEYS = 10_000
 
+# Commits between two trims of the Delta log of a table this node owns
+# (DeltaTableRef.trim_log): about 0.1 s each, every ~2 minutes at one
+# commit a second.
+TRIM_LOG_EVERY = 100
+
 # Cursors the node handed out recently, hash -> ordering timestamp, so that
 # the next page needs no lookup by hash (js-waku re-sends the last hash).
 DEFAULT_CURSOR_CACHE = 100_000
@@ -161,6 +166,7 @@ class MessageStore:
             # rows leave the pending set, so its files and the pending rows
             # together hold every committed key.
             key_lookup=None if config.shared_table else self.reader.existing_muids,
+            trim_log_every=0 if config.shared_table else TRIM_LOG_EVERY,
         )
         # The put path's hashes, in a child process started on the first
         # large put (see hash_worker).

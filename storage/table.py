@@ -9,7 +9,9 @@ for path tables) and Delta SQL on a cluster.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import uuid
+from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,19 @@ def fetch_arrow(frame) -> pa.Table:
 def sql_string(text: str) -> str:
     """A Spark SQL string literal (backslash escapes are on by default)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# How long commit files stay in the log once a checkpoint covers them
+# (see DeltaTableRef.trim_log): long enough for any reader of this node's
+# table, which advances on every commit.
+LOG_RETENTION = "interval 1 minute"
+
+
+def _log_files(log_dir: Path) -> list[str]:
+    try:
+        return os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
 
 
 class DeltaTableRef:
@@ -144,6 +159,42 @@ class DeltaTableRef:
             lambda spark: spark.createDataFrame(batch).write.format("delta").mode("append").save(self.uri),
             retry=retry,
         )
+
+    def trim_log(self, retention: str = LOG_RETENTION) -> int:
+        """Delete the commit files of the Delta log that a checkpoint made
+        unnecessary and that are older than ``retention`` (the table's
+        ``delta.logRetentionDuration``, set here once), with the engine's
+        checksum files of those versions; returns the files removed.
+        Embedded only (a cluster keeps its log its own way): 0 elsewhere.
+
+        Why: the engine checkpoints every 10 commits but the commit files
+        stay (30 days by default), and every commit and every refresh of a
+        reader lists the log. Measured here, 2,000 commits made each append
+        take 33 ms instead of 13; a node commits up to once a second."""
+        if not self.engine.is_embedded:
+            return 0
+        from deltalake import DeltaTable
+
+        table = DeltaTable(self.uri)
+        if table.metadata().configuration.get("delta.logRetentionDuration") != retention:
+            table.alter.set_table_properties({"delta.logRetentionDuration": retention}, raise_if_not_exists=False)
+            table = DeltaTable(self.uri)
+        local = "://" not in self.uri or self.uri.startswith("file://")
+        log_dir = Path(self.uri.removeprefix("file://")) / "_delta_log"
+        before = _log_files(log_dir) if local else []
+        table.cleanup_metadata()
+        if not local:
+            return 0  # removed, uncounted
+        names = _log_files(log_dir)
+        removed = len(before) - len(names)
+        commits = [int(name[:20]) for name in names if name.endswith(".json") and name[:20].isdigit()]
+        if commits:
+            oldest = min(commits)
+            for name in names:
+                if name.endswith(".crc") and name[:20].isdigit() and int(name[:20]) < oldest:
+                    (log_dir / name).unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     def key_day_batches(self, column: str, partition: str) -> Iterator[tuple[list[bytes], list[Any]]]:
         """Every value of one key column with its partition value, in batches

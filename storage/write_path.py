@@ -319,8 +319,12 @@ class WritePath(Generic[R]):
         max_pending: int = DEFAULT_MAX_PENDING,
         on_commit: Callable[[], None] | None = None,
         key_lookup: Callable[[list[bytes], list[object]], set[bytes] | None] | None = None,
+        trim_log_every: int = 0,
     ):
         self.table = table
+        # Commits between two trims of the table's Delta log (0: never; a
+        # table other nodes write keeps its log as its engine does).
+        self.trim_log_every = trim_log_every
         # Owned mode: which keys the table's files of the given days hold,
         # answered in process (None: it cannot say; the engine is asked).
         # It must know every commit on_commit reported.
@@ -658,6 +662,11 @@ class WritePath(Generic[R]):
             self.last_commit_seconds = time.monotonic() - started
             self._last_flush = time.monotonic()
             self.commits += 1
+            if self.trim_log_every and self.commits % self.trim_log_every == 0:
+                try:
+                    self.table.trim_log()
+                except Exception as exc:  # the commit stands; the next trim retries
+                    log.warning("could not trim the table's Delta log: %s", exc)
             self.committed_rows += len(keys)
             return len(keys)
 

@@ -242,3 +242,38 @@ def test_replace_where_writes_files_of_bounded_size(table, monkeypatch, tmp_path
     assert len(sizes) >= 6, sizes
     assert max(sizes) <= 3 * target, sizes
     assert table.count() == 40_000
+
+
+def test_the_log_is_trimmed_behind_its_checkpoints_and_every_reader_still_follows(engine, tmp_path):
+    import os
+
+    from wakustore.protocols.store_query import validate_v3
+    from wakustore.storage.reader import TableReader
+
+    table = DeltaTableRef(engine, str(tmp_path / "trimmed"))
+    table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "messages")
+    log_dir = tmp_path / "trimmed" / "_delta_log"
+    behind = TableReader(table.uri)
+    behind.committed()  # holds an early version through the trim
+    rows = [Row.build("/waku/2/rs/16/1", WakuMessage(b"m%d" % i, "/a/1/t/proto", timestamp=T0 + i), T0)
+            for i in range(30)]
+    for row in rows[:25]:  # the engine checkpoints every 10 commits
+        table.append(to_arrow([row]))
+    assert (log_dir / "_last_checkpoint").exists()
+    commits = sorted(n for n in os.listdir(log_dir) if n.endswith(".json"))
+    time.sleep(1.2)
+    removed = table.trim_log("interval 1 second")
+    left = sorted(n for n in os.listdir(log_dir) if n.endswith(".json"))
+    assert removed >= 10 and len(left) < len(commits) and left[-1] >= commits[-1]
+    oldest = min(int(n[:20]) for n in left)
+    assert not [n for n in os.listdir(log_dir) if n.endswith(".crc") and int(n[:20]) < oldest]
+    assert table.trim_log("interval 1 second") == 0  # nothing more to trim
+    for row in rows[25:]:  # the engine goes on committing
+        table.append(to_arrow([row]))
+    assert table.count() == 30
+    behind.refresh()  # from before the trim: reloads from the checkpoint
+    fresh = TableReader(table.uri)
+    for reader in (behind, fresh):
+        assert len(reader.page(validate_v3(pubsub_topic="/waku/2/rs/16/1", content_topics=["/a/1/t/proto"],
+                                           time_start=None, time_end=None, message_hashes=[], cursor=None,
+                                           forward=True, limit=100, include_data=False), None, 101)) == 30
