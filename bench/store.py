@@ -503,6 +503,12 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "workers": round(_cpu_seconds(_worker_processes(rss.engine_processes())) - workers_cpu, 2),
             }
             ingest_rss = rss.peaks()
+            # What the node holds for the table at the end of the ingest.
+            ingest_rss["held_mb"] = {
+                "hot_tier": round(store.hot.bytes / MIB, 1),
+                "key_index": round(store.reader.index_bytes() / MIB, 1),
+                "recent_keys": len(store.writes._recent),
+            }
             flush_s = sum(flush_times)
             flushes = len(flush_times)
             before = maintenance.stats(store.table)
@@ -892,7 +898,7 @@ def _print_table(report: dict) -> None:
     during = report.get("ingest_peak_rss_mb")
     if during:
         print(f"peak RSS during the ingest (sampled): node {during['node']} MB, engine {during['engine']} MB, "
-              f"both at once {during['sum']} MB")
+              f"both at once {during['sum']} MB; held at its end: {during.get('held_mb')}")
     cpu = report.get("ingest_cpu_s")
     if cpu:
         split = report.get("ingest_breakdown_s", {})
