@@ -54,13 +54,12 @@ log = logging.getLogger(__name__)
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 DEFAULT_FLUSH_MAX_MESSAGES = 5000
 
-# Relay delivers duplicates within seconds to minutes; half a million
-# recent MUIDs (~52 MB: a key object and a set slot each) covers hours of
-# a busy shard set. Older duplicates are still caught: by an exact lookup
-# in the key index (a table this node owns) or by the MERGE (a shared
-# table). Half of the earlier million kept a 10M ingest within 2 GB for
-# node and engine, for ~20% more lookups there.
-DEFAULT_RECENT_MUIDS = 500_000
+# Relay delivers duplicates within seconds to minutes; a million recent
+# MUIDs (~104 MB: a key object and a set slot each) covers hours of a busy
+# shard set. Older duplicates are still caught: by an exact lookup in the
+# key index (a table this node owns) or by the MERGE (a shared table).
+# Half as many cost bench store at 1M ~5% of its rate in lookups.
+DEFAULT_RECENT_MUIDS = 1_000_000
 
 # Hot tier (see hot_tier.py): a day of recent history, at most 256 MiB.
 # 0 turns it off, as a fleet sharing one table must.
