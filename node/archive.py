@@ -222,12 +222,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
                 before = len(writer.new_entries)
 
                 def take(window=window, chunker=chunker) -> None:
-                    _, (records, sizes) = workers.take()
-                    for record, size in zip(records, sizes):
-                        full = chunker.add_encoded(record, size)
-                        if full:
-                            data.write(writer.add(window, content_topics, full))
-                            result.messages += len(full)
+                    _, batch = workers.take()
+                    for entries, count in chunker.add_framed(*batch):
+                        data.write(writer.add_framed(window, content_topics, entries))
+                        result.messages += count
 
                 _check(stop)
                 for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics):
@@ -243,10 +241,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
                         workers.submit(None, archive_work.encode_batch, layout, keys_items, batch)
                 while len(workers):
                     take()
-                last = chunker.finish()
+                last = chunker.finish_framed()
                 if last:
-                    data.write(writer.add(window, content_topics, last))
-                    result.messages += len(last)
+                    data.write(writer.add_framed(window, content_topics, last[0]))
+                    result.messages += last[1]
                 result.dropped += chunker.dropped
                 report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
             if progress is not None and windows:

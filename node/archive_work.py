@@ -39,14 +39,15 @@ _encoders: dict[tuple, RecordEncoder] = {}
 _decoders: dict[tuple, RecordDecoder] = {}
 
 
-def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[list[bytes], list[int]]:
-    """The records and payload sizes of one export batch
-    (:func:`archive_window.export_batches`)."""
+def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[bytes, list[int], list[int]]:
+    """The records of one export batch (:func:`archive_window.export_batches`)
+    framed as archive entries, their ends and payload sizes
+    (:meth:`RecordEncoder.encode_framed`)."""
     encoder = _encoders.get((layout, keys))
     if encoder is None:
         encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
     try:
-        return encoder.encode_columns(*export_columns(batch))
+        return encoder.encode_framed(*export_columns(batch))
     finally:
         _trim()
 

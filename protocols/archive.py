@@ -121,13 +121,19 @@ class Chunker:
     """Cuts one window's encoded messages into archives of at most
     ``limit`` bytes of payload, as status-go does: a message that would
     overflow the current chunk starts the next; one larger than the limit
-    is dropped (counted in ``dropped``)."""
+    is dropped (counted in ``dropped``).
+
+    Records come one at a time (:meth:`add`, :meth:`finish`: chunks are
+    lists of records) or a batch of framed entries at a time
+    (:meth:`add_framed`, :meth:`finish_framed`), not both on one chunker.
+    """
 
     def __init__(self, limit: int = MAX_ARCHIVE_PAYLOAD):
         self.limit = limit
         self.dropped = 0
-        self._chunk: list[bytes] = []
+        self._chunk: list = []
         self._size = 0
+        self._count = 0
 
     def add(self, record: Record) -> list[bytes] | None:
         """Add one message; returns a full chunk when this one did not fit."""
@@ -149,6 +155,43 @@ class Chunker:
         """The last chunk, or None when nothing is left."""
         chunk, self._chunk, self._size = self._chunk, [], 0
         return chunk or None
+
+    def add_framed(self, framed: bytes, ends: Sequence[int], sizes: Sequence[int]) -> list[tuple[list, int]]:
+        """Add a batch of messages framed as archive entries
+        (:meth:`RecordEncoder.encode_framed`: the entries back to back,
+        the end of each, its payload size); returns the chunks it filled,
+        each as (views of ``framed`` to join, number of messages), for
+        :meth:`ArchiveWriter.add_framed`. The same cuts as :meth:`add`
+        a message at a time."""
+        view = memoryview(framed)
+        full = []
+        run = start = 0  # the entries since `run` go into the current chunk
+        limit = self.limit
+        for end, size in zip(ends, sizes):
+            if size > limit:
+                if run < start:
+                    self._chunk.append(view[run:start])
+                self.dropped += 1
+                run = start = end
+                continue
+            if self._count and self._size + size > limit:
+                if run < start:
+                    self._chunk.append(view[run:start])
+                full.append((self._chunk, self._count))
+                self._chunk, self._size, self._count = [], 0, 0
+                run = start
+            self._size += size
+            self._count += 1
+            start = end
+        if run < start:
+            self._chunk.append(view[run:start])
+        return full
+
+    def finish_framed(self) -> tuple[list, int] | None:
+        """The last chunk of :meth:`add_framed`, or None when nothing is left."""
+        chunk, count = self._chunk, self._count
+        self._chunk, self._size, self._count = [], 0, 0
+        return (chunk, count) if count else None
 
 
 # --- archives and the index ----------------------------------------------------
@@ -213,8 +256,14 @@ class ArchiveWriter:
     def add(self, window: Window, content_topics: Sequence[str], messages: Sequence[bytes]) -> bytes:
         """Encode one archive of already encoded messages; returns archive
         plus padding, to be appended to ``data``."""
+        return self.add_framed(window, content_topics, [field_bytes(3, m) for m in messages])
+
+    def add_framed(self, window: Window, content_topics: Sequence[str], entries: Sequence) -> bytes:
+        """:meth:`add` for messages already framed as entries of the
+        archive's ``messages`` (bytes-like pieces, joined in order:
+        :meth:`Chunker.add_framed`)."""
         metadata = _metadata_pb(self.layout, window, content_topics)
-        body = _archive_head(self.layout, metadata) + b"".join(field_bytes(3, m) for m in messages)
+        body = _archive_head(self.layout, metadata) + b"".join(entries)
         if self.layout is Layout.SPEC:
             body += _spec_padding_field(len(body), self.piece_length)
             padding, size = 0, len(body)

@@ -3,6 +3,8 @@ the index, appending, checks on the way back, the magnet-link message."""
 
 import coincurve
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wakustore.protocols import archive, topics, waku_v1
 from wakustore.protocols.archive import ArchiveWriter, Chunker, Layout, Window
@@ -69,6 +71,26 @@ def test_chunker_cuts_at_the_payload_limit_and_drops_oversized_messages():
     assert chunker.add(archive.Record(b"big", 101)) is None and chunker.dropped == 1
     assert full[4] == [b"\x02", b"\x03"]
     assert chunker.finish() == [b"\x04"] and chunker.finish() is None
+
+
+@given(sizes=st.lists(st.integers(0, 130), max_size=40), limit=st.integers(1, 120), batch=st.integers(1, 7))
+def test_framed_chunks_are_the_chunks_of_one_message_at_a_time(sizes, limit, batch):
+    """add_framed over batches cuts where add does, a message at a time,
+    and drops the same messages."""
+    records = [bytes([i % 256]) * (i % 5 + 1) for i in range(len(sizes))]
+    one = Chunker(limit=limit)
+    expected = [chunk for r, size in zip(records, sizes) if (chunk := one.add(archive.Record(r, size)))]
+    expected += [chunk] if (chunk := one.finish()) else []
+    framed = Chunker(limit=limit)
+    got = []
+    for start in range(0, len(records), batch):
+        entries = [archive.field_bytes(3, r) for r in records[start: start + batch]]
+        ends = [sum(map(len, entries[: i + 1])) for i in range(len(entries))]
+        got += framed.add_framed(b"".join(entries), ends, sizes[start: start + batch])
+    got += [last] if (last := framed.finish_framed()) else []
+    assert [(b"".join(pieces), count) for pieces, count in got] == \
+        [(b"".join(archive.field_bytes(3, r) for r in chunk), len(chunk)) for chunk in expected]
+    assert framed.dropped == one.dropped
 
 
 # --- padding ----------------------------------------------------------------------
