@@ -26,12 +26,14 @@ import functools
 import json
 import logging
 import os
+import queue
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -208,51 +210,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         start = _oldest_second(store, content_topics)
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
-    # Records are encoded here until a day holds enough messages to pay for
-    # starting worker processes; either way they come back in order.
-    workers = archive_work.Workers(0)
-    keys_items = archive_work.key_items(keys)
-    seen_rows = 0
-    try:
-        with open(community_dir / "data", "ab") as data:
-            for done, window in enumerate(windows):
-                if progress is not None:
-                    progress("windows", done, len(windows))
-                chunker = archive.Chunker()
-                before = len(writer.new_entries)
-
-                def take(window=window, chunker=chunker) -> None:
-                    _, batch = workers.take()
-                    for entries, count in chunker.add_framed(*batch):
-                        data.write(writer.add_framed(window, content_topics, entries))
-                        result.messages += count
-
-                _check(stop)
-                for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics):
-                    _check(stop)
-                    seen_rows += table.num_rows
-                    if workers.processes == 0 and seen_rows >= POOL_MIN_ROWS:
-                        while len(workers):
-                            take()
-                        workers = archive_work.Workers()
-                    for batch in export_batches(table, EXPORT_BATCH_ROWS):
-                        while workers.full:
-                            take()
-                        workers.submit(None, archive_work.encode_batch, layout, keys_items, batch)
-                while len(workers):
-                    take()
-                last = chunker.finish_framed()
-                if last:
-                    data.write(writer.add_framed(window, content_topics, last[0]))
-                    result.messages += last[1]
-                result.dropped += chunker.dropped
-                report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
-            if progress is not None and windows:
-                progress("windows", len(windows), len(windows))
-            data.flush()
-            os.fsync(data.fileno())
-    finally:
-        workers.close()
+    with open(community_dir / "data", "ab") as data:
+        _export_windows(store, windows, content_topics, layout, keys, writer, data, result, report, stop, progress)
+        data.flush()
+        os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
     if windows:
         state.last_end_s = windows[-1].end_s
@@ -268,6 +229,109 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     state.save(settings.state_path)
     result.magnet = state.magnet or None
     return result
+
+
+def _export_windows(store, windows: list[Window], content_topics: list[str], layout: Layout, keys: dict[str, bytes],
+                    writer: ArchiveWriter, data, result: ExportResult, report: Report,
+                    stop: threading.Event | None, progress: Progress | None) -> None:
+    """Append the archives of ``windows`` to ``data``. A thread reads the
+    next day from the engine while this one hands batches to the workers
+    and writes what they return; batches carry their window's number, so
+    the workers go on into the next window while this one's last archive
+    is written."""
+    # Records are encoded here until a day holds enough messages to pay for
+    # starting worker processes; either way they come back in order.
+    workers = archive_work.Workers(0)
+    keys_items = archive_work.key_items(keys)
+    seen_rows = 0
+    chunker, open_window, before = archive.Chunker(), 0, 0
+
+    def close_windows(through: int) -> None:
+        """Write the last archive of every window before ``through``."""
+        nonlocal chunker, open_window, before
+        while open_window < through:
+            window = windows[open_window]
+            last = chunker.finish_framed()
+            if last:
+                data.writelines(writer.add_framed(window, content_topics, last[0]))
+                result.messages += last[1]
+            result.dropped += chunker.dropped
+            report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
+            chunker, open_window, before = archive.Chunker(), open_window + 1, len(writer.new_entries)
+            if progress is not None:
+                progress("windows", open_window, len(windows))
+
+    def take() -> None:
+        number, batch = workers.take()
+        close_windows(number)
+        for entries, count in chunker.add_framed(*batch):
+            data.writelines(writer.add_framed(windows[number], content_topics, entries))
+            result.messages += count
+
+    if progress is not None and windows:
+        progress("windows", 0, len(windows))
+    _check(stop)
+    days = ((number, table) for number, window in enumerate(windows)
+            for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics))
+    try:
+        for number, table in read_ahead(days):
+            _check(stop)
+            seen_rows += table.num_rows
+            if workers.processes == 0 and seen_rows >= POOL_MIN_ROWS:
+                while len(workers):
+                    take()
+                workers = archive_work.Workers()
+            for batch in export_batches(table, EXPORT_BATCH_ROWS):
+                while workers.full:
+                    take()
+                workers.submit(number, archive_work.encode_batch, layout, keys_items, batch)
+        while len(workers):
+            take()
+        close_windows(len(windows))
+    finally:
+        workers.close()
+
+
+def read_ahead(items: Iterable[T]) -> Iterator[T]:
+    """``items``, produced by a thread one item ahead of the caller (the
+    engine reads the next day while the caller works on this one).
+    Whatever the thread raises is raised here; when the caller stops early,
+    the thread ends after its current item."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stopping = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                handoff.put((item, None))
+                if stopping.is_set():
+                    break
+        except BaseException as exc:  # handed to the caller, raised there
+            handoff.put((_END, exc))
+            return
+        handoff.put((_END, None))
+
+    thread = threading.Thread(target=produce, name="archive-read-ahead", daemon=True)
+    thread.start()
+    ended = False
+    try:
+        while True:
+            item, error = handoff.get()
+            if item is _END:
+                ended = True
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stopping.set()
+        while not ended:  # let the thread finish its item and see the flag
+            ended = handoff.get()[0] is _END
+        thread.join()
+
+
+_END = object()
+T = TypeVar("T")
 
 
 def magnet_waku_message(private_key: bytes, magnet_uri: str, clock_ms: int, timestamp_ns: int) -> WakuMessage:

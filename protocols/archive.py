@@ -256,29 +256,31 @@ class ArchiveWriter:
     def add(self, window: Window, content_topics: Sequence[str], messages: Sequence[bytes]) -> bytes:
         """Encode one archive of already encoded messages; returns archive
         plus padding, to be appended to ``data``."""
-        return self.add_framed(window, content_topics, [field_bytes(3, m) for m in messages])
+        return b"".join(self.add_framed(window, content_topics, [field_bytes(3, m) for m in messages]))
 
-    def add_framed(self, window: Window, content_topics: Sequence[str], entries: Sequence) -> bytes:
+    def add_framed(self, window: Window, content_topics: Sequence[str], entries: Sequence) -> list:
         """:meth:`add` for messages already framed as entries of the
-        archive's ``messages`` (bytes-like pieces, joined in order:
-        :meth:`Chunker.add_framed`)."""
+        archive's ``messages`` (bytes-like pieces: :meth:`Chunker.add_framed`),
+        returned as the pieces to append to ``data`` in order (an archive is
+        ~30 MB: each copy of it costs its page faults)."""
         metadata = _metadata_pb(self.layout, window, content_topics)
-        body = _archive_head(self.layout, metadata) + b"".join(entries)
+        parts = [_archive_head(self.layout, metadata), *entries]
+        raw = sum(map(len, parts))
         if self.layout is Layout.SPEC:
-            body += _spec_padding_field(len(body), self.piece_length)
-            padding, size = 0, len(body)
+            parts.append(_spec_padding_field(raw, self.piece_length))
+            padding, size = 0, raw + len(parts[-1])
             index_md = archive_spec_pb2.WakuMessageArchiveIndexMetadata(
                 version=SPEC_VERSION, metadata=metadata, offset=self.data_size,
                 num_pieces=size // self.piece_length,
             )
         else:
-            padding = status_go_padding(len(body), self.piece_length)
-            size = len(body) + padding
+            padding = status_go_padding(raw, self.piece_length)
+            size = raw + padding
             index_md = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
                 metadata=metadata, offset=self.data_size, size=size, padding=padding,
             )
-        if len(body) > MAX_ARCHIVE_SIZE:
-            raise ArchiveError(f"archive of {len(body)} bytes exceeds {MAX_ARCHIVE_SIZE}")
+        if size - padding > MAX_ARCHIVE_SIZE:
+            raise ArchiveError(f"archive of {size - padding} bytes exceeds {MAX_ARCHIVE_SIZE}")
         encoded_md = index_md.SerializeToString()
         archive_id = archive_key(encoded_md)
         entry = IndexEntry(archive_id, window.start_ns, window.end_ns, tuple(content_topics),
@@ -287,7 +289,8 @@ class ArchiveWriter:
         self.entries.append(entry)
         self.new_entries.append(entry)
         self.data_size += size
-        return body + bytes(padding)
+        parts.append(bytes(padding))
+        return parts
 
     def index_bytes(self) -> bytes:
         """The encoded index, map keys in sorted order (deterministic)."""
