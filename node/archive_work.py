@@ -30,6 +30,11 @@ from wakustore.storage.rows import records_to_arrow
 # encoded records or one decoded archive, ~35 MB at most): a worker finds
 # its next task while the caller takes a result, and memory stays bounded.
 QUEUE_PER_WORKER = 2
+# An import's workers hand back files (rows_of), not memory: they decode
+# this many archives ahead each, a window's worth (a million messages are
+# ~10 archives a window), so that they go on while the engine commits the
+# window before.
+IMPORT_QUEUE_PER_WORKER = 6
 # Records a worker turns into table rows at once while decoding an archive.
 DECODE_BATCH = 4096
 
@@ -126,8 +131,9 @@ class Workers:
     mid-flight.
     """
 
-    def __init__(self, processes: int | None = None):
+    def __init__(self, processes: int | None = None, queue_per_worker: int = QUEUE_PER_WORKER):
         self.processes = default_processes() if processes is None else processes
+        self.queue_per_worker = queue_per_worker
         self._pool: ProcessPoolExecutor | None = None
         self._due: deque[tuple[object, Future]] = deque()
 
@@ -139,7 +145,7 @@ class Workers:
 
     @property
     def full(self) -> bool:
-        return len(self._due) >= max(1, self.processes) * QUEUE_PER_WORKER
+        return len(self._due) >= max(1, self.processes) * self.queue_per_worker
 
     def __len__(self) -> int:
         return len(self._due)

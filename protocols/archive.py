@@ -392,6 +392,39 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     body = view[: entry.encoded_size]
     if data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
         raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
+    parsed = decoder.parse_archive(body)
+    if parsed is not None:  # status-go's layout, canonical: read whole
+        metadata = parsed.metadata if parsed.HasField("metadata") else None
+        records, decode = parsed.messages, decoder.decode_parsed
+    else:
+        metadata, raw_messages = _split_archive(layout, entry, body)
+        records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
+    if metadata is None:
+        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+    start, end, content_topics = _window_of(layout, metadata)
+    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
+        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
+    listed = set(content_topics)
+    if allowed_topics is not None:
+        listed &= set(allowed_topics)
+    for i, raw in enumerate(records):
+        try:
+            record = decode(raw)
+        except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
+        topic = record[1]
+        if topic not in listed:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
+        ordering = record[5] or record[7]
+        if not start <= ordering < end:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
+                               f"outside [{start}, {end})")
+        yield record
+
+
+def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[object | None, list[memoryview]]:
+    """The metadata (None when absent) and the records of an archive body,
+    read a field at a time (any layout, any encoding)."""
     metadata_raw, raw_messages = None, []
     for number, wire, value in proto_fields(body):
         if number == 2 and wire == _WIRE_LEN:
@@ -402,31 +435,11 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
             if any(value):
                 raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     if metadata_raw is None:
-        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+        return None, raw_messages
     metadata = message_codec.parse_protobuf(_metadata_class(layout), bytes(metadata_raw))
     if metadata is None:
         raise ArchiveError(f"archive {entry.archive_id}: undecodable metadata")
-    start, end, content_topics = _window_of(layout, metadata)
-    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
-        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
-    listed = set(content_topics)
-    if allowed_topics is not None:
-        listed &= set(allowed_topics)
-    decode = decoder.decode
-    for i, raw in enumerate(raw_messages):
-        try:
-            record = decode(bytes(raw))
-        except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
-        topic = record[1]
-        if topic not in listed:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
-        ordering = record[5] or record[7]
-        if not start <= ordering < end:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
-                               f"outside [{start}, {end})")
-        raw_messages[i] = None  # each record's bytes are dropped once decoded
-        yield record
+    return metadata, raw_messages
 
 
 # --- the magnet-link message -----------------------------------------------------

@@ -53,6 +53,7 @@ from coincurve._libsecp256k1 import lib as _lib
 from coincurve.context import GLOBAL_CONTEXT
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256
@@ -350,38 +351,75 @@ class RecordDecoder:
         record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
         if record is None:
             raise ArchiveError("undecodable archive message")
-        raw_topic = record.topic
+        return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash, pubsub,
+                             arrival, _ext_bytes(ext, EXT_NONCE), _ext_bytes(ext, EXT_SIGNATURE) or b"",
+                             _ext_int(ext, EXT_VERSION) or 0, _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
+                             _ext_bytes(ext, EXT_META) or b"", _ext_bytes(ext, EXT_PROOF) or b"")
+
+    def parse_archive(self, body: bytes | memoryview) -> archive_status_go_pb2.ArchivedMessages | None:
+        """A status-go archive body parsed whole, one call into protobuf's
+        parser instead of one a record (:meth:`decode_parsed` then reads
+        each record), when it holds known fields only and its metadata
+        comes first, once, as its canonical encoding: then it reads as
+        :meth:`decode` reads it a record at a time (both keep the last of a
+        repeated field), except that a varint past 64 bits keeps its low 64
+        bits here (status-go's Go reader refuses it) where :meth:`decode`
+        keeps it whole. None otherwise, and for the spec layout."""
+        if self.layout is not Layout.STATUS_GO:
+            return None
+        parsed = message_codec.parse_protobuf(archive_status_go_pb2.ArchivedMessages, body)
+        if parsed is None or not parsed.HasField("metadata") or UnknownFieldSet(parsed) or \
+                UnknownFieldSet(parsed.metadata):
+            return None
+        metadata = parsed.metadata.SerializeToString()
+        head = _METADATA_KEY + varint(len(metadata))
+        if bytes(body[: len(head) + len(metadata)]) != head + metadata:
+            return None  # not first, or twice (merged), or not canonical
+        if any(UnknownFieldSet(record) for record in parsed.messages):
+            return None
+        return parsed
+
+    def decode_parsed(self, record: archive_status_go_pb2.ArchivedMessage) -> DecodedRecord:
+        """:meth:`decode` of a record of :meth:`parse_archive`."""
+        try:
+            return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash,
+                                 record.pubsub_topic if record.HasField("pubsub_topic") else None,
+                                 record.arrival_ns if record.HasField("arrival_ns") else None,
+                                 record.nonce if record.HasField("nonce") else None, record.signature,
+                                 record.version, record.timestamp_ns, record.meta, record.rate_limit_proof)
+        except (MessageError, TopicError) as exc:
+            raise ArchiveError(str(exc)) from None
+
+    def _rebuild(self, raw_topic: bytes, seconds: int, payload: bytes, padding: bytes, hash_: bytes,
+                 pubsub: bytes | None, arrival: int | None, nonce: bytes | None, signature: bytes, version: int,
+                 timestamp: int, meta: bytes, proof: bytes) -> DecodedRecord:
+        """The table row a status-go record's fields stand for (the extra
+        fields None or empty when absent), checked: see :meth:`decode`."""
         content_topic = self._topics.get(raw_topic)
         if content_topic is None:
             content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
         if arrival is None:  # an archive status-go made: see the module docstring
-            ts = record.timestamp * NS_PER_S
+            ts = seconds * NS_PER_S
             pubsub_topic = self.default_pubsub_topic
-            return (pubsub_topic, content_topic, record.payload, b"", 0, ts, b"", ts,
-                    _hash(pubsub_topic, record.payload, content_topic, b"", ts))
+            return (pubsub_topic, content_topic, payload, b"", 0, ts, b"", ts,
+                    _hash(pubsub_topic, payload, content_topic, b"", ts))
         if pubsub is None:
             raise ArchiveError("archive message has an arrival time but no pubsub topic")
-        payload, nonce = record.payload, _ext_bytes(ext, EXT_NONCE)
         if nonce is not None:
             cipher = self._cipher(content_topic)
             if len(nonce) != waku_v1.AES_NONCE_SIZE:
                 raise ArchiveError(f"nonce of {len(nonce)} bytes")
-            payload = _seal(cipher, nonce, payload, record.padding, _ext_bytes(ext, EXT_SIGNATURE) or b"")
-        version = _ext_int(ext, EXT_VERSION) or 0
-        timestamp = _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0)
-        meta = _ext_bytes(ext, EXT_META) or b""
-        proof = _ext_bytes(ext, EXT_PROOF) or b""
+            payload = _seal(cipher, nonce, payload, padding, signature)
         pubsub_topic = self._pubsub.get(pubsub)
         if pubsub_topic is None:
             pubsub_topic = self._pubsub[pubsub] = _utf8(pubsub, "pubsub topic")
         ordering = timestamp or arrival
-        if ordering // NS_PER_S != record.timestamp:
-            raise ArchiveError(f"timestamp {record.timestamp} s does not match {ordering} ns")
+        if ordering // NS_PER_S != seconds:
+            raise ArchiveError(f"timestamp {seconds} s does not match {ordering} ns")
         # What message_codec.encode_message would refuse: the wire types of
         # version (uint32) and timestamp (sint64, also the hash's 8 bytes).
         if not 0 <= version <= _UINT32_MAX or not _INT64_MIN <= timestamp <= _INT64_MAX:
             raise ArchiveError(f"message does not fit the wire format: version {version}, timestamp {timestamp}")
-        hash_ = record.hash
         if _hash(pubsub_topic, payload, content_topic, meta, timestamp) != hash_:
             raise ArchiveError("message hash does not match the rebuilt message")
         return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_
@@ -639,4 +677,5 @@ _NONCE_KEY = _key(EXT_NONCE, _WIRE_LEN)
 _SIGNATURE_KEY = _key(EXT_SIGNATURE, _WIRE_LEN)
 # An entry of an archive's ``messages`` (field 3 of WakuMessageArchive, both layouts).
 _ARCHIVE_MESSAGE_KEY = _key(3, _WIRE_LEN)
+_METADATA_KEY = _key(2, _WIRE_LEN)
 _VARINT_MAX = 10

@@ -199,6 +199,67 @@ def test_status_go_record_of_a_channel_message_is_decrypted_and_carries_the_sign
         archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, PUBSUB)
 
 
+def _records_both_ways(entry, data, keys):
+    """An archive's records read whole (parse_archive) and a record at a time."""
+    whole = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+    one_by_one = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+    one_by_one.parse_archive = lambda body: None
+    return (whole.parse_archive(memoryview(data)[: entry.encoded_size]),
+            archive.read_archive_records(entry, data, whole), archive.read_archive_records(entry, data, one_by_one))
+
+
+def test_a_status_go_archive_is_read_whole_as_it_is_read_a_record_at_a_time():
+    window = Window(T0, T0 + WEEK)
+    messages = [encrypted_message(window), encrypted_message(window, signed=False),
+                WakuMessage(b"plain", TOPICS[0], timestamp=window.start_ns + 9, meta=b"m", rate_limit_proof=b"p")]
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, m, window.start_ns + 5,
+                                                                       CHANNEL_KEY).data for m in messages])
+    parsed, whole, one_by_one = _records_both_ways(writer.entries[0], data, {TOPICS[0]: CHANNEL_KEY})
+    assert parsed is not None and len(parsed.messages) == 3
+    assert whole == one_by_one and [r[2] for r in whole] == [m.payload for m in messages]
+
+
+@pytest.mark.parametrize("extra", [
+    archive.field_bytes(1005, b"not a varint"),  # a known number with another wire type: refused
+    archive.field_varint(1004, 0),  # explicit and canonical: read whole
+    archive.varint(1005 << 3) + bytes([0x81, 0x80, 0x00]),  # 1005 again, as a longer varint than needed
+    archive.field_bytes(1200, b"unknown"),  # ignored
+    archive.field_bytes(4, b"payload again"),  # a repeated field, the last one winning
+])
+def test_an_archive_read_whole_or_a_record_at_a_time_gives_the_same_rows_or_error(extra):
+    window = Window(T0, T0 + WEEK)
+    record = archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, encrypted_message(window), window.start_ns + 5,
+                                             CHANNEL_KEY).data
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, [record + extra])
+    keys = {TOPICS[0]: CHANNEL_KEY}
+    entry = writer.entries[0]
+    outcomes = []
+    for whole in (True, False):
+        decoder = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+        if not whole:
+            decoder.parse_archive = lambda body: None
+        try:
+            outcomes.append(archive.read_archive_records(entry, data, decoder))
+        except ArchiveError as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_an_archive_with_its_metadata_twice_or_unknown_fields_is_read_a_record_at_a_time():
+    window = Window(T0, T0 + WEEK)
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, encoded(Layout.STATUS_GO, window, 2))
+    body = data[: writer.entries[0].encoded_size]
+    decoder = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB)
+    assert decoder.parse_archive(body) is not None
+    (metadata,) = [value for number, _, value in archive.proto_fields(body) if number == 2]
+    assert decoder.parse_archive(body + archive.field_bytes(2, metadata)) is None
+    assert decoder.parse_archive(body + archive.field_bytes(9, b"?")) is None
+    assert archive.RecordDecoder(Layout.SPEC, PUBSUB).parse_archive(body) is None
+
+
 @pytest.mark.parametrize("signed, key", [(False, CHANNEL_KEY), (True, bytes(range(32)))])
 def test_unsigned_or_foreign_payloads_round_trip(signed, key):
     window = Window(T0, T0 + WEEK)
