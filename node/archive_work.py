@@ -23,7 +23,7 @@ from pathlib import Path
 
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage.archive_window import RowsFile, export_columns, load_rows
+from wakustore.storage.archive_window import RowsFile, export_columns, load_rows, use_c_heap
 from wakustore.storage.rows import records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
@@ -69,10 +69,8 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
             layout, default_pubsub_topic, dict(keys))
     try:
-        with open(data_path, "rb") as data:
-            data.seek(entry.offset)
-            raw = data.read(entry.size)
-        records = archive.iter_archive_records(entry, raw, decoder, allowed_topics)
+        # Not held here: the decoder drops the archive once it has parsed it.
+        records = archive.iter_archive_records(entry, _read(data_path, entry), decoder, allowed_topics)
         if out is None:
             return records_to_arrow(list(records))
         # A batch at a time: an archive's messages never all exist as objects.
@@ -82,6 +80,19 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         return out
     finally:
         _trim()
+
+
+def _start_worker() -> None:
+    """Arrow's buffers from the C heap in a worker, which :func:`_trim`
+    gives back after each task: with its default pool a worker kept ~30 MB
+    more between archives and ~35 MB more at the peak of one."""
+    use_c_heap()
+
+
+def _read(data_path: Path, entry: IndexEntry) -> bytes:
+    with open(data_path, "rb") as data:
+        data.seek(entry.offset)
+        return data.read(entry.size)
 
 
 def _trim() -> None:
@@ -160,7 +171,8 @@ class Workers:
                 future.set_exception(exc)
         else:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start_worker)
             future = self._pool.submit(fn, *args)
         self._due.append((tag, future))
 

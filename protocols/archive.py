@@ -396,6 +396,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     if parsed is not None:  # status-go's layout, canonical: read whole
         metadata = parsed.metadata if parsed.HasField("metadata") else None
         records, decode = parsed.messages, decoder.decode_parsed
+        del data, view, body  # the parse holds its own copy: the archive can go (a caller that passed it keeps it)
     else:
         metadata, raw_messages = _split_archive(layout, entry, body)
         records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
