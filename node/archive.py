@@ -734,7 +734,8 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     # the engine commits this one.
     # Workers hand rows back as files beside the data (archive_work.rows_of).
     with tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool, \
-            archive_work.Workers(None if big else 0, archive_work.IMPORT_QUEUE_PER_WORKER) as workers:
+            archive_work.Workers(archive_work.IMPORT_PROCESSES if big else 0,
+                                 archive_work.IMPORT_QUEUE_PER_WORKER) as workers:
         waiting = iter(entries)
 
         def fill() -> None:

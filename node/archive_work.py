@@ -30,11 +30,16 @@ from wakustore.storage.rows import records_to_arrow
 # encoded records or one decoded archive, ~35 MB at most): a worker finds
 # its next task while the caller takes a result, and memory stays bounded.
 QUEUE_PER_WORKER = 2
-# An import's workers hand back files (rows_of), not memory: they decode
-# this many archives ahead each, a window's worth (a million messages are
-# ~10 archives a window), so that they go on while the engine commits the
-# window before.
-IMPORT_QUEUE_PER_WORKER = 6
+# An import's worker processes: one. What bounds an import is the engine's
+# commit of each window and the store's bookkeeping in the importing
+# process; a worker decodes ~90k messages a second, and a second one took
+# a 1M-message hydrate from 17.6-20.3 s to 16.9 s but the peak from ~1.38
+# to ~1.67 GB besides the engine (bench archive, 2 cores).
+IMPORT_PROCESSES = 1
+# It hands back files (rows_of), not memory, and decodes this many archives
+# ahead, more than a window's worth (a million messages are ~10 archives a
+# window), so that it goes on while the engine commits the window before.
+IMPORT_QUEUE_PER_WORKER = 12
 # Records a worker turns into table rows at once while decoding an archive.
 DECODE_BATCH = 4096
 
