@@ -188,9 +188,9 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
     community's magnet topic. Blocking (Spark, file I/O). The engine reads
-    a day at a time as Arrow; records are encoded in batches, by worker
-    processes once the export is large (:mod:`archive_work`), in order, so
-    the bytes are the same either way. ``stop``, once set, ends the export
+    a day at a time, a day ahead of the encoding; records are encoded in
+    batches, by worker processes once the export is large
+    (:mod:`archive_work`), in order, so the bytes are the same either way. ``stop``, once set, ends the export
     with :class:`Stopped` before its next day of messages (what was
     appended is cut off by the next export)."""
     layout, content_topics = Layout(settings.layout), settings.content_topics

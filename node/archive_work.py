@@ -33,8 +33,8 @@ QUEUE_PER_WORKER = 2
 # An import's worker processes: one. What bounds an import is the engine's
 # commit of each window and the store's bookkeeping in the importing
 # process; a worker decodes ~90k messages a second, and a second one took
-# a 1M-message hydrate from 17.6-20.3 s to 16.9 s but the peak from ~1.38
-# to ~1.67 GB besides the engine (bench archive, 2 cores).
+# a 1M-message hydrate from 17.2-17.3 s to 16.9 s but the peak from ~1.41
+# to ~1.67 GB besides the engine (bench archive's fetch, 2 cores).
 IMPORT_PROCESSES = 1
 # It hands back files (rows_of), not memory, and decodes this many archives
 # ahead, more than a window's worth (a million messages are ~10 archives a
