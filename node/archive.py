@@ -614,6 +614,9 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     job.start(session or torrent.open_session())
     try:
         torrent.drive(job.download())
+    except BaseException:
+        job.drop_workers()
+        raise
     finally:
         job.close()
     job.hydrate(store)
@@ -644,6 +647,9 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
     job.start(session)
     try:
         await torrent.drive_async(job.download())
+    except BaseException:
+        job.drop_workers()
+        raise
     finally:
         job.close()
     await run_stoppable(job.hydrate, store, limiter=limiter)
@@ -671,6 +677,7 @@ class _ArchiveFetch:
         self.result = FetchResult()
         self.groups: list[list[IndexEntry]] = []
         self.job: torrent.Fetch | None = None
+        self.workers: archive_work.Workers | None = None
         if clock is not None and clock <= self.record.last_clock:
             self.result.ignored = f"magnet clock {clock} is not newer than {self.record.last_clock}"
 
@@ -693,6 +700,7 @@ class _ArchiveFetch:
         self.groups = _select(archive_windows(entries), set(self.record.imported), self.selection)
         self.report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
                     f"in {len(self.groups)} window(s)")
+        self.workers = import_workers(self.groups)  # they start while the pieces download
         yield from job.download({p for g in self.groups for e in g for p in e.pieces(info.piece_length())},
                                 self.stall_timeout_s)
         yield from job.flush()
@@ -703,10 +711,17 @@ class _ArchiveFetch:
         if self.job is not None:
             self.job.close()
 
+    def drop_workers(self) -> None:
+        """Stop the import's workers (the download failed: no import)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
     def hydrate(self, store, stop: threading.Event | None = None) -> None:
+        workers, self.workers = self.workers, None
         hydrate(store, self.save_path / self.cid / "data", self.layout, self.groups, self.default_pubsub_topic,
                 self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop,
-                progress=self.progress)
+                progress=self.progress, workers=workers)
         if self.clock is not None:
             self.record.last_clock, self.record.last_magnet = self.clock, self.magnet
         self.record.save(self.record_path)
@@ -715,7 +730,8 @@ class _ArchiveFetch:
 def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
             allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
             record_path: Path, result: FetchResult, report: Report = _quiet, *,
-            stop: threading.Event | None = None, progress: Progress | None = None) -> None:
+            stop: threading.Event | None = None, progress: Progress | None = None,
+            workers: archive_work.Workers | None = None) -> None:
     """Check the archives of each window (as :func:`archive_windows` groups
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
@@ -723,10 +739,10 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     Archives are decoded into Arrow rows (no object per message), by
     worker processes when there are many, ahead of the window being
     committed.
-    ``stop``, once set, ends it with :class:`Stopped` before the next window."""
+    ``stop``, once set, ends it with :class:`Stopped` before the next window.
+    ``workers``: :func:`import_workers` started earlier (closed here)."""
     started = time.monotonic()
     entries = [(number, entry) for number, group in enumerate(groups) for entry in group]
-    big = sum(entry.size for _, entry in entries) >= POOL_MIN_BYTES
     allowed = tuple(allowed_topics) if allowed_topics is not None else None
     keys_items = archive_work.key_items(keys)
     # Archives are checked and decoded ahead, in order, by worker processes
@@ -734,8 +750,7 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     # the engine commits this one.
     # Workers hand rows back as files beside the data (archive_work.rows_of).
     with tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool, \
-            archive_work.Workers(archive_work.IMPORT_PROCESSES if big else 0,
-                                 archive_work.IMPORT_QUEUE_PER_WORKER) as workers:
+            (workers if workers is not None else import_workers(groups)) as workers:
         waiting = iter(entries)
 
         def fill() -> None:
@@ -767,6 +782,15 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
         if progress is not None and groups:
             progress("windows imported", len(groups), len(groups))
     result.hydrate_s += time.monotonic() - started
+
+
+def import_workers(groups: list[list[IndexEntry]]) -> archive_work.Workers:
+    """Started workers to decode ``groups``' archives: a process when they
+    are large, else none (decoded in the calling thread)."""
+    big = sum(entry.size for group in groups for entry in group) >= POOL_MIN_BYTES
+    workers = archive_work.Workers(archive_work.IMPORT_PROCESSES if big else 0, archive_work.IMPORT_QUEUE_PER_WORKER)
+    workers.start()
+    return workers
 
 
 def archive_windows(entries: list[IndexEntry]) -> list[list[IndexEntry]]:

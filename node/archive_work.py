@@ -94,6 +94,10 @@ def _start_worker() -> None:
     use_c_heap()
 
 
+def _ready() -> None:
+    """A task that only makes its worker start (:meth:`Workers.start`)."""
+
+
 def _read(data_path: Path, entry: IndexEntry) -> bytes:
     with open(data_path, "rb") as data:
         data.seek(entry.offset)
@@ -175,11 +179,23 @@ class Workers:
             except Exception as exc:  # handed to the caller by take(), as a worker's would be
                 future.set_exception(exc)
         else:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start_worker)
-            future = self._pool.submit(fn, *args)
+            future = self._started().submit(fn, *args)
         self._due.append((tag, future))
+
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first task:
+        each imports for a second or so (an import starts them before its
+        download)."""
+        if self.processes > 0:
+            pool = self._started()
+            for _ in range(self.processes):
+                pool.submit(_ready)
+
+    def _started(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_worker)
+        return self._pool
 
     def peek_tag(self) -> object:
         return self._due[0][0]
