@@ -26,12 +26,14 @@ import functools
 import json
 import logging
 import os
+import queue
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -186,9 +188,9 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
     community's magnet topic. Blocking (Spark, file I/O). The engine reads
-    a day at a time as Arrow; records are encoded in batches, by worker
-    processes once the export is large (:mod:`archive_work`), in order, so
-    the bytes are the same either way. ``stop``, once set, ends the export
+    a day at a time, a day ahead of the encoding; records are encoded in
+    batches, by worker processes once the export is large
+    (:mod:`archive_work`), in order, so the bytes are the same either way. ``stop``, once set, ends the export
     with :class:`Stopped` before its next day of messages (what was
     appended is cut off by the next export)."""
     layout, content_topics = Layout(settings.layout), settings.content_topics
@@ -208,53 +210,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         start = _oldest_second(store, content_topics)
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
-    # Records are encoded here until a day holds enough messages to pay for
-    # starting worker processes; either way they come back in order.
-    workers = archive_work.Workers(0)
-    keys_items = archive_work.key_items(keys)
-    seen_rows = 0
-    try:
-        with open(community_dir / "data", "ab") as data:
-            for done, window in enumerate(windows):
-                if progress is not None:
-                    progress("windows", done, len(windows))
-                chunker = archive.Chunker()
-                before = len(writer.new_entries)
-
-                def take(window=window, chunker=chunker) -> None:
-                    _, (records, sizes) = workers.take()
-                    for record, size in zip(records, sizes):
-                        full = chunker.add_encoded(record, size)
-                        if full:
-                            data.write(writer.add(window, content_topics, full))
-                            result.messages += len(full)
-
-                _check(stop)
-                for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics):
-                    _check(stop)
-                    seen_rows += table.num_rows
-                    if workers.processes == 0 and seen_rows >= POOL_MIN_ROWS:
-                        while len(workers):
-                            take()
-                        workers = archive_work.Workers()
-                    for batch in export_batches(table, EXPORT_BATCH_ROWS):
-                        while workers.full:
-                            take()
-                        workers.submit(None, archive_work.encode_batch, layout, keys_items, batch)
-                while len(workers):
-                    take()
-                last = chunker.finish()
-                if last:
-                    data.write(writer.add(window, content_topics, last))
-                    result.messages += len(last)
-                result.dropped += chunker.dropped
-                report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
-            if progress is not None and windows:
-                progress("windows", len(windows), len(windows))
-            data.flush()
-            os.fsync(data.fileno())
-    finally:
-        workers.close()
+    with open(community_dir / "data", "ab") as data:
+        _export_windows(store, windows, content_topics, layout, keys, writer, data, result, report, stop, progress)
+        data.flush()
+        os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
     if windows:
         state.last_end_s = windows[-1].end_s
@@ -270,6 +229,109 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     state.save(settings.state_path)
     result.magnet = state.magnet or None
     return result
+
+
+def _export_windows(store, windows: list[Window], content_topics: list[str], layout: Layout, keys: dict[str, bytes],
+                    writer: ArchiveWriter, data, result: ExportResult, report: Report,
+                    stop: threading.Event | None, progress: Progress | None) -> None:
+    """Append the archives of ``windows`` to ``data``. A thread reads the
+    next day from the engine while this one hands batches to the workers
+    and writes what they return; batches carry their window's number, so
+    the workers go on into the next window while this one's last archive
+    is written."""
+    # Records are encoded here until a day holds enough messages to pay for
+    # starting worker processes; either way they come back in order.
+    workers = archive_work.Workers(0)
+    keys_items = archive_work.key_items(keys)
+    seen_rows = 0
+    chunker, open_window, before = archive.Chunker(), 0, 0
+
+    def close_windows(through: int) -> None:
+        """Write the last archive of every window before ``through``."""
+        nonlocal chunker, open_window, before
+        while open_window < through:
+            window = windows[open_window]
+            last = chunker.finish_framed()
+            if last:
+                data.writelines(writer.add_framed(window, content_topics, last[0]))
+                result.messages += last[1]
+            result.dropped += chunker.dropped
+            report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
+            chunker, open_window, before = archive.Chunker(), open_window + 1, len(writer.new_entries)
+            if progress is not None:
+                progress("windows", open_window, len(windows))
+
+    def take() -> None:
+        number, batch = workers.take()
+        close_windows(number)
+        for entries, count in chunker.add_framed(*batch):
+            data.writelines(writer.add_framed(windows[number], content_topics, entries))
+            result.messages += count
+
+    if progress is not None and windows:
+        progress("windows", 0, len(windows))
+    _check(stop)
+    days = ((number, table) for number, window in enumerate(windows)
+            for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics))
+    try:
+        for number, table in read_ahead(days):
+            _check(stop)
+            seen_rows += table.num_rows
+            if workers.processes == 0 and seen_rows >= POOL_MIN_ROWS:
+                while len(workers):
+                    take()
+                workers = archive_work.Workers()
+            for batch in export_batches(table, EXPORT_BATCH_ROWS):
+                while workers.full:
+                    take()
+                workers.submit(number, archive_work.encode_batch, layout, keys_items, batch)
+        while len(workers):
+            take()
+        close_windows(len(windows))
+    finally:
+        workers.close()
+
+
+def read_ahead(items: Iterable[T]) -> Iterator[T]:
+    """``items``, produced by a thread one item ahead of the caller (the
+    engine reads the next day while the caller works on this one).
+    Whatever the thread raises is raised here; when the caller stops early,
+    the thread ends after its current item."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stopping = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                handoff.put((item, None))
+                if stopping.is_set():
+                    break
+        except BaseException as exc:  # handed to the caller, raised there
+            handoff.put((_END, exc))
+            return
+        handoff.put((_END, None))
+
+    thread = threading.Thread(target=produce, name="archive-read-ahead", daemon=True)
+    thread.start()
+    ended = False
+    try:
+        while True:
+            item, error = handoff.get()
+            if item is _END:
+                ended = True
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stopping.set()
+        while not ended:  # let the thread finish its item and see the flag
+            ended = handoff.get()[0] is _END
+        thread.join()
+
+
+_END = object()
+T = TypeVar("T")
 
 
 def magnet_waku_message(private_key: bytes, magnet_uri: str, clock_ms: int, timestamp_ns: int) -> WakuMessage:
@@ -552,6 +614,9 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     job.start(session or torrent.open_session())
     try:
         torrent.drive(job.download())
+    except BaseException:
+        job.drop_workers()
+        raise
     finally:
         job.close()
     job.hydrate(store)
@@ -582,6 +647,9 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
     job.start(session)
     try:
         await torrent.drive_async(job.download())
+    except BaseException:
+        job.drop_workers()
+        raise
     finally:
         job.close()
     await run_stoppable(job.hydrate, store, limiter=limiter)
@@ -609,6 +677,7 @@ class _ArchiveFetch:
         self.result = FetchResult()
         self.groups: list[list[IndexEntry]] = []
         self.job: torrent.Fetch | None = None
+        self.workers: archive_work.Workers | None = None
         if clock is not None and clock <= self.record.last_clock:
             self.result.ignored = f"magnet clock {clock} is not newer than {self.record.last_clock}"
 
@@ -631,6 +700,7 @@ class _ArchiveFetch:
         self.groups = _select(archive_windows(entries), set(self.record.imported), self.selection)
         self.report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
                     f"in {len(self.groups)} window(s)")
+        self.workers = import_workers(self.groups)  # they start while the pieces download
         yield from job.download({p for g in self.groups for e in g for p in e.pieces(info.piece_length())},
                                 self.stall_timeout_s)
         yield from job.flush()
@@ -641,10 +711,17 @@ class _ArchiveFetch:
         if self.job is not None:
             self.job.close()
 
+    def drop_workers(self) -> None:
+        """Stop the import's workers (the download failed: no import)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
     def hydrate(self, store, stop: threading.Event | None = None) -> None:
+        workers, self.workers = self.workers, None
         hydrate(store, self.save_path / self.cid / "data", self.layout, self.groups, self.default_pubsub_topic,
                 self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop,
-                progress=self.progress)
+                progress=self.progress, workers=workers)
         if self.clock is not None:
             self.record.last_clock, self.record.last_magnet = self.clock, self.magnet
         self.record.save(self.record_path)
@@ -653,7 +730,8 @@ class _ArchiveFetch:
 def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
             allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
             record_path: Path, result: FetchResult, report: Report = _quiet, *,
-            stop: threading.Event | None = None, progress: Progress | None = None) -> None:
+            stop: threading.Event | None = None, progress: Progress | None = None,
+            workers: archive_work.Workers | None = None) -> None:
     """Check the archives of each window (as :func:`archive_windows` groups
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
@@ -661,10 +739,10 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     Archives are decoded into Arrow rows (no object per message), by
     worker processes when there are many, ahead of the window being
     committed.
-    ``stop``, once set, ends it with :class:`Stopped` before the next window."""
+    ``stop``, once set, ends it with :class:`Stopped` before the next window.
+    ``workers``: :func:`import_workers` started earlier (closed here)."""
     started = time.monotonic()
     entries = [(number, entry) for number, group in enumerate(groups) for entry in group]
-    big = sum(entry.size for _, entry in entries) >= POOL_MIN_BYTES
     allowed = tuple(allowed_topics) if allowed_topics is not None else None
     keys_items = archive_work.key_items(keys)
     # Archives are checked and decoded ahead, in order, by worker processes
@@ -672,7 +750,7 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     # the engine commits this one.
     # Workers hand rows back as files beside the data (archive_work.rows_of).
     with tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool, \
-            archive_work.Workers(None if big else 0) as workers:
+            (workers if workers is not None else import_workers(groups)) as workers:
         waiting = iter(entries)
 
         def fill() -> None:
@@ -704,6 +782,15 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
         if progress is not None and groups:
             progress("windows imported", len(groups), len(groups))
     result.hydrate_s += time.monotonic() - started
+
+
+def import_workers(groups: list[list[IndexEntry]]) -> archive_work.Workers:
+    """Started workers to decode ``groups``' archives: a process when they
+    are large, else none (decoded in the calling thread)."""
+    big = sum(entry.size for group in groups for entry in group) >= POOL_MIN_BYTES
+    workers = archive_work.Workers(archive_work.IMPORT_PROCESSES if big else 0, archive_work.IMPORT_QUEUE_PER_WORKER)
+    workers.start()
+    return workers
 
 
 def archive_windows(entries: list[IndexEntry]) -> list[list[IndexEntry]]:

@@ -23,13 +23,23 @@ from pathlib import Path
 
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage.archive_window import RowsFile, export_columns, load_rows
+from wakustore.storage.archive_window import RowsFile, export_columns, load_rows, use_c_heap
 from wakustore.storage.rows import records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
 # encoded records or one decoded archive, ~35 MB at most): a worker finds
 # its next task while the caller takes a result, and memory stays bounded.
 QUEUE_PER_WORKER = 2
+# An import's worker processes: one. What bounds an import is the engine's
+# commit of each window and the store's bookkeeping in the importing
+# process; a worker decodes ~90k messages a second, and a second one took
+# a 1M-message hydrate from 17.2-17.3 s to 16.9 s but the peak from ~1.41
+# to ~1.67 GB besides the engine (bench archive's fetch, 2 cores).
+IMPORT_PROCESSES = 1
+# It hands back files (rows_of), not memory, and decodes this many archives
+# ahead, more than a window's worth (a million messages are ~10 archives a
+# window), so that it goes on while the engine commits the window before.
+IMPORT_QUEUE_PER_WORKER = 12
 # Records a worker turns into table rows at once while decoding an archive.
 DECODE_BATCH = 4096
 
@@ -39,14 +49,15 @@ _encoders: dict[tuple, RecordEncoder] = {}
 _decoders: dict[tuple, RecordDecoder] = {}
 
 
-def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[list[bytes], list[int]]:
-    """The records and payload sizes of one export batch
-    (:func:`archive_window.export_batches`)."""
+def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[bytes, list[int], list[int]]:
+    """The records of one export batch (:func:`archive_window.export_batches`)
+    framed as archive entries, their ends and payload sizes
+    (:meth:`RecordEncoder.encode_framed`)."""
     encoder = _encoders.get((layout, keys))
     if encoder is None:
         encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
     try:
-        return encoder.encode_columns(*export_columns(batch))
+        return encoder.encode_framed(*export_columns(batch))
     finally:
         _trim()
 
@@ -63,10 +74,8 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
             layout, default_pubsub_topic, dict(keys))
     try:
-        with open(data_path, "rb") as data:
-            data.seek(entry.offset)
-            raw = data.read(entry.size)
-        records = archive.iter_archive_records(entry, raw, decoder, allowed_topics)
+        # Not held here: the decoder drops the archive once it has parsed it.
+        records = archive.iter_archive_records(entry, _read(data_path, entry), decoder, allowed_topics)
         if out is None:
             return records_to_arrow(list(records))
         # A batch at a time: an archive's messages never all exist as objects.
@@ -76,6 +85,23 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         return out
     finally:
         _trim()
+
+
+def _start_worker() -> None:
+    """Arrow's buffers from the C heap in a worker, which :func:`_trim`
+    gives back after each task: with its default pool a worker kept ~30 MB
+    more between archives and ~35 MB more at the peak of one."""
+    use_c_heap()
+
+
+def _ready() -> None:
+    """A task that only makes its worker start (:meth:`Workers.start`)."""
+
+
+def _read(data_path: Path, entry: IndexEntry) -> bytes:
+    with open(data_path, "rb") as data:
+        data.seek(entry.offset)
+        return data.read(entry.size)
 
 
 def _trim() -> None:
@@ -125,8 +151,9 @@ class Workers:
     mid-flight.
     """
 
-    def __init__(self, processes: int | None = None):
+    def __init__(self, processes: int | None = None, queue_per_worker: int = QUEUE_PER_WORKER):
         self.processes = default_processes() if processes is None else processes
+        self.queue_per_worker = queue_per_worker
         self._pool: ProcessPoolExecutor | None = None
         self._due: deque[tuple[object, Future]] = deque()
 
@@ -138,7 +165,7 @@ class Workers:
 
     @property
     def full(self) -> bool:
-        return len(self._due) >= max(1, self.processes) * QUEUE_PER_WORKER
+        return len(self._due) >= max(1, self.processes) * self.queue_per_worker
 
     def __len__(self) -> int:
         return len(self._due)
@@ -152,10 +179,23 @@ class Workers:
             except Exception as exc:  # handed to the caller by take(), as a worker's would be
                 future.set_exception(exc)
         else:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
-            future = self._pool.submit(fn, *args)
+            future = self._started().submit(fn, *args)
         self._due.append((tag, future))
+
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first task:
+        each imports for a second or so (an import starts them before its
+        download)."""
+        if self.processes > 0:
+            pool = self._started()
+            for _ in range(self.processes):
+                pool.submit(_ready)
+
+    def _started(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_worker)
+        return self._pool
 
     def peek_tag(self) -> object:
         return self._due[0][0]

@@ -121,13 +121,19 @@ class Chunker:
     """Cuts one window's encoded messages into archives of at most
     ``limit`` bytes of payload, as status-go does: a message that would
     overflow the current chunk starts the next; one larger than the limit
-    is dropped (counted in ``dropped``)."""
+    is dropped (counted in ``dropped``).
+
+    Records come one at a time (:meth:`add`, :meth:`finish`: chunks are
+    lists of records) or a batch of framed entries at a time
+    (:meth:`add_framed`, :meth:`finish_framed`), not both on one chunker.
+    """
 
     def __init__(self, limit: int = MAX_ARCHIVE_PAYLOAD):
         self.limit = limit
         self.dropped = 0
-        self._chunk: list[bytes] = []
+        self._chunk: list = []
         self._size = 0
+        self._count = 0
 
     def add(self, record: Record) -> list[bytes] | None:
         """Add one message; returns a full chunk when this one did not fit."""
@@ -149,6 +155,43 @@ class Chunker:
         """The last chunk, or None when nothing is left."""
         chunk, self._chunk, self._size = self._chunk, [], 0
         return chunk or None
+
+    def add_framed(self, framed: bytes, ends: Sequence[int], sizes: Sequence[int]) -> list[tuple[list, int]]:
+        """Add a batch of messages framed as archive entries
+        (:meth:`RecordEncoder.encode_framed`: the entries back to back,
+        the end of each, its payload size); returns the chunks it filled,
+        each as (views of ``framed`` to join, number of messages), for
+        :meth:`ArchiveWriter.add_framed`. The same cuts as :meth:`add`
+        a message at a time."""
+        view = memoryview(framed)
+        full = []
+        run = start = 0  # the entries since `run` go into the current chunk
+        limit = self.limit
+        for end, size in zip(ends, sizes):
+            if size > limit:
+                if run < start:
+                    self._chunk.append(view[run:start])
+                self.dropped += 1
+                run = start = end
+                continue
+            if self._count and self._size + size > limit:
+                if run < start:
+                    self._chunk.append(view[run:start])
+                full.append((self._chunk, self._count))
+                self._chunk, self._size, self._count = [], 0, 0
+                run = start
+            self._size += size
+            self._count += 1
+            start = end
+        if run < start:
+            self._chunk.append(view[run:start])
+        return full
+
+    def finish_framed(self) -> tuple[list, int] | None:
+        """The last chunk of :meth:`add_framed`, or None when nothing is left."""
+        chunk, count = self._chunk, self._count
+        self._chunk, self._size, self._count = [], 0, 0
+        return (chunk, count) if count else None
 
 
 # --- archives and the index ----------------------------------------------------
@@ -213,23 +256,31 @@ class ArchiveWriter:
     def add(self, window: Window, content_topics: Sequence[str], messages: Sequence[bytes]) -> bytes:
         """Encode one archive of already encoded messages; returns archive
         plus padding, to be appended to ``data``."""
+        return b"".join(self.add_framed(window, content_topics, [field_bytes(3, m) for m in messages]))
+
+    def add_framed(self, window: Window, content_topics: Sequence[str], entries: Sequence) -> list:
+        """:meth:`add` for messages already framed as entries of the
+        archive's ``messages`` (bytes-like pieces: :meth:`Chunker.add_framed`),
+        returned as the pieces to append to ``data`` in order (an archive is
+        ~30 MB: each copy of it costs its page faults)."""
         metadata = _metadata_pb(self.layout, window, content_topics)
-        body = _archive_head(self.layout, metadata) + b"".join(field_bytes(3, m) for m in messages)
+        parts = [_archive_head(self.layout, metadata), *entries]
+        raw = sum(map(len, parts))
         if self.layout is Layout.SPEC:
-            body += _spec_padding_field(len(body), self.piece_length)
-            padding, size = 0, len(body)
+            parts.append(_spec_padding_field(raw, self.piece_length))
+            padding, size = 0, raw + len(parts[-1])
             index_md = archive_spec_pb2.WakuMessageArchiveIndexMetadata(
                 version=SPEC_VERSION, metadata=metadata, offset=self.data_size,
                 num_pieces=size // self.piece_length,
             )
         else:
-            padding = status_go_padding(len(body), self.piece_length)
-            size = len(body) + padding
+            padding = status_go_padding(raw, self.piece_length)
+            size = raw + padding
             index_md = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
                 metadata=metadata, offset=self.data_size, size=size, padding=padding,
             )
-        if len(body) > MAX_ARCHIVE_SIZE:
-            raise ArchiveError(f"archive of {len(body)} bytes exceeds {MAX_ARCHIVE_SIZE}")
+        if size - padding > MAX_ARCHIVE_SIZE:
+            raise ArchiveError(f"archive of {size - padding} bytes exceeds {MAX_ARCHIVE_SIZE}")
         encoded_md = index_md.SerializeToString()
         archive_id = archive_key(encoded_md)
         entry = IndexEntry(archive_id, window.start_ns, window.end_ns, tuple(content_topics),
@@ -238,7 +289,8 @@ class ArchiveWriter:
         self.entries.append(entry)
         self.new_entries.append(entry)
         self.data_size += size
-        return body + bytes(padding)
+        parts.append(bytes(padding))
+        return parts
 
     def index_bytes(self) -> bytes:
         """The encoded index, map keys in sorted order (deterministic)."""
@@ -340,6 +392,40 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     body = view[: entry.encoded_size]
     if data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
         raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
+    parsed = decoder.parse_archive(body)
+    if parsed is not None:  # status-go's layout, canonical: read whole
+        metadata = parsed.metadata if parsed.HasField("metadata") else None
+        records, decode = parsed.messages, decoder.decode_parsed
+        del data, view, body  # the parse holds its own copy: the archive can go (a caller that passed it keeps it)
+    else:
+        metadata, raw_messages = _split_archive(layout, entry, body)
+        records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
+    if metadata is None:
+        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+    start, end, content_topics = _window_of(layout, metadata)
+    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
+        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
+    listed = set(content_topics)
+    if allowed_topics is not None:
+        listed &= set(allowed_topics)
+    for i, raw in enumerate(records):
+        try:
+            record = decode(raw)
+        except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
+        topic = record[1]
+        if topic not in listed:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
+        ordering = record[5] or record[7]
+        if not start <= ordering < end:
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
+                               f"outside [{start}, {end})")
+        yield record
+
+
+def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[object | None, list[memoryview]]:
+    """The metadata (None when absent) and the records of an archive body,
+    read a field at a time (any layout, any encoding)."""
     metadata_raw, raw_messages = None, []
     for number, wire, value in proto_fields(body):
         if number == 2 and wire == _WIRE_LEN:
@@ -350,31 +436,11 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
             if any(value):
                 raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     if metadata_raw is None:
-        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+        return None, raw_messages
     metadata = message_codec.parse_protobuf(_metadata_class(layout), bytes(metadata_raw))
     if metadata is None:
         raise ArchiveError(f"archive {entry.archive_id}: undecodable metadata")
-    start, end, content_topics = _window_of(layout, metadata)
-    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
-        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
-    listed = set(content_topics)
-    if allowed_topics is not None:
-        listed &= set(allowed_topics)
-    decode = decoder.decode
-    for i, raw in enumerate(raw_messages):
-        try:
-            record = decode(bytes(raw))
-        except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: {exc}") from None
-        topic = record[1]
-        if topic not in listed:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
-        ordering = record[5] or record[7]
-        if not start <= ordering < end:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
-                               f"outside [{start}, {end})")
-        raw_messages[i] = None  # each record's bytes are dropped once decoded
-        yield record
+    return metadata, raw_messages
 
 
 # --- the magnet-link message -----------------------------------------------------

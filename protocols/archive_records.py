@@ -40,17 +40,20 @@ default (the community's shard); the hash cannot be checked then.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+import numpy as np
 from coincurve._libsecp256k1 import ffi as _ffi
 from coincurve._libsecp256k1 import lib as _lib
 from coincurve.context import GLOBAL_CONTEXT
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256
@@ -150,27 +153,66 @@ class RecordEncoder:
         sender timestamps (0 when unset), ``hashes`` the rows' message
         hashes (the table's column). Raises ArchiveError as
         :func:`encode_archived_message` does."""
-        if self.layout is Layout.SPEC:
-            records = [
-                encode_archived_message(self.layout, p, WakuMessage(pl, c, v, t, m, False, r), a)
-                for p, c, pl, m, v, t, r, a in zip(pubsub_topics, content_topics, payloads, metas, versions,
-                                                   timestamps, proofs, arrivals)
-            ]
-            return [r.data for r in records], [r.payload_size for r in records]
         datas, sizes = [], []
-        encode = self.status_go
-        for row in zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals,
-                       hashes):
-            data, size = encode(*row)
-            datas.append(data)
+        for parts, size in self._records(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
+                                         proofs, arrivals, hashes):
+            datas.append(b"".join(parts))
             sizes.append(size)
         return datas, sizes
+
+    def encode_framed(self, pubsub_topics: Sequence[str], content_topics: Sequence[str],
+                      payloads: Sequence[bytes], metas: Sequence[bytes], versions: Sequence[int],
+                      timestamps: Sequence[int], proofs: Sequence[bytes], arrivals: Sequence[int],
+                      hashes: Sequence[bytes]) -> tuple[bytes, list[int], list[int]]:
+        """:meth:`encode_columns` as an archive body holds the records:
+        each one framed as a ``messages`` entry (field 3 of
+        WakuMessageArchive), back to back in one bytes object, with the
+        end offset of each entry in it and the payload sizes (what
+        :meth:`archive.Chunker.add_framed` takes). One object a batch to
+        hand from a worker process, not one a message."""
+        out, ends, sizes = [], [], []
+        position = 0
+        for parts, size in self._records(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
+                                         proofs, arrivals, hashes):
+            length = sum(map(len, parts))
+            head = varint(length)
+            out.append(_ARCHIVE_MESSAGE_KEY)
+            out.append(head)
+            out += parts
+            position += len(_ARCHIVE_MESSAGE_KEY) + len(head) + length
+            ends.append(position)
+            sizes.append(size)
+        return b"".join(out), ends, sizes
+
+    def _records(self, pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals,
+                 hashes) -> Iterator[tuple[list[bytes], int]]:
+        """(the record's bytes in parts, payload size) of each row."""
+        if self.layout is Layout.SPEC:
+            for p, c, pl, m, v, t, r, a in zip(pubsub_topics, content_topics, payloads, metas, versions,
+                                                timestamps, proofs, arrivals):
+                record = encode_archived_message(self.layout, p, WakuMessage(pl, c, v, t, m, False, r), a)
+                yield [record.data], record.payload_size
+            return
+        parts = self._status_go_parts
+        for row, numbers in zip(zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs,
+                                    arrivals, hashes), _record_varints(timestamps, arrivals)):
+            yield parts(*row, numbers)
 
     def status_go(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
                   timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes) -> tuple[bytes, int]:
         """status-go's record plus the extra fields, written field by field
         in the order protobuf serialises them (by number), then the extra
         fields in their fixed order."""
+        parts, size = self._status_go_parts(pubsub_topic, content_topic, payload, meta, version, timestamp, proof,
+                                            arrival_ns, hash_, None)
+        return b"".join(parts), size
+
+    def _status_go_parts(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
+                         timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes,
+                         numbers: tuple[bytes, bytes, bytes] | None) -> tuple[list[bytes], int]:
+        """:meth:`status_go` in parts; ``numbers``, when given, are the
+        varints of the seconds, the arrival and the zigzagged timestamp
+        (:func:`_record_varints`)."""
         topic = self._topics.get(content_topic)
         if topic is None:
             try:
@@ -181,6 +223,8 @@ class RecordEncoder:
         ordering = timestamp or arrival_ns
         if ordering < 0:
             raise ArchiveError(f"time {ordering} ns is before 1970: status-go's record holds unsigned seconds")
+        if numbers is None:
+            numbers = varint(ordering // NS_PER_S), varint(arrival_ns), varint(_zigzag(timestamp))
         cipher = self._ciphers.get(content_topic) if version == 1 else None
         opened = _open_reproducibly(payload, cipher) if cipher is not None else None
         parts = []
@@ -189,9 +233,8 @@ class RecordEncoder:
             payload, padding, signer, signature, nonce = opened
             if signer:
                 parts += (b"\x0a", varint(len(signer)), signer)
-        seconds = ordering // NS_PER_S
-        if seconds:
-            parts += (b"\x10", varint(seconds))
+        if ordering >= NS_PER_S:  # whole seconds, 0 not written
+            parts += (b"\x10", numbers[0])
         parts += (b"\x1a", varint(len(topic)), topic)
         if payload:
             parts += (b"\x22", varint(len(payload)), payload)
@@ -201,20 +244,56 @@ class RecordEncoder:
         pubsub = self._pubsub.get(pubsub_topic)
         if pubsub is None:
             pubsub = self._pubsub[pubsub_topic] = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode())
-        parts += (pubsub, _ARRIVAL_KEY, varint(arrival_ns))
+        parts += (pubsub, _ARRIVAL_KEY, numbers[1])
         if opened is not None:
             parts += (_NONCE_KEY, varint(len(nonce)), nonce)
             if signature:
                 parts += (_SIGNATURE_KEY, varint(len(signature)), signature)
         if timestamp:
-            parts += (_TIMESTAMP_KEY, varint(_zigzag(timestamp)))
+            parts += (_TIMESTAMP_KEY, numbers[2])
         if meta:
             parts += (_META_KEY, varint(len(meta)), meta)
         if version:
             parts += (_VERSION_KEY, varint(version))
         if proof:
             parts += (_PROOF_KEY, varint(len(proof)), proof)
-        return b"".join(parts), len(payload) + len(signer)
+        return parts, len(payload) + len(signer)
+
+
+def _record_varints(timestamps: Sequence[int], arrivals: Sequence[int]) -> Iterator[tuple[bytes, bytes, bytes] | None]:
+    """For each row, the varints of its whole seconds (of the sender
+    timestamp, else the arrival), its arrival and its zigzagged sender
+    timestamp, made for the whole batch at once (three multi-byte varints
+    a record cost ~4 us one by one); None for every row of a batch with
+    a time before 1970, which the record encoder refuses or encodes alone."""
+    count = len(timestamps)
+    stamps = np.fromiter(timestamps, np.int64, count)
+    arrived = np.fromiter(arrivals, np.int64, count)
+    ordering = np.where(stamps != 0, stamps, arrived)
+    if count == 0 or (arrived < 0).any() or (ordering < 0).any():
+        yield from itertools.repeat(None, count)
+        return
+    zigzag = (stamps << 1) ^ (stamps >> 63)
+    yield from zip(varints((ordering // NS_PER_S).view(np.uint64)), varints(arrived.view(np.uint64)),
+                   varints(zigzag.view(np.uint64)))
+
+
+def varints(values: np.ndarray) -> list[bytes]:
+    """:func:`varint` of each of a uint64 array, computed a column of
+    7-bit groups at a time."""
+    count = len(values)
+    lengths = np.ones(count, np.int64)
+    for shift in range(7, 64, 7):
+        lengths += values >= np.uint64(1 << shift)
+    groups = np.empty((count, _VARINT_MAX), np.uint8)
+    rest = values.copy()
+    for i in range(_VARINT_MAX):
+        groups[:, i] = (rest & np.uint64(0x7F)).astype(np.uint8) | 0x80
+        rest >>= np.uint64(7)
+    groups[np.arange(count), lengths - 1] &= 0x7F
+    blob = groups[np.arange(_VARINT_MAX) < lengths[:, None]].tobytes()
+    ends = np.cumsum(lengths).tolist()
+    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
@@ -272,38 +351,75 @@ class RecordDecoder:
         record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
         if record is None:
             raise ArchiveError("undecodable archive message")
-        raw_topic = record.topic
+        return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash, pubsub,
+                             arrival, _ext_bytes(ext, EXT_NONCE), _ext_bytes(ext, EXT_SIGNATURE) or b"",
+                             _ext_int(ext, EXT_VERSION) or 0, _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
+                             _ext_bytes(ext, EXT_META) or b"", _ext_bytes(ext, EXT_PROOF) or b"")
+
+    def parse_archive(self, body: bytes | memoryview) -> archive_status_go_pb2.ArchivedMessages | None:
+        """A status-go archive body parsed whole, one call into protobuf's
+        parser instead of one a record (:meth:`decode_parsed` then reads
+        each record), when it holds known fields only and its metadata
+        comes first, once, as its canonical encoding: then it reads as
+        :meth:`decode` reads it a record at a time (both keep the last of a
+        repeated field), except that a varint past 64 bits keeps its low 64
+        bits here (status-go's Go reader refuses it) where :meth:`decode`
+        keeps it whole. None otherwise, and for the spec layout."""
+        if self.layout is not Layout.STATUS_GO:
+            return None
+        parsed = message_codec.parse_protobuf(archive_status_go_pb2.ArchivedMessages, body)
+        if parsed is None or not parsed.HasField("metadata") or UnknownFieldSet(parsed) or \
+                UnknownFieldSet(parsed.metadata):
+            return None
+        metadata = parsed.metadata.SerializeToString()
+        head = _METADATA_KEY + varint(len(metadata))
+        if bytes(body[: len(head) + len(metadata)]) != head + metadata:
+            return None  # not first, or twice (merged), or not canonical
+        if any(UnknownFieldSet(record) for record in parsed.messages):
+            return None
+        return parsed
+
+    def decode_parsed(self, record: archive_status_go_pb2.ArchivedMessage) -> DecodedRecord:
+        """:meth:`decode` of a record of :meth:`parse_archive`."""
+        try:
+            return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash,
+                                 record.pubsub_topic if record.HasField("pubsub_topic") else None,
+                                 record.arrival_ns if record.HasField("arrival_ns") else None,
+                                 record.nonce if record.HasField("nonce") else None, record.signature,
+                                 record.version, record.timestamp_ns, record.meta, record.rate_limit_proof)
+        except (MessageError, TopicError) as exc:
+            raise ArchiveError(str(exc)) from None
+
+    def _rebuild(self, raw_topic: bytes, seconds: int, payload: bytes, padding: bytes, hash_: bytes,
+                 pubsub: bytes | None, arrival: int | None, nonce: bytes | None, signature: bytes, version: int,
+                 timestamp: int, meta: bytes, proof: bytes) -> DecodedRecord:
+        """The table row a status-go record's fields stand for (the extra
+        fields None or empty when absent), checked: see :meth:`decode`."""
         content_topic = self._topics.get(raw_topic)
         if content_topic is None:
             content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
         if arrival is None:  # an archive status-go made: see the module docstring
-            ts = record.timestamp * NS_PER_S
+            ts = seconds * NS_PER_S
             pubsub_topic = self.default_pubsub_topic
-            return (pubsub_topic, content_topic, record.payload, b"", 0, ts, b"", ts,
-                    _hash(pubsub_topic, record.payload, content_topic, b"", ts))
+            return (pubsub_topic, content_topic, payload, b"", 0, ts, b"", ts,
+                    _hash(pubsub_topic, payload, content_topic, b"", ts))
         if pubsub is None:
             raise ArchiveError("archive message has an arrival time but no pubsub topic")
-        payload, nonce = record.payload, _ext_bytes(ext, EXT_NONCE)
         if nonce is not None:
             cipher = self._cipher(content_topic)
             if len(nonce) != waku_v1.AES_NONCE_SIZE:
                 raise ArchiveError(f"nonce of {len(nonce)} bytes")
-            payload = _seal(cipher, nonce, payload, record.padding, _ext_bytes(ext, EXT_SIGNATURE) or b"")
-        version = _ext_int(ext, EXT_VERSION) or 0
-        timestamp = _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0)
-        meta = _ext_bytes(ext, EXT_META) or b""
-        proof = _ext_bytes(ext, EXT_PROOF) or b""
+            payload = _seal(cipher, nonce, payload, padding, signature)
         pubsub_topic = self._pubsub.get(pubsub)
         if pubsub_topic is None:
             pubsub_topic = self._pubsub[pubsub] = _utf8(pubsub, "pubsub topic")
         ordering = timestamp or arrival
-        if ordering // NS_PER_S != record.timestamp:
-            raise ArchiveError(f"timestamp {record.timestamp} s does not match {ordering} ns")
+        if ordering // NS_PER_S != seconds:
+            raise ArchiveError(f"timestamp {seconds} s does not match {ordering} ns")
         # What message_codec.encode_message would refuse: the wire types of
         # version (uint32) and timestamp (sint64, also the hash's 8 bytes).
         if not 0 <= version <= _UINT32_MAX or not _INT64_MIN <= timestamp <= _INT64_MAX:
             raise ArchiveError(f"message does not fit the wire format: version {version}, timestamp {timestamp}")
-        hash_ = record.hash
         if _hash(pubsub_topic, payload, content_topic, meta, timestamp) != hash_:
             raise ArchiveError("message hash does not match the rebuilt message")
         return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_
@@ -559,3 +675,7 @@ _ARRIVAL_KEY = _key(EXT_ARRIVAL, _WIRE_VARINT)
 _PROOF_KEY = _key(EXT_PROOF, _WIRE_LEN)
 _NONCE_KEY = _key(EXT_NONCE, _WIRE_LEN)
 _SIGNATURE_KEY = _key(EXT_SIGNATURE, _WIRE_LEN)
+# An entry of an archive's ``messages`` (field 3 of WakuMessageArchive, both layouts).
+_ARCHIVE_MESSAGE_KEY = _key(3, _WIRE_LEN)
+_METADATA_KEY = _key(2, _WIRE_LEN)
+_VARINT_MAX = 10

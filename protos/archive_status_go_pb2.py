@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(wakustore/protos/archive_status_go.proto\x12\x1bwakustore.archive.status_go\"\x82\x01\n\x0bWakuMessage\x12\x0b\n\x03sig\x18\x01 \x01(\x0c\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\r\n\x05topic\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0f\n\x07padding\x18\x05 \x01(\x0c\x12\x0c\n\x04hash\x18\x06 \x01(\x0c\x12\x14\n\x0cthirdPartyId\x18\x07 \x01(\t\"]\n\x1aWakuMessageArchiveMetadata\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04\x66rom\x18\x02 \x01(\x04\x12\n\n\x02to\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ontentTopic\x18\x04 \x03(\x0c\"\xac\x01\n\x12WakuMessageArchive\x12\x0f\n\x07version\x18\x01 \x01(\r\x12I\n\x08metadata\x18\x02 \x01(\x0b\x32\x37.wakustore.archive.status_go.WakuMessageArchiveMetadata\x12:\n\x08messages\x18\x03 \x03(\x0b\x32(.wakustore.archive.status_go.WakuMessage\"\xac\x01\n\x1fWakuMessageArchiveIndexMetadata\x12\x0f\n\x07version\x18\x01 \x01(\r\x12I\n\x08metadata\x18\x02 \x01(\x0b\x32\x37.wakustore.archive.status_go.WakuMessageArchiveMetadata\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0f\n\x07padding\x18\x05 \x01(\x04\"\xde\x01\n\x17WakuMessageArchiveIndex\x12T\n\x08\x61rchives\x18\x01 \x03(\x0b\x32\x42.wakustore.archive.status_go.WakuMessageArchiveIndex.ArchivesEntry\x1am\n\rArchivesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12K\n\x05value\x18\x02 \x01(\x0b\x32<.wakustore.archive.status_go.WakuMessageArchiveIndexMetadata:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(wakustore/protos/archive_status_go.proto\x12\x1bwakustore.archive.status_go\"\x82\x01\n\x0bWakuMessage\x12\x0b\n\x03sig\x18\x01 \x01(\x0c\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\r\n\x05topic\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0f\n\x07padding\x18\x05 \x01(\x0c\x12\x0c\n\x04hash\x18\x06 \x01(\x0c\x12\x14\n\x0cthirdPartyId\x18\x07 \x01(\t\"\xc4\x03\n\x0f\x41rchivedMessage\x12\x0b\n\x03sig\x18\x01 \x01(\x0c\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\r\n\x05topic\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0f\n\x07padding\x18\x05 \x01(\x0c\x12\x0c\n\x04hash\x18\x06 \x01(\x0c\x12\x14\n\x0cthirdPartyId\x18\x07 \x01(\t\x12\x1a\n\x0ctimestamp_ns\x18\xe9\x07 \x01(\x12H\x00\x88\x01\x01\x12\x1a\n\x0cpubsub_topic\x18\xea\x07 \x01(\x0cH\x01\x88\x01\x01\x12\x12\n\x04meta\x18\xeb\x07 \x01(\x0cH\x02\x88\x01\x01\x12\x15\n\x07version\x18\xec\x07 \x01(\x04H\x03\x88\x01\x01\x12\x18\n\narrival_ns\x18\xed\x07 \x01(\x04H\x04\x88\x01\x01\x12\x1e\n\x10rate_limit_proof\x18\xee\x07 \x01(\x0cH\x05\x88\x01\x01\x12\x13\n\x05nonce\x18\xef\x07 \x01(\x0cH\x06\x88\x01\x01\x12\x17\n\tsignature\x18\xf0\x07 \x01(\x0cH\x07\x88\x01\x01\x42\x0f\n\r_timestamp_nsB\x0f\n\r_pubsub_topicB\x07\n\x05_metaB\n\n\x08_versionB\r\n\x0b_arrival_nsB\x13\n\x11_rate_limit_proofB\x08\n\x06_nonceB\x0c\n\n_signature\"]\n\x1aWakuMessageArchiveMetadata\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04\x66rom\x18\x02 \x01(\x04\x12\n\n\x02to\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ontentTopic\x18\x04 \x03(\x0c\"\xac\x01\n\x12WakuMessageArchive\x12\x0f\n\x07version\x18\x01 \x01(\r\x12I\n\x08metadata\x18\x02 \x01(\x0b\x32\x37.wakustore.archive.status_go.WakuMessageArchiveMetadata\x12:\n\x08messages\x18\x03 \x03(\x0b\x32(.wakustore.archive.status_go.WakuMessage\"\xae\x01\n\x10\x41rchivedMessages\x12\x0f\n\x07version\x18\x01 \x01(\r\x12I\n\x08metadata\x18\x02 \x01(\x0b\x32\x37.wakustore.archive.status_go.WakuMessageArchiveMetadata\x12>\n\x08messages\x18\x03 \x03(\x0b\x32,.wakustore.archive.status_go.ArchivedMessage\"\xac\x01\n\x1fWakuMessageArchiveIndexMetadata\x12\x0f\n\x07version\x18\x01 \x01(\r\x12I\n\x08metadata\x18\x02 \x01(\x0b\x32\x37.wakustore.archive.status_go.WakuMessageArchiveMetadata\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0f\n\x07padding\x18\x05 \x01(\x04\"\xde\x01\n\x17WakuMessageArchiveIndex\x12T\n\x08\x61rchives\x18\x01 \x03(\x0b\x32\x42.wakustore.archive.status_go.WakuMessageArchiveIndex.ArchivesEntry\x1am\n\rArchivesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12K\n\x05value\x18\x02 \x01(\x0b\x32<.wakustore.archive.status_go.WakuMessageArchiveIndexMetadata:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,14 +35,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WAKUMESSAGEARCHIVEINDEX_ARCHIVESENTRY']._serialized_options = b'8\001'
   _globals['_WAKUMESSAGE']._serialized_start=74
   _globals['_WAKUMESSAGE']._serialized_end=204
-  _globals['_WAKUMESSAGEARCHIVEMETADATA']._serialized_start=206
-  _globals['_WAKUMESSAGEARCHIVEMETADATA']._serialized_end=299
-  _globals['_WAKUMESSAGEARCHIVE']._serialized_start=302
-  _globals['_WAKUMESSAGEARCHIVE']._serialized_end=474
-  _globals['_WAKUMESSAGEARCHIVEINDEXMETADATA']._serialized_start=477
-  _globals['_WAKUMESSAGEARCHIVEINDEXMETADATA']._serialized_end=649
-  _globals['_WAKUMESSAGEARCHIVEINDEX']._serialized_start=652
-  _globals['_WAKUMESSAGEARCHIVEINDEX']._serialized_end=874
-  _globals['_WAKUMESSAGEARCHIVEINDEX_ARCHIVESENTRY']._serialized_start=765
-  _globals['_WAKUMESSAGEARCHIVEINDEX_ARCHIVESENTRY']._serialized_end=874
+  _globals['_ARCHIVEDMESSAGE']._serialized_start=207
+  _globals['_ARCHIVEDMESSAGE']._serialized_end=659
+  _globals['_WAKUMESSAGEARCHIVEMETADATA']._serialized_start=661
+  _globals['_WAKUMESSAGEARCHIVEMETADATA']._serialized_end=754
+  _globals['_WAKUMESSAGEARCHIVE']._serialized_start=757
+  _globals['_WAKUMESSAGEARCHIVE']._serialized_end=929
+  _globals['_ARCHIVEDMESSAGES']._serialized_start=932
+  _globals['_ARCHIVEDMESSAGES']._serialized_end=1106
+  _globals['_WAKUMESSAGEARCHIVEINDEXMETADATA']._serialized_start=1109
+  _globals['_WAKUMESSAGEARCHIVEINDEXMETADATA']._serialized_end=1281
+  _globals['_WAKUMESSAGEARCHIVEINDEX']._serialized_start=1284
+  _globals['_WAKUMESSAGEARCHIVEINDEX']._serialized_end=1506
+  _globals['_WAKUMESSAGEARCHIVEINDEX_ARCHIVESENTRY']._serialized_start=1397
+  _globals['_WAKUMESSAGEARCHIVEINDEX_ARCHIVESENTRY']._serialized_end=1506
 # @@protoc_insertion_point(module_scope)

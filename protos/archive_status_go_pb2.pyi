@@ -24,6 +24,40 @@ class WakuMessage(_message.Message):
     thirdPartyId: str
     def __init__(self, sig: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., topic: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., padding: _Optional[bytes] = ..., hash: _Optional[bytes] = ..., thirdPartyId: _Optional[str] = ...) -> None: ...
 
+class ArchivedMessage(_message.Message):
+    __slots__ = ("sig", "timestamp", "topic", "payload", "padding", "hash", "thirdPartyId", "timestamp_ns", "pubsub_topic", "meta", "version", "arrival_ns", "rate_limit_proof", "nonce", "signature")
+    SIG_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PADDING_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    THIRDPARTYID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
+    PUBSUB_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_NS_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_PROOF_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    sig: bytes
+    timestamp: int
+    topic: bytes
+    payload: bytes
+    padding: bytes
+    hash: bytes
+    thirdPartyId: str
+    timestamp_ns: int
+    pubsub_topic: bytes
+    meta: bytes
+    version: int
+    arrival_ns: int
+    rate_limit_proof: bytes
+    nonce: bytes
+    signature: bytes
+    def __init__(self, sig: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., topic: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., padding: _Optional[bytes] = ..., hash: _Optional[bytes] = ..., thirdPartyId: _Optional[str] = ..., timestamp_ns: _Optional[int] = ..., pubsub_topic: _Optional[bytes] = ..., meta: _Optional[bytes] = ..., version: _Optional[int] = ..., arrival_ns: _Optional[int] = ..., rate_limit_proof: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
 class WakuMessageArchiveMetadata(_message.Message):
     __slots__ = ("version", "to", "contentTopic")
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +78,16 @@ class WakuMessageArchive(_message.Message):
     metadata: WakuMessageArchiveMetadata
     messages: _containers.RepeatedCompositeFieldContainer[WakuMessage]
     def __init__(self, version: _Optional[int] = ..., metadata: _Optional[_Union[WakuMessageArchiveMetadata, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[WakuMessage, _Mapping]]] = ...) -> None: ...
+
+class ArchivedMessages(_message.Message):
+    __slots__ = ("version", "metadata", "messages")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    metadata: WakuMessageArchiveMetadata
+    messages: _containers.RepeatedCompositeFieldContainer[ArchivedMessage]
+    def __init__(self, version: _Optional[int] = ..., metadata: _Optional[_Union[WakuMessageArchiveMetadata, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[ArchivedMessage, _Mapping]]] = ...) -> None: ...
 
 class WakuMessageArchiveIndexMetadata(_message.Message):
     __slots__ = ("version", "metadata", "offset", "size", "padding")

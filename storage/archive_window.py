@@ -56,6 +56,13 @@ def export_columns(batch: bytes) -> list[list]:
     return [table.column(name).to_pylist() for name in EXPORT_COLUMNS]
 
 
+def use_c_heap() -> None:
+    """Arrow allocates from the C heap (malloc) in this process from now
+    on, not from its default pool (mimalloc), which keeps freed memory;
+    for worker processes that give their heap back after each task."""
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 class RowsFile:
     """Rows a worker process decoded, batch by batch, for the importing
     process to map (:func:`load_rows`): an Arrow IPC file in the page cache

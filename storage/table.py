@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import uuid
-from pathlib import Path
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import schema
 from wakustore.storage.rows import binary_prefixes
+from wakustore.storage.staging import is_local, staging_dir
 
 if TYPE_CHECKING:
     from wakustore.storage.engine import Engine
@@ -32,6 +35,8 @@ _DATA_COLUMNS = [
     "version", "timestamp", "sender_timestamp", "rate_limit_proof",
 ]
 _KEY_COLUMNS = ["message_hash", "digest", "pubsub_topic", "timestamp"]
+# The order of a window's rows (an export reads them in this order).
+_WINDOW_ORDER = ("timestamp", "message_hash")
 
 # Target size of the files a window replacement writes (Sail's Delta write
 # option). Sail keeps an open file per day partition and core, each
@@ -179,7 +184,7 @@ class DeltaTableRef:
         if table.metadata().configuration.get("delta.logRetentionDuration") != retention:
             table.alter.set_table_properties({"delta.logRetentionDuration": retention}, raise_if_not_exists=False)
             table = DeltaTable(self.uri)
-        local = "://" not in self.uri or self.uri.startswith("file://")
+        local = is_local(self.uri)
         log_dir = Path(self.uri.removeprefix("file://")) / "_delta_log"
         before = _log_files(log_dir) if local else []
         table.cleanup_metadata()
@@ -347,6 +352,7 @@ class DeltaTableRef:
 
         day = schema.day_of_ns(start_ns)
         last = schema.day_of_ns(max(end_ns - 1, start_ns))
+        staged = self.engine.is_embedded and is_local(self.uri)
         while day <= last:
             def run(spark, day=day):
                 condition = (
@@ -358,17 +364,38 @@ class DeltaTableRef:
                     condition = condition & F.col("content_topic").isin(list(content_topics))
                 if pubsub_topic is not None:
                     condition = condition & (F.col("pubsub_topic") == F.lit(pubsub_topic))
-                return (
-                    spark.read.format("delta").load(self.uri)
-                    .where(condition)
-                    .orderBy("timestamp", "message_hash")
-                    
-                )
+                return spark.read.format("delta").load(self.uri).where(condition)
 
-            table = self.engine.run(lambda spark: fetch_arrow(run(spark)))
+            if staged:
+                table = self._staged_read(run)
+            else:
+                table = self.engine.run(lambda spark: fetch_arrow(run(spark).orderBy(*_WINDOW_ORDER)))
             if table.num_rows:
                 yield table
             day += dt.timedelta(days=1)
+
+    def _staged_read(self, frame) -> pa.Table:
+        """The rows of ``frame(spark)`` in :data:`_WINDOW_ORDER`, written by
+        the engine as uncompressed Parquet beside the table and read back
+        here (then removed). Through Spark Connect's Arrow results Sail
+        spent ~24 µs of CPU a 1.4 KB row (1.2 s for 50k rows, nearly all
+        of it on the payload column); a staged file took it 0.16 s. Sorted
+        here: the engine may write several files."""
+        import pyarrow.parquet as pq
+
+        out = staging_dir(self.uri)
+        try:
+            self.engine.run(lambda spark: frame(spark).write.mode("overwrite")
+                            .option("compression", "none").parquet(str(out)))
+            table = pq.read_table(str(out)) if out.exists() else None
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        if table is None or not table.num_rows:
+            return schema.MESSAGES.empty_table() if table is None else table
+        order = pc.sort_indices(table, sort_keys=[(name, "ascending") for name in _WINDOW_ORDER])
+        if not np.array_equal(order.to_numpy(), np.arange(table.num_rows)):
+            table = table.take(order)
+        return table
 
     def envelope_page(
         self, lower_s: int, upper_s: int, topics: list[bytes], cursor: tuple[int, bytes] | None, fetch: int

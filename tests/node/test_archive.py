@@ -696,3 +696,29 @@ def test_an_import_in_worker_processes_rejects_a_bad_window_whole_and_imports_th
     assert list(got.rejected) == [first.archive_id] and got.imported == [second.archive_id]
     assert hashes(member_store, T0, T0 + 7 * DAY) == before != []
     assert hashes(member_store, T0 + 7 * DAY, T0 + 14 * DAY) == hashes(control_store, T0 + 7 * DAY, T0 + 14 * DAY) != []
+
+
+def test_read_ahead_gives_the_items_in_order_and_raises_what_the_reader_raised():
+    def items():
+        yield from range(5)
+        raise ValueError("engine gone")
+
+    got = []
+    with pytest.raises(ValueError, match="engine gone"):
+        for item in node_archive.read_ahead(items()):
+            got.append(item)
+    assert got == [0, 1, 2, 3, 4]
+
+
+def test_read_ahead_stops_reading_when_the_caller_stops():
+    read = []
+
+    def items():
+        for i in range(100):
+            read.append(i)
+            yield i
+
+    ahead = node_archive.read_ahead(items())
+    assert next(ahead) == 0
+    ahead.close()  # the thread finishes the item it holds and ends
+    assert len(read) <= 3

@@ -3,6 +3,8 @@ the index, appending, checks on the way back, the magnet-link message."""
 
 import coincurve
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wakustore.protocols import archive, topics, waku_v1
 from wakustore.protocols.archive import ArchiveWriter, Chunker, Layout, Window
@@ -69,6 +71,26 @@ def test_chunker_cuts_at_the_payload_limit_and_drops_oversized_messages():
     assert chunker.add(archive.Record(b"big", 101)) is None and chunker.dropped == 1
     assert full[4] == [b"\x02", b"\x03"]
     assert chunker.finish() == [b"\x04"] and chunker.finish() is None
+
+
+@given(sizes=st.lists(st.integers(0, 130), max_size=40), limit=st.integers(1, 120), batch=st.integers(1, 7))
+def test_framed_chunks_are_the_chunks_of_one_message_at_a_time(sizes, limit, batch):
+    """add_framed over batches cuts where add does, a message at a time,
+    and drops the same messages."""
+    records = [bytes([i % 256]) * (i % 5 + 1) for i in range(len(sizes))]
+    one = Chunker(limit=limit)
+    expected = [chunk for r, size in zip(records, sizes) if (chunk := one.add(archive.Record(r, size)))]
+    expected += [chunk] if (chunk := one.finish()) else []
+    framed = Chunker(limit=limit)
+    got = []
+    for start in range(0, len(records), batch):
+        entries = [archive.field_bytes(3, r) for r in records[start: start + batch]]
+        ends = [sum(map(len, entries[: i + 1])) for i in range(len(entries))]
+        got += framed.add_framed(b"".join(entries), ends, sizes[start: start + batch])
+    got += [last] if (last := framed.finish_framed()) else []
+    assert [(b"".join(pieces), count) for pieces, count in got] == \
+        [(b"".join(archive.field_bytes(3, r) for r in chunk), len(chunk)) for chunk in expected]
+    assert framed.dropped == one.dropped
 
 
 # --- padding ----------------------------------------------------------------------
@@ -175,6 +197,67 @@ def test_status_go_record_of_a_channel_message_is_decrypted_and_carries_the_sign
     assert back.messages[0].message == message  # sealed again byte for byte
     with pytest.raises(ArchiveError, match="channel key"):
         archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, PUBSUB)
+
+
+def _records_both_ways(entry, data, keys):
+    """An archive's records read whole (parse_archive) and a record at a time."""
+    whole = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+    one_by_one = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+    one_by_one.parse_archive = lambda body: None
+    return (whole.parse_archive(memoryview(data)[: entry.encoded_size]),
+            archive.read_archive_records(entry, data, whole), archive.read_archive_records(entry, data, one_by_one))
+
+
+def test_a_status_go_archive_is_read_whole_as_it_is_read_a_record_at_a_time():
+    window = Window(T0, T0 + WEEK)
+    messages = [encrypted_message(window), encrypted_message(window, signed=False),
+                WakuMessage(b"plain", TOPICS[0], timestamp=window.start_ns + 9, meta=b"m", rate_limit_proof=b"p")]
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, m, window.start_ns + 5,
+                                                                       CHANNEL_KEY).data for m in messages])
+    parsed, whole, one_by_one = _records_both_ways(writer.entries[0], data, {TOPICS[0]: CHANNEL_KEY})
+    assert parsed is not None and len(parsed.messages) == 3
+    assert whole == one_by_one and [r[2] for r in whole] == [m.payload for m in messages]
+
+
+@pytest.mark.parametrize("extra", [
+    archive.field_bytes(1005, b"not a varint"),  # a known number with another wire type: refused
+    archive.field_varint(1004, 0),  # explicit and canonical: read whole
+    archive.varint(1005 << 3) + bytes([0x81, 0x80, 0x00]),  # 1005 again, as a longer varint than needed
+    archive.field_bytes(1200, b"unknown"),  # ignored
+    archive.field_bytes(4, b"payload again"),  # a repeated field, the last one winning
+])
+def test_an_archive_read_whole_or_a_record_at_a_time_gives_the_same_rows_or_error(extra):
+    window = Window(T0, T0 + WEEK)
+    record = archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, encrypted_message(window), window.start_ns + 5,
+                                             CHANNEL_KEY).data
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, [record + extra])
+    keys = {TOPICS[0]: CHANNEL_KEY}
+    entry = writer.entries[0]
+    outcomes = []
+    for whole in (True, False):
+        decoder = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
+        if not whole:
+            decoder.parse_archive = lambda body: None
+        try:
+            outcomes.append(archive.read_archive_records(entry, data, decoder))
+        except ArchiveError as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_an_archive_with_its_metadata_twice_or_unknown_fields_is_read_a_record_at_a_time():
+    window = Window(T0, T0 + WEEK)
+    writer = ArchiveWriter(Layout.STATUS_GO)
+    data = writer.add(window, TOPICS, encoded(Layout.STATUS_GO, window, 2))
+    body = data[: writer.entries[0].encoded_size]
+    decoder = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB)
+    assert decoder.parse_archive(body) is not None
+    (metadata,) = [value for number, _, value in archive.proto_fields(body) if number == 2]
+    assert decoder.parse_archive(body + archive.field_bytes(2, metadata)) is None
+    assert decoder.parse_archive(body + archive.field_bytes(9, b"?")) is None
+    assert archive.RecordDecoder(Layout.SPEC, PUBSUB).parse_archive(body) is None
 
 
 @pytest.mark.parametrize("signed, key", [(False, CHANNEL_KEY), (True, bytes(range(32)))])

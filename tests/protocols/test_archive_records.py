@@ -30,6 +30,8 @@ from wakustore.protocols.archive_records import (
     field_varint,
     _ext_fields,
     proto_fields,
+    varint,
+    varints,
 )
 from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.framing import encode_uvarint
@@ -259,6 +261,37 @@ def test_the_record_encoder_writes_what_the_protobuf_class_writes(batch):
             ([EXT_PROOF] if message.rate_limit_proof else [])
         assert numbers == expected
         assert RecordDecoder(Layout.STATUS_GO, DEFAULT_PUBSUB, {TOPIC: KEY}).decode(record) == tuple(row)
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+@given(batch=st.lists(st.tuples(sealed_messages, st.integers(0, 2**62)), max_size=8),
+       unset=st.lists(st.booleans(), min_size=8, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_framed_records_are_the_records_as_archive_entries(layout, batch, unset):
+    """encode_framed: each record of encode_columns framed as field 3 of the
+    archive, back to back, with its end offset and payload size (sender
+    timestamps unset or not, so that seconds come from either time)."""
+    columns = [[PUBSUB, m.content_topic, m.payload, m.meta, m.version, 0 if gone else m.timestamp,
+                m.rate_limit_proof, a, message_hash(PUBSUB, m)] for (m, a), gone in zip(batch, unset)]
+    encoder = RecordEncoder(layout, {TOPIC: KEY})
+    records, sizes = encoder.encode_columns(*zip(*columns)) if columns else ([], [])
+    framed, ends, framed_sizes = encoder.encode_framed(*(zip(*columns) if columns else [[]] * 9))
+    assert framed == b"".join(field_bytes(3, r) for r in records) and framed_sizes == sizes
+    assert ends == [sum(len(field_bytes(3, r)) for r in records[: i + 1]) for i in range(len(records))]
+
+
+def test_a_batch_with_a_time_before_1970_is_refused_as_one_record_is():
+    encoder = RecordEncoder(Layout.STATUS_GO, {})
+    row = [PUBSUB, TOPIC, b"x", b"", 0, -5, b"", ARRIVAL, bytes(32)]
+    with pytest.raises(ArchiveError, match="before 1970"):
+        encoder.encode_framed(*([value, value] for value in row))
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_varints_are_varint_of_each_value(values):
+    import numpy as np
+
+    assert varints(np.array(values, dtype=np.uint64)) == [varint(v) for v in values]
 
 
 def _ext_reference(raw: bytes):
