@@ -531,13 +531,19 @@ class WritePath(Generic[R]):
             found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
         return found
 
-    def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
-        """Keys that another verb (a window replace) put in the table, with their days."""
+    def remember(self, keys, days) -> None:
+        """Keys that another verb (a window replace, an import) put in the
+        table, with their days: as lists, or as Arrow columns (the day
+        filters then take them with no object a key)."""
+        columns = isinstance(keys, (pa.Array, pa.ChunkedArray))
+        listed = keys.to_pylist() if columns else list(keys)
         with self._lock:
-            for key in keys:
-                self._recent.add(key)
+            self._recent.add_many(listed)
         if self.key_filter is not None:
-            self.key_filter.add(keys, days)
+            if columns:
+                self.key_filter.add_columns(keys, days)
+            else:
+                self.key_filter.add(listed, days)
 
     def forget_recent(self) -> None:
         """Rows left the table (retention, a window replace): the recent set
