@@ -113,7 +113,7 @@ def _row(ts, i, topic=TOPICS[0]):
 
 
 def test_eviction_advances_the_complete_region():
-    tier = HotTier(max_bytes=10 * 640, window_ns=10**12)  # rows here cost ~632 bytes
+    tier = HotTier(max_bytes=10 * 940, window_ns=10**12)  # rows here cost ~932 bytes
     now = 10**15
     tier.start(now - 100, [], now)
     tier.add([_row(now - 50 + i, i) for i in range(20)], now)
@@ -131,3 +131,26 @@ def test_window_replacement_is_mirrored():
     tier.replace(now - 100, now - 95, [TOPICS[0]], [_row(now - 97, 99)])
     page = tier.page(_query(content_topics=[TOPICS[0]], time_start=now - 1000, limit=100), None)
     assert [m.timestamp - now for m in page] == [-97, -95, -94, -93, -92, -91]
+
+
+def test_the_tier_holds_no_more_memory_than_it_counts():
+    import gc
+    import tracemalloc
+
+    from wakustore.storage.rows import messages_to_arrow, rows_from_arrow
+
+    now = 10**15
+    table = messages_to_arrow([(PUBSUB, WakuMessage(payload=bytes(200 + i % 800) + b"%d" % i,
+                                                    content_topic=TOPICS[i % 2], timestamp=now - i,
+                                                    meta=b"m" * (i % 40)), now) for i in range(5000)])
+    tier = HotTier(max_bytes=10**9, window_ns=10**12)
+    tier.start(now - 10**6, [], now)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tier.add(rows_from_arrow(table), now)  # rows built for the tier, as the put path builds them
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(tier) == 5000 and held <= tier.bytes
