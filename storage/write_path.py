@@ -386,6 +386,10 @@ class WritePath(Generic[R]):
             tables.insert(0, self.codec.to_arrow(legacy))
         if not tables:
             return 0
+        # Records logged by a version with another schema: through row
+        # objects into today's (what a record per row always did).
+        schema = self.codec.to_arrow([]).schema
+        tables = [t if t.schema.equals(schema) else self.codec.to_arrow(self.codec.from_arrow(t)) for t in tables]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         keys = table.column(self.codec.key_column).to_pylist()
         first = _first_copies(keys)

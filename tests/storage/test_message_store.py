@@ -208,6 +208,28 @@ def test_a_log_of_one_record_per_message_from_an_earlier_version_is_replayed(eng
     s.close()
 
 
+def test_arrow_log_records_of_another_schema_are_replayed_into_todays(engine, tmp_path):
+    import pyarrow as pa
+
+    from wakustore.storage.rows import messages_to_arrow
+    from wakustore.storage.wal import WriteAheadLog
+    from wakustore.storage.write_path import batch_records
+
+    uri, wal = str(tmp_path / "messages"), tmp_path / "wal"
+    rows = messages_to_arrow(triples([msg(i) for i in range(5)]))
+    # As a version whose schema had an extra column and another field order logged them.
+    older = rows.append_column("relayed_by", pa.array([b"peer"] * 5)).select(
+        ["relayed_by", *reversed(rows.column_names)])
+    log = WriteAheadLog(wal)
+    log.append(batch_records(older))
+    log.close()
+    s = MessageStore(DeltaTableRef(engine, uri), wal)
+    assert s.open() == 5
+    s.flush()
+    assert payloads(s.query(query(limit=100)).messages) == [b"payload-%d" % i for i in range(5)]
+    s.close()
+
+
 def test_failed_commit_keeps_the_batch(engine, tmp_path):
     class Flaky:
         is_embedded = True
