@@ -471,8 +471,10 @@ class MessageStore:
         self.flush()
         listed = pa.array(list(content_topics), pa.string())
         seen: set[bytes] = set()
-        muids: list[pa.ChunkedArray] = []
-        days: list[pa.ChunkedArray] = []
+        # Copies, not the tables' columns: a table may map a file (a decoded
+        # archive) that must be unmapped once staged.
+        muids: list[bytes] = []
+        days: list[object] = []
         # The hot tier takes the rows of its window (a day at most); for the
         # older rows it claims, the newest one makes it give up below that
         # time, as import_rows does: a window of a million rows makes no
@@ -493,8 +495,9 @@ class MessageStore:
                 keep = [key not in seen and not seen.add(key) for key in keys]
                 if not all(keep):  # the first copy wins, as replace_window keeps it
                     table = table.filter(pa.array(keep))
-                muids.append(table.column("muid"))
-                days.append(table.column(schema.MESSAGES_PARTITION))
+                    keys = [key for key, kept in zip(keys, keep) if kept]
+                muids += keys
+                days += table.column(schema.MESSAGES_PARTITION).to_pylist()
                 staged.add_table(table)
                 if tier_from is not None:
                     joining = self._hot_rows(table, now)
@@ -508,8 +511,7 @@ class MessageStore:
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
         self.reader.committed()
         self._forget_removed()
-        self.writes.remember(pa.chunked_array([c for m in muids for c in m.chunks], pa.binary()),
-                             pa.chunked_array([c for d in days for c in d.chunks], pa.date32()))
+        self.writes.remember(muids, days)
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         if older is not None:
             self.hot.add([older], now)

@@ -535,19 +535,13 @@ class WritePath(Generic[R]):
             found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
         return found
 
-    def remember(self, keys, days) -> None:
+    def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
         """Keys that another verb (a window replace, an import) put in the
-        table, with their days: as lists, or as Arrow columns (the day
-        filters then take them with no object a key)."""
-        columns = isinstance(keys, (pa.Array, pa.ChunkedArray))
-        listed = keys.to_pylist() if columns else list(keys)
+        table, with their days; the recent set takes them in one call."""
         with self._lock:
-            self._recent.add_many(listed)
+            self._recent.add_many(keys)
         if self.key_filter is not None:
-            if columns:
-                self.key_filter.add_columns(keys, days)
-            else:
-                self.key_filter.add(listed, days)
+            self.key_filter.add(keys, days)
 
     def forget_recent(self) -> None:
         """Rows left the table (retention, a window replace): the recent set
