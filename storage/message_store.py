@@ -250,7 +250,8 @@ class MessageStore:
         fresh, accepted = self.writes.put_table(table, keys)
         if accepted is not None and self.hot.enabled and self.hot.start_ns is not None:
             now = time.time_ns()
-            rows = self._hot_rows(accepted, now)
+            older, recent = self._hot_rows(accepted, now)
+            rows = recent if older is None else [older, *recent]
             if self.writes.has_unresolved:
                 rows = [row for row in rows if not self.writes.is_unresolved(row.muid)]
             self.hot.add(rows, now)
@@ -265,21 +266,22 @@ class MessageStore:
             start += len(group)
         return results
 
-    def _hot_rows(self, table, now_ns: int) -> list[Row]:
-        """What the hot tier needs of new Arrow rows: those inside its
-        window as rows, and of the older rows it claims only the newest (it
-        gives up completeness below that time): no object for the others."""
+    def _hot_rows(self, table, now_ns: int) -> tuple[Row | None, list[Row]]:
+        """What the hot tier needs of new Arrow rows: of the rows it claims
+        but that lie before its window only the newest (it gives up
+        completeness below that time; None when there is none), and those
+        inside its window, as rows. No object for the others."""
         tier_from = self.hot.start_ns
         stamps = table.column("timestamp")
         if not table.num_rows or tier_from is None or pc.max(stamps).as_py() < tier_from:
-            return []
+            return None, []
         horizon = max(tier_from, now_ns - self.hot.window_ns)
-        rows = rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
+        recent = rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
         below = table.filter(pc.and_(pc.greater_equal(stamps, tier_from), pc.less(stamps, horizon)))
-        if below.num_rows:
-            stamps = below.column("timestamp")
-            rows.insert(0, rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0])
-        return rows
+        if not below.num_rows:
+            return None, recent
+        stamps = below.column("timestamp")
+        return rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0], recent
 
     @property
     def pending(self) -> int:
@@ -500,12 +502,9 @@ class MessageStore:
                 days += table.column(schema.MESSAGES_PARTITION).to_pylist()
                 staged.add_table(table)
                 if tier_from is not None:
-                    joining = self._hot_rows(table, now)
-                    horizon = max(tier_from, now - self.hot.window_ns)
-                    if joining and joining[0].timestamp < horizon:
-                        candidate = joining.pop(0)
-                        if older is None or candidate.timestamp > older.timestamp:
-                            older = candidate
+                    candidate, joining = self._hot_rows(table, now)
+                    if candidate is not None and (older is None or candidate.timestamp > older.timestamp):
+                        older = candidate
                     recent += joining
             source = staged.source()
             retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))

@@ -777,7 +777,7 @@ RECORD_TARGET_BYTES = 4 * 1024 * 1024
 def batch_records(table: pa.Table) -> list:
     """The log records of a batch of Arrow rows (buffers, no extra copy)."""
     pieces = max(1, -(-table.nbytes // RECORD_TARGET_BYTES))
-    step = -(-table.num_rows // pieces)
+    step = max(1, -(-table.num_rows // pieces))
     out: list = []
     for start in range(0, table.num_rows, step):
         _encode_slice(table.slice(start, step), out)
@@ -809,7 +809,6 @@ def read_batch_record(record: bytes) -> pa.Table:
 def record_rows(record: bytes) -> int:
     """How many rows a log record holds (a row-per-record log: one)."""
     return read_batch_record(record).num_rows if is_batch_record(record) else 1
-
 
 
 def retry_on_conflict(commit: Callable[[], object]) -> None:
