@@ -257,6 +257,7 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
                 flush_max_messages=config.flush_max_messages,
                 shared_table=config.shared_table,
             ),
+            muid_copies=config.data_dir / "muids" / "messages",
         )
         store.open()
     except BaseException:

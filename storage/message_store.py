@@ -151,11 +151,17 @@ class MessageStore:
         wal_dir: Path | str,
         config: StoreConfig = StoreConfig(),
         reader: TableReader | None = None,
+        muid_copies: Path | str | None = None,
     ):
         self.table = table
         self.config = config
         # Pages and lookups by hash; the engine behind ``table`` writes.
-        self.reader = TableReader(table.uri) if reader is None else reader
+        # ``muid_copies``: a directory of this node's where the reader keeps
+        # flat copies of the data files' MUIDs (owned tables: the puts'
+        # duplicate checks read them; see row_index.MuidCopies).
+        if reader is None:
+            reader = TableReader(table.uri, muid_copies=None if config.shared_table else muid_copies)
+        self.reader = reader
         self.writes = WritePath(
             table, wal_dir, MESSAGE_CODEC, config.recent_muids,
             config.flush_interval_s, config.flush_max_messages,

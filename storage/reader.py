@@ -145,6 +145,7 @@ class TableReader:
         key_index: bool = True,
         index_in_background: bool = True,
         row_group_cache_bytes: int = ROW_GROUP_CACHE_BYTES,
+        muid_copies: str | os.PathLike | None = None,
     ):
         self.uri = uri
         self.storage_options = dict(storage_options) if storage_options else None
@@ -180,6 +181,12 @@ class TableReader:
         self._cache_size = 0
         self._cache_lock = threading.Lock()
         self._open = _OpenFiles(OPEN_FILES)
+        # MUID lookups (existing_muids): each day's prefixes merged, and
+        # with ``muid_copies`` (a directory of the node's own) a flat copy
+        # of every file's MUIDs that confirms a match with one read.
+        self._muid_days = row_index.MuidDays()
+        self._copies = None if muid_copies is None else row_index.MuidCopies(muid_copies)
+        self._copies_swept = False
 
     # --- versions -----------------------------------------------------------
 
@@ -253,12 +260,21 @@ class TableReader:
     def _prune_index(self, live: Sequence[str]) -> None:
         """Drop the files no longer in the table; index the new ones in the background."""
         live_set = set(live)
+        gone = []
         with self._index_lock:
             if any(path not in live_set for path in self._indexes):
+                gone = [p for p in self._indexes if p not in live_set]
                 self._indexes = {p: i for p, i in self._indexes.items() if p in live_set}
             # A removed file's space is freed only when no one holds it open.
             self._open.keep_only(live_set)
             missing = any(path not in self._indexes for path in live)
+        if gone:
+            self._muid_days.keep_only({self._location(p)[0] for p in live_set})
+        if self._copies is not None:
+            if not self._copies_swept:
+                self._copies.keep_only(live_set)  # those of files gone while the node was down
+                self._copies_swept = True
+            self._copies.remove(gone)
         if missing and self._indexable and self.index_in_background:
             with self._index_lock:
                 self._index_wanted = True
@@ -313,7 +329,8 @@ class TableReader:
                 continue
             try:
                 location, filesystem = self._location(path)
-                index = row_index.build(location, self._pairs, filesystem)
+                index = row_index.build(location, self._pairs, filesystem,
+                                        None if self._copies is None else self._copies.keeper(path))
                 with self._index_lock:
                     self.index_builds += 1
                     # Only files still in the table stay (a version may
@@ -356,7 +373,8 @@ class TableReader:
     def index_bytes(self) -> int:
         """Memory held by the key index: its arrays and the files' footers
         (as serialized; not counting Python's overhead)."""
-        return sum(index.nbytes + index.metadata.serialized_size for index in list(self._indexes.values()))
+        return (sum(index.nbytes + index.metadata.serialized_size for index in list(self._indexes.values()))
+                + self._muid_days.nbytes)
 
     def index_complete(self) -> bool:
         snapshot = self._snapshot
@@ -544,20 +562,24 @@ class TableReader:
             return set()
         snapshot = self._current()
         try:
-            indexes = self._indexed(snapshot, days, build=True)
-            if indexes is None:
+            if not self._indexable:
                 return None
-            candidates = row_index.muid_candidates(indexes, keys)
+            wanted = set(days)
+            by_day: dict[object, list[row_index.FileIndex]] = {}
+            for path, day in snapshot.files:
+                if day in wanted:
+                    index = self._indexes.get(path) or self._index_of(path)
+                    if index is None:
+                        return None
+                    by_day.setdefault(day, []).append(index)
+            candidates = self._muid_days.candidates(by_day, keys)
             if candidates is None:
                 return None
-            table = row_index.read_rows(candidates, ("muid",), self._read_group, _confirming_pool().map)
+            return row_index.confirmed_muids(candidates, keys, self._read_group, _confirming_pool().map)
         except Exception as exc:
             log.info("key index could not look up MUIDs at version %d (asking the engine): %s",
                      snapshot.version, _one_line(exc))
             return None
-        if table is None:
-            return set()
-        return set(table.column(0).to_pylist()).intersection(keys)
 
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
         """``read`` on the current snapshot: every query of one answer reads the same version."""

@@ -17,6 +17,8 @@ from wakustore.storage.message_store import MessageStore, StoreConfig
 from wakustore.storage.reader import TableReader
 from wakustore.storage.schema import day_start_ns
 from wakustore.storage.table import DeltaTableRef
+from wakustore.node import config as node_config
+from wakustore.node.store_service import open_store
 
 PUBSUB = "/waku/2/rs/16/32"
 OTHER_PUBSUB = "/waku/2/rs/16/33"
@@ -255,13 +257,19 @@ def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
     assert codecs == {"SNAPPY"}
 
 
-def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store):
+@pytest.mark.parametrize("copies", [False, True], ids=["row-groups", "flat-copies"])
+def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp_path, monkeypatch, copies):
     """The reader says which MUIDs a day's files hold exactly as the engine
     does: keys sharing a stored key's prefix, keys of another day and
-    unknown keys are not held."""
+    unknown keys are not held. Through each day's merged prefixes (a day
+    of more than two files merges them), confirming from the files' row
+    groups or from flat copies of their MUIDs, after compactions that
+    replace the files."""
     from wakustore.protocols.message import muid
+    from wakustore.storage import row_index
     from wakustore.storage.schema import day_of_ns
 
+    monkeypatch.setattr(row_index, "DAY_TAIL_FILES", 2)
     data = corpus(240, days=3)
     for start in range(0, len(data), 40):
         store.put(data[start:start + 40])
@@ -273,14 +281,71 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store):
     twins = [k[:4] + bytes(b ^ 0xFF for b in k[4:]) for k in stored[:30]]
     unknown = [bytes(32 * [i]) for i in range(10)]
     asked = stored[::3] + twins + unknown
-    reader = store.reader
-    for _ in range(2):
+    directory = tmp_path / "muids"
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
+                         muid_copies=directory if copies else None)
+    for compacted in (False, True):
         reader.committed()
         for wanted in (days, days[:1], days[1:]):
             engine = store.table.existing_keys("muid", asked, "day", wanted)
             assert reader.existing_muids(asked, wanted) == engine
             assert engine == {k for k in stored[::3] if day_of[k] in wanted}
+        live = [path for path, _ in reader._snapshot.files]
+        merged = reader._muid_days._days
+        assert {p for day in merged.values() for p in day.paths} <= {reader._location(p)[0] for p in live}
+        # Ingest files: a day of more than two merged; a compacted day is one file.
+        assert bool(merged) is not compacted
+        if copies:
+            assert sorted(os.listdir(directory)) == sorted(os.path.basename(reader._copies.path_of(p)) for p in live)
         maintenance.compact(store.table, today=dt.date(2030, 1, 1))
+    if copies:
+        # A copy torn by a crash (or gone) is rewritten when the next
+        # process indexes its file, before any lookup reads it.
+        reader.committed()
+        live = [path for path, _ in reader._snapshot.files]
+        first, second = (reader._copies.path_of(p) for p in live[:2])
+        with open(first, "r+b") as torn:
+            torn.truncate(64)
+        with open(second, "r+b") as torn:
+            torn.seek(-32, os.SEEK_END)
+            torn.write(bytes(32))
+        (directory / "stale.muid").write_bytes(b"x")
+        again = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
+                            muid_copies=directory)
+        again.refresh()
+        assert not (directory / "stale.muid").exists()
+        assert again.existing_muids(asked, days) == {k for k in stored[::3]}
+        for path in live:
+            index = again._indexes[path]
+            assert index.muid_copy == again._copies.path_of(path)
+            column = pq.read_table(os.path.join(store.table.uri, path), columns=["muid"]).column(0)
+            with open(index.muid_copy, "rb") as copy:
+                assert copy.read() == row_index._flat_muids(column)
+
+
+def test_a_nodes_puts_confirm_duplicates_from_flat_copies_without_reading_row_groups(engine, tmp_path, monkeypatch):
+    """A node (open_store) keeps the flat MUID copies in its data dir: a
+    re-send older than the recent set is found from them, no row group of
+    the table read to confirm it."""
+    config = node_config.NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60.0)
+    _, node_store = open_store(config, engine)
+    try:
+        data = corpus(120, days=2)
+        node_store.put(data)
+        node_store.flush()
+        node_store.writes.forget_recent()
+        node_store.reader.index_now()
+
+        def no_row_groups(*args):
+            raise AssertionError("a row group read to confirm a MUID")
+
+        monkeypatch.setattr(node_store.reader, "_read_group", no_row_groups)
+        again = node_store.put(data[::10] + corpus(130, days=2)[120:])
+        assert (again.accepted, again.duplicates) == (10, 12)
+        assert node_store.writes.looked_up >= 12
+        assert os.listdir(tmp_path / "node" / "muids" / "messages")
+    finally:
+        node_store.close()
 
 
 def test_an_indexed_reader_answers_without_datafusion(store, monkeypatch):
