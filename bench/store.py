@@ -156,7 +156,9 @@ def page_specs(spec: DatasetSpec, seed: int) -> Iterator[PageSpec]:
             if spec.shard_of(other) == shard and other not in topics:
                 topics.append(other)
         length = RANGES[name]
-        end = spec.end_ns if name.startswith("now-") else rng.randint(spec.start_ns + length, spec.end_ns)
+        # A range longer than the data (7 days of a --days 1 set) ends anywhere in it.
+        earliest = min(spec.start_ns + length, spec.end_ns)
+        end = spec.end_ns if name.startswith("now-") else rng.randint(earliest, spec.end_ns)
         yield PageSpec(name, spec.pubsub_topic(shard), tuple(spec.content_topic(t) for t in topics),
                        end - length, end, rng.random() < 0.5)
 

@@ -31,6 +31,14 @@ def test_dataset_is_deterministic_with_a_tenth_resent():
     assert any(m.meta for _, m, _ in first) and not all(m.meta for _, m, _ in first)
 
 
+def test_pages_of_a_set_shorter_than_their_range_lie_in_the_set():
+    """--days 1 (live traffic): a 7-day page ends anywhere in the day."""
+    spec = bench_dataset.DatasetSpec(messages=1000, end_ns=1_700_000_000 * 10**9, days=1)
+    pages = [p for _, p in zip(range(40), bench_store.page_specs(spec, 3))]
+    assert {p.range_name for p in pages} == set(bench_store.RANGES)
+    assert all(spec.start_ns <= p.time_end <= spec.end_ns for p in pages)
+
+
 def test_the_originals_fingerprint_is_that_of_the_distinct_messages_of_the_stream():
     spec = bench_dataset.DatasetSpec(messages=5000, end_ns=1_700_000_000 * 10**9, seed=3)
     hashes = {message_hash(p, m) for batch in bench_dataset.stream(spec, 700) for p, m, _ in batch}
