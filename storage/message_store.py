@@ -40,7 +40,7 @@ from wakustore.storage import schema
 from wakustore.storage.rows import Row, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hash_worker import BatchHasher
-from wakustore.storage.hot_tier import ALL_TIME, ROW_OVERHEAD_BYTES, HotTier
+from wakustore.storage.hot_tier import ALL_TIME, HotTier
 from wakustore.storage.reader import TableReader
 from wakustore.storage.staging import StagedRows
 from wakustore.storage.table import DeltaTableRef
@@ -65,6 +65,10 @@ DEFAULT_RECENT_MUIDS = 1_000_000
 # 0 turns it off, as a fleet sharing one table must.
 DEFAULT_HOT_TIER_BYTES = 256 * 1024 * 1024
 DEFAULT_HOT_WINDOW_S = 86_400
+# A row as the warm start counts it when it asks the table for the last
+# window (the tier's bookkeeping plus a kilobyte-sized payload): a budget's
+# worth of rows, not more, crosses from the engine at a start.
+WARM_ROW_BYTES = 1024
 
 # Hashes per lookup when an import checks which recent rows it stored: an
 # IN list of this size stays a small request (32 bytes a hash).
@@ -208,18 +212,19 @@ class MessageStore:
         """
         now = time.time_ns()
         since = now - self.hot.window_ns
-        budget_rows = max(1, self.hot.max_bytes // ROW_OVERHEAD_BYTES)
-        recent = rows_from_arrow(self.table.recent(since, budget_rows))
+        budget_rows = max(1, self.hot.max_bytes // WARM_ROW_BYTES)
+        recent = self.table.recent(since, budget_rows)
         start = since
-        if len(recent) >= budget_rows:
+        if recent.num_rows >= budget_rows:
             # Cut at a timestamp boundary so the tier is complete from start.
-            start = recent[-1].timestamp + 1
-            recent = [r for r in recent if r.timestamp >= start]
+            start = pc.min(recent.column("timestamp")).as_py() + 1
         else:
             oldest = self.table.oldest_timestamp()
             if oldest is None or oldest >= since:
                 start = ALL_TIME
-        self.hot.start(start, [*recent, *self.writes.pending_rows()], now)
+        pending = to_arrow(self.writes.pending_rows())
+        self.hot.start(start, pa.concat_tables([recent.select(pending.schema.names).cast(pending.schema), pending]),
+                       now)
         if self.hot.start_ns == ALL_TIME:
             log.info("hot tier: %d messages, the whole table", len(self.hot))
         else:
@@ -255,12 +260,10 @@ class MessageStore:
         keys = table.column("muid").to_pylist()
         fresh, accepted = self.writes.put_table(table, keys)
         if accepted is not None and self.hot.enabled and self.hot.start_ns is not None:
-            now = time.time_ns()
-            older, recent = self._hot_rows(accepted, now)
-            rows = recent if older is None else [older, *recent]
             if self.writes.has_unresolved:
-                rows = [row for row in rows if not self.writes.is_unresolved(row.muid)]
-            self.hot.add(rows, now)
+                accepted = accepted.filter(pa.array(
+                    [not self.writes.is_unresolved(k) for k in accepted.column("muid").to_pylist()]))
+            self.hot.add_table(accepted, time.time_ns())
         if len(groups) == 1:
             return [PutResult(accepted=len(fresh), duplicates=len(flat) - len(fresh))]
         results = []

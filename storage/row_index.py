@@ -76,6 +76,10 @@ class TopicPairs:
     def get(self, pubsub_topic: str, content_topic: str) -> int | None:
         return self._ids.get((pubsub_topic, content_topic))
 
+    def items(self) -> list[tuple[tuple[str, str], int]]:
+        with self._lock:
+            return list(self._ids.items())
+
     def intern(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         with self._lock:
             ids = self._ids
@@ -180,19 +184,8 @@ def build(path: str, pairs: TopicPairs, filesystem=None,
     columns = [c for c in _INDEX_COLUMNS if c in file.schema_arrow.names]
     table = file.read(columns=columns).unify_dictionaries().combine_chunks()
     n = table.num_rows
-    pubsub = _dictionary(table.column("pubsub_topic"))
-    content = _dictionary(table.column("content_topic"))
     ts = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
-    # Local pair = pubsub index * |content dictionary| + content index,
-    # mapped to the shared ids through the pairs present.
-    width = max(len(content.dictionary), 1)
-    local = pubsub.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width \
-        + content.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    present, inverse = np.unique(local, return_inverse=True)
-    pubsub_names = pubsub.dictionary.to_pylist()
-    content_names = content.dictionary.to_pylist()
-    ids = pairs.intern([(pubsub_names[int(v) // width], content_names[int(v) % width]) for v in present])
-    pair = ids[inverse] if n else np.empty(0, dtype=np.int64)
+    pair = topic_pair_ids(table.column("pubsub_topic"), table.column("content_topic"), pairs)
     order = np.lexsort((ts, pair))  # stable: file order within a tie
     sorted_pair = pair[order]
     ts_sorted = np.ascontiguousarray(ts[order])
@@ -245,6 +238,26 @@ def _flat_muids(column) -> bytes | None:
     first, last = int(offsets[0]), int(offsets[-1])
     data = memoryview(array.buffers()[2])[first:last]
     return b"".join((struct.pack("<I", count), (offsets - first).astype("<u4").tobytes(), data))
+
+
+def topic_pair_ids(pubsub_topics, content_topics, pairs: TopicPairs) -> np.ndarray:
+    """The shared id (``pairs``) of each row's (pubsub topic, content
+    topic), from two string columns (plain or dictionary), a Python object
+    per distinct pair only."""
+    pubsub = _dictionary(pubsub_topics)
+    content = _dictionary(content_topics)
+    if not len(pubsub):
+        return np.empty(0, dtype=np.int64)
+    # Local pair = pubsub index * |content dictionary| + content index,
+    # mapped to the shared ids through the pairs present.
+    width = max(len(content.dictionary), 1)
+    local = pubsub.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width \
+        + content.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    present, inverse = np.unique(local, return_inverse=True)
+    pubsub_names = pubsub.dictionary.to_pylist()
+    content_names = content.dictionary.to_pylist()
+    ids = pairs.intern([(pubsub_names[int(v) // width], content_names[int(v) % width]) for v in present])
+    return ids[inverse.ravel()]
 
 
 def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:

@@ -8,7 +8,7 @@ import pytest
 
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import validate_v3
-from wakustore.storage.hot_tier import HotTier
+from wakustore.storage.hot_tier import MAX_SMALL_CHUNKS, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.message_store import MessageStore, StoreConfig
 from wakustore.storage.rows import Row
 from wakustore.storage.table import DeltaTableRef
@@ -113,15 +113,35 @@ def _row(ts, i, topic=TOPICS[0]):
 
 
 def test_eviction_advances_the_complete_region():
-    tier = HotTier(max_bytes=10 * 940, window_ns=10**12)  # rows here cost ~932 bytes
+    row_bytes = ROW_OVERHEAD_BYTES + len(PUBSUB) + len(TOPICS[0]) + 2
+    tier = HotTier(max_bytes=10 * row_bytes, window_ns=10**12)
     now = 10**15
     tier.start(now - 100, [], now)
     tier.add([_row(now - 50 + i, i) for i in range(20)], now)
-    assert len(tier) <= 10
+    assert len(tier) <= 10 and tier.bytes <= tier.max_bytes
     assert tier.start_ns > now - 50
-    assert all(ts >= tier.start_ns for ts, _ in tier._order)
+    # What a page from the complete region sees lies inside it.
+    page = tier.page(_query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=100), None)
+    assert len(page) == len(tier) and all(m.timestamp >= tier.start_ns for m in page)
     # A forward query from before the complete region is not answered from memory.
     assert tier.page(_query(content_topics=[TOPICS[0]], time_start=now - 60), None) is None
+
+
+def test_a_full_tier_evicts_the_oldest_whole_timestamps_down_to_a_share_of_its_budget():
+    row_bytes = ROW_OVERHEAD_BYTES + len(PUBSUB) + len(TOPICS[0]) + 3
+    tier = HotTier(max_bytes=100 * row_bytes, window_ns=10**12)
+    now = 10**15
+    tier.start(now - 10**6, [], now)
+    for batch in range(30):  # many small puts: chunks merged as they come
+        tier.add([_row(now - 1000 + batch * 10 + i // 2, batch * 10 + i) for i in range(10)], now)
+        assert tier.bytes <= tier.max_bytes
+    kept = tier.page(_query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=1000), None)
+    # Two rows a timestamp: eviction never splits them; the newest survive.
+    stamps = [m.timestamp for m in kept]
+    assert stamps == sorted(stamps) and stamps[-1] == now - 1000 + 29 * 10 + 4
+    assert len(kept) % 2 == 0 and 80 <= len(kept) <= 100
+    # Complete from just above the newest time evicted (times here step 1, then 6).
+    assert stamps[0] - 6 < tier.start_ns <= stamps[0] and len(tier._chunks) <= MAX_SMALL_CHUNKS + 1
 
 
 def test_window_replacement_is_mirrored():
@@ -134,10 +154,11 @@ def test_window_replacement_is_mirrored():
 
 
 def test_the_tier_holds_no_more_memory_than_it_counts():
+    """What the tier counts covers its rows' Arrow buffers and its indexes."""
     import gc
     import tracemalloc
 
-    from wakustore.storage.rows import messages_to_arrow, rows_from_arrow
+    from wakustore.storage.rows import messages_to_arrow
 
     now = 10**15
     table = messages_to_arrow([(PUBSUB, WakuMessage(payload=bytes(200 + i % 800) + b"%d" % i,
@@ -148,9 +169,64 @@ def test_the_tier_holds_no_more_memory_than_it_counts():
     gc.collect()
     tracemalloc.start()
     try:
-        tier.add(rows_from_arrow(table), now)  # rows built for the tier, as the put path builds them
+        tier.add_table(table, now)  # the put path hands its Arrow rows over
         gc.collect()
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(tier) == 5000 and held <= tier.bytes
+    (chunk,) = tier._chunks
+    assert chunk.table is table  # kept, not copied
+    assert len(tier) == 5000 and held + table.get_total_buffer_size() <= tier.bytes
+
+
+def _reference_page(rows, query, key):
+    """The page the table would answer: every row, tested and ordered."""
+    from wakustore.protocols import store_query
+
+    match = store_query.matcher(query, key)
+    found = [r for r in rows
+             if match(r.pubsub_topic, r.message.content_topic, r.message_hash, r.timestamp, r.digest)]
+    found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+    return [r.message_hash for r in found[: query.limit + 1]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pages_from_many_chunks_are_the_table_pages_whenever_the_tier_answers(seed):
+    """Puts of random sizes (chunks merged, re-indexed), equal timestamps
+    across chunks, a budget that evicts: whenever the tier answers a page
+    (any topics, bounds, cursor, direction, limit), it is the page over
+    every row ever added."""
+    rng = random.Random(seed)
+    now = 10**15
+    row_bytes = ROW_OVERHEAD_BYTES + len(PUBSUB) + len(TOPICS[0]) + 8
+    tier = HotTier(max_bytes=rng.choice([60, 400, 10**6]) * row_bytes, window_ns=10**12)
+    tier.start(now - 10**6, [], now)
+    rows = []
+    for batch in range(rng.randint(5, 40)):
+        added = [_row(now - 2000 + batch * 20 + rng.randrange(0, 60), 1000 * batch + i, rng.choice(TOPICS))
+                 for i in range(rng.choice([1, 3, 17, 60]))]
+        tier.add(added, now)
+        rows += added
+    answered = 0
+    for _ in range(150):
+        kw = dict(forward=rng.random() < 0.5, limit=rng.choice([1, 2, 5, 20, 100]),
+                  content_topics=rng.sample(TOPICS, rng.randint(1, 3)))
+        if rng.random() < 0.6:
+            kw["time_start"] = now - 2000 + rng.randrange(0, 900)
+        if rng.random() < 0.4:
+            kw["time_end"] = now - 2000 + rng.randrange(0, 900)
+        if kw.get("time_start") is not None and kw.get("time_end") is not None and kw["time_start"] > kw["time_end"]:
+            kw["time_start"], kw["time_end"] = kw["time_end"], kw["time_start"]
+        query = _query(**kw)
+        cursor = rng.choice(rows) if rng.random() < 0.5 else None
+        key = None if cursor is None else (cursor.timestamp, cursor.message_hash)
+        page = tier.page(query, key)
+        if page is not None:
+            answered += 1
+            assert [m.message_hash for m in page] == _reference_page(rows, query, key), kw
+    assert answered > 10
+    hashes = [r.message_hash for r in rng.sample(rows, 5)]
+    query = _query(pubsub_topic=None, content_topics=[], message_hashes=hashes, limit=20)
+    page = tier.page(query, None)
+    if page is not None:
+        assert [m.message_hash for m in page] == _reference_page(rows, query, None)
