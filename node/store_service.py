@@ -57,6 +57,10 @@ GROUP_COMMIT_MAX = 256
 # (SAIL_SPARK__SESSION_TIMEOUT_SECS); checking every 30 s keeps it alive
 # and catches a dead or bloated child between requests.
 SUPERVISE_INTERVAL_S = 30.0
+# A maintenance run is tried this many times, this far apart, before
+# /health reports it failed (see StoreService.maintain_once).
+MAINTENANCE_ATTEMPTS = 3
+MAINTENANCE_RETRY_S = 10.0
 
 
 @dataclass(slots=True, eq=False)
@@ -221,13 +225,31 @@ class StoreService:
         policy = maintenance.RetentionPolicy.parse(self.config.retention)
         while True:
             await trio.sleep(self.config.maintenance_interval_s)
+            await self.maintain_once(policy)
+
+    async def maintain_once(self, policy: maintenance.RetentionPolicy) -> None:
+        """One maintenance run. An attempt that fails is made again, after
+        the engine is checked (and restarted if it died), up to
+        MAINTENANCE_ATTEMPTS times MAINTENANCE_RETRY_S apart: an engine that
+        died just before the run (its supervision had not noticed yet) is
+        not a failed run. Every step is a transaction of its own, so an
+        attempt cut short is safe to repeat. /health reports a failure
+        only when every attempt failed."""
+        for attempt in range(1, MAINTENANCE_ATTEMPTS + 1):
             try:
                 await trio.to_thread.run_sync(self.maintain, policy, limiter=self.limiter)
             except Exception as exc:
-                log.warning("maintenance failed: %r", exc)
-                self.last_maintenance = MaintenanceRun(ok=False, at=time.time(), error=repr(exc)[:500])
+                if attempt == MAINTENANCE_ATTEMPTS:
+                    log.warning("maintenance failed: %r", exc)
+                    self.last_maintenance = MaintenanceRun(ok=False, at=time.time(), error=repr(exc)[:500])
+                    return
+                delay = min(MAINTENANCE_RETRY_S, self.config.maintenance_interval_s)
+                log.info("maintenance attempt %d failed (%r); again in %.1f s", attempt, exc, delay)
+                await trio.sleep(delay)
+                await self._supervise_once()
             else:
                 self.last_maintenance = MaintenanceRun(ok=True, at=time.time())
+                return
 
     def maintain(self, policy: maintenance.RetentionPolicy) -> maintenance.MaintenanceResult:
         """The routine ``wakustore db retention`` runs too, with the archive guard."""

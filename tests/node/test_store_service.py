@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from wakustore.node.config import NodeConfig
-from wakustore.node.store_service import running_store
+from wakustore.node.store_service import MAINTENANCE_ATTEMPTS, running_store
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage.write_path import record_rows
 
@@ -68,6 +68,69 @@ def test_health_reports_a_failed_maintenance_run_until_one_succeeds(engine, tmp_
     failed, recovered = seen
     assert failed["ok"] is False and "compaction failed" in failed["maintenance"]["error"]
     assert recovered["ok"] is True and recovered["maintenance"]["error"] is None
+
+
+def test_a_maintenance_attempt_that_fails_is_made_again_before_health_reports_it(engine, tmp_path):
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=0.05)
+    attempts = []
+    seen = []
+
+    async def main():
+        async with running_store(config, engine) as service:
+            real = service.maintain
+
+            def flaky(policy):
+                attempts.append(1)
+                if len(attempts) % MAINTENANCE_ATTEMPTS:
+                    raise RuntimeError("engine restarting")
+                return real(policy)
+
+            service.maintain = flaky
+            while len(attempts) < 2 * MAINTENANCE_ATTEMPTS:
+                seen.append(service.health()["ok"])
+                await trio.sleep(0.01)
+
+    trio.run(main)
+    assert all(seen) and len(seen) > 5  # the failed attempts never showed
+
+
+def test_maintenance_right_after_the_engine_died_waits_for_it_and_succeeds(tmp_path):
+    """The engine is killed just before a run, before supervision notices:
+    the run's first step (the commit of the buffer) fails, supervision
+    starts the engine again, and the next attempt commits the rows."""
+    import os
+    import signal
+
+    from wakustore.storage.engine import Engine
+
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=3600, maintenance_interval_s=1.0)
+    own = Engine("embedded")
+    own.start()
+    outcome = {}
+    attempts = []
+
+    async def main():
+        async with running_store(config, own) as service:
+            real = service.maintain
+            service.maintain = lambda policy: attempts.append(1) or real(policy)
+            now = time.time_ns()  # inside the default retention
+            await service.put([(PUBSUB, WakuMessage(b"m-%d" % i, "/g/1/c/proto", timestamp=now - i), now)
+                               for i in range(20)])
+            generation, pid = own.generation, own.pid
+            os.kill(pid, signal.SIGKILL)
+            while service.last_maintenance is None:
+                await trio.sleep(0.05)
+            outcome.update(health=service.health(), generation=own.generation - generation,
+                           pending=service.store.pending, rows=own.run(
+                               lambda spark: spark.read.format("delta").load(config.messages_uri).count()))
+
+    try:
+        trio.run(main)
+    finally:
+        own.close()
+    assert outcome["health"]["ok"] and outcome["health"]["maintenance"]["ok"], outcome
+    assert outcome["generation"] >= 1 and outcome["pending"] == 0 and outcome["rows"] == 20
+    assert len(attempts) >= 2  # the first attempt met the dead engine
 
 
 def _message(i: int) -> WakuMessage:
