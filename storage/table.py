@@ -142,11 +142,32 @@ class DeltaTableRef:
     # --- writes ------------------------------------------------------------
 
     def merge_new(self, batch: pa.Table, key: str, partition: str, partition_values: Sequence[Any]) -> None:
-        """Insert the rows of ``batch`` whose ``key`` the touched partitions lack."""
+        """Insert the rows of ``batch`` whose ``key`` the touched partitions lack.
+
+        The embedded engine gets the batch of a table on this machine's
+        file system as a Parquet file staged beside it, not inside the
+        request: Sail keeps memory
+        for every MERGE whose source came in the request (measured, 11k
+        rows a MERGE: the engine grew 17 MB a MERGE, against 2-4 MB with
+        the source read from a staged file, and the MERGE took 0.155 s
+        against 0.115 s)."""
         days = ", ".join(_sql_literal(v) for v in partition_values)
         view = f"batch_{uuid.uuid4().hex}"
+        staged = staging_dir(self.uri) if self.engine.is_embedded and is_local(self.uri) and batch.num_rows else None
+        if staged is not None:
+            import pyarrow.parquet as pq
+
+            staged.mkdir(parents=True, exist_ok=True)
+            pq.write_table(batch, str(staged / "rows.parquet"), compression="none")
 
         def run(spark):
+            if staged is not None:
+                spark.sql(
+                    f"MERGE INTO delta.`{self.uri}` AS t USING (SELECT * FROM parquet.`{staged / 'rows.parquet'}`) AS s "
+                    f"ON t.{partition} IN ({days}) AND t.{key} = s.{key} "
+                    "WHEN NOT MATCHED THEN INSERT *"
+                ).collect()
+                return
             spark.createDataFrame(batch).createOrReplaceTempView(view)
             try:
                 spark.sql(
@@ -157,7 +178,11 @@ class DeltaTableRef:
             finally:
                 spark.catalog.dropTempView(view)
 
-        self.engine.run(run)
+        try:
+            self.engine.run(run)
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
 
     def append(self, batch: pa.Table, retry: bool = True) -> None:
         self.engine.run(
