@@ -24,7 +24,9 @@ time) needs no row numbers for its time index, other files 4 bytes more.
 The MUID prefixes let a node that owns its table tell whether a key is in
 a day's files without the engine (see :class:`MuidDays`): a put
 whose day filter flags a key (a duplicate older than the recent set)
-costs binary searches and the read of the matching rows' MUIDs, instead
+costs a binary search in its day's merged prefixes (there they take 8
+bytes a message: prefix, file and row) and the read of the matching
+rows' MUIDs from the node's flat copies (:class:`MuidCopies`), instead
 of an engine query whose cost grows with the day.
 """
 
