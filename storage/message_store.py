@@ -42,8 +42,8 @@ from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, HotTier
 from wakustore.storage.reader import TableReader
-from wakustore.storage.staging import StagedRows
-from wakustore.storage.table import DeltaTableRef
+from wakustore.storage.staging import StagedRows, is_local
+from wakustore.storage.table import LOG_RETENTION, SHARED_LOG_RETENTION, DeltaTableRef
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,9 @@ WARM_ROW_BYTES = 1024
 # IN list of this size stays a small request (32 bytes a hash).
 IMPORT_LOOKUP_KEYS = 10_000
 
-# Commits between two trims of the Delta log of a table this node owns
-# (DeltaTableRef.trim_log): about 0.1 s each, every ~2 minutes at one
-# commit a second.
+# Commits between two trims of the Delta log (DeltaTableRef.trim_log):
+# about 0.1 s each, every ~2 minutes at one commit a second. A fleet's
+# nodes trim too, keeping the commits of the last ten minutes.
 TRIM_LOG_EVERY = 100
 
 # Cursors the node handed out recently, hash -> ordering timestamp, so that
@@ -175,7 +175,10 @@ class MessageStore:
             # rows leave the pending set, so its files and the pending rows
             # together hold every committed key.
             key_lookup=None if config.shared_table else self.reader.existing_muids,
-            trim_log_every=0 if config.shared_table else TRIM_LOG_EVERY,
+            # A fleet on an object store leaves its log alone: a metadata
+            # change there needs the store's own commit coordination.
+            trim_log_every=TRIM_LOG_EVERY if not config.shared_table or is_local(table.uri) else 0,
+            trim_log_retention=SHARED_LOG_RETENTION if config.shared_table else LOG_RETENTION,
         )
         # The put path's hashes, in a child process started on the first
         # large put (see hash_worker).

@@ -70,6 +70,13 @@ def sql_string(text: str) -> str:
 # (see DeltaTableRef.trim_log): long enough for any reader of this node's
 # table, which advances on every commit.
 LOG_RETENTION = "interval 1 minute"
+# The same for a table a fleet shares: every node trims (each commits up to
+# once a second, and all their commits lengthen the one log every commit
+# lists). Each engine loads the log again for every operation and each
+# reader advances within CHECK_INTERVAL_S or reloads from the checkpoint, so
+# minutes are more than any of them holds a version; ten leave room for a
+# slow commit's conflict check.
+SHARED_LOG_RETENTION = "interval 10 minutes"
 
 
 def _log_files(log_dir: Path) -> list[str]:

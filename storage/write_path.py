@@ -59,7 +59,7 @@ import pyarrow as pa
 
 from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.engine import CommitConflict
-from wakustore.storage.table import DeltaTableRef
+from wakustore.storage.table import LOG_RETENTION, DeltaTableRef
 from wakustore.storage.wal import MAX_RECORD_SIZE, WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -320,11 +320,13 @@ class WritePath(Generic[R]):
         on_commit: Callable[[], None] | None = None,
         key_lookup: Callable[[list[bytes], list[object]], set[bytes] | None] | None = None,
         trim_log_every: int = 0,
+        trim_log_retention: str = LOG_RETENTION,
     ):
         self.table = table
         # Commits between two trims of the table's Delta log (0: never; a
         # table other nodes write keeps its log as its engine does).
         self.trim_log_every = trim_log_every
+        self.trim_log_retention = trim_log_retention
         # Owned mode: which keys the table's files of the given days hold,
         # answered in process (None: it cannot say; the engine is asked).
         # It must know every commit on_commit reported.
@@ -668,7 +670,7 @@ class WritePath(Generic[R]):
             self.commits += 1
             if self.trim_log_every and self.commits % self.trim_log_every == 0:
                 try:
-                    self.table.trim_log()
+                    self.table.trim_log(self.trim_log_retention)
                 except Exception as exc:  # the commit stands; the next trim retries
                     log.warning("could not trim the table's Delta log: %s", exc)
             self.committed_rows += len(keys)

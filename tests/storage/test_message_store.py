@@ -2,6 +2,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -278,6 +279,41 @@ def test_two_stores_sharing_a_table_commit_concurrently_without_duplicates(engin
     assert errors == []
     assert a.table.count() == 450
     a.close(), b.close()
+
+
+def test_nodes_sharing_a_table_trim_its_log_and_go_on_committing(engine, tmp_path, monkeypatch):
+    """Every node of a fleet trims the shared log behind its checkpoints
+    (the commits of the last ten minutes kept; one second here), while the
+    others commit and read: nothing is lost or doubled, every reader
+    follows, and the log stays short."""
+    import os
+
+    from wakustore.storage import message_store
+
+    monkeypatch.setattr(message_store, "SHARED_LOG_RETENTION", "interval 1 second")
+    monkeypatch.setattr(message_store, "TRIM_LOG_EVERY", 5)
+    uri = str(tmp_path / "fleet")
+    shared = StoreConfig(shared_table=True)
+    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", shared)
+    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b", shared)
+    a.open(), b.open()
+    log_dir = tmp_path / "fleet" / "_delta_log"
+    try:
+        for round_ in range(30):
+            for node, offset in ((a, 0), (b, 5)):  # each re-sends half of the other's
+                node.put(triples([msg(i) for i in range(10 * round_ + offset, 10 * round_ + offset + 10)]))
+                node.flush()
+            if round_ == 15:
+                time.sleep(1.2)  # the first commits are now older than the retention
+        commits = [n for n in os.listdir(log_dir) if n.endswith(".json")]
+        assert min(int(n[:20]) for n in commits) > 0 and len(commits) < a.writes.commits + b.writes.commits
+        assert a.table.count() == 305
+        for node in (a, b):
+            node.reader.refresh()
+            page = node.query(query(limit=100))
+            assert len(page.messages) == 100
+    finally:
+        a.close(), b.close()
 
 
 def test_stream_and_replace_a_window(store):
