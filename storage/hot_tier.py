@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StoredMessage
-from wakustore.storage.row_index import TopicPairs, topic_pair_ids
+from wakustore.storage.row_index import TopicPairs, key_prefixes, matching, topic_pair_ids
 from wakustore.storage.rows import Row, binary_prefixes, rows_from_arrow, to_arrow
 
 # Bytes a row costs beyond its payload, meta and topics: its other columns
@@ -502,16 +502,12 @@ class HotTier:
         prefix with one of ``keys``."""
         if not keys:
             return
-        prefixes = np.unique(np.frombuffer(b"".join(k[:8].ljust(8, b"\0") for k in keys), dtype=">u8")
-                             .astype(np.uint64))
+        prefixes = np.unique(key_prefixes(list(keys), 8))
         for chunk in self._chunks:
-            sorted_prefixes = getattr(chunk, prefixes_of)
-            lo = np.searchsorted(sorted_prefixes, prefixes, "left")
-            hi = np.searchsorted(sorted_prefixes, prefixes, "right")
-            if not (hi > lo).any():
+            at = matching(getattr(chunk, prefixes_of), prefixes)
+            if not len(at):
                 continue
-            rows = getattr(chunk, rows_of)
-            rows = np.concatenate([rows[x:y] for x, y in zip(lo.tolist(), hi.tolist()) if y > x])
+            rows = getattr(chunk, rows_of)[at]
             rows = rows[chunk.visible(self._floor)[rows]].astype(np.int64)
             if len(rows):
                 yield chunk, rows

@@ -152,10 +152,10 @@ class FileIndex:
 def _rows_with(sorted_prefixes: np.ndarray, rows: np.ndarray, prefixes: np.ndarray) -> np.ndarray:
     """The rows beside the entries of ``sorted_prefixes`` equal to one of
     ``prefixes`` (sorted, unique)."""
-    return rows[_matching(sorted_prefixes, prefixes)].astype(np.int64)
+    return rows[matching(sorted_prefixes, prefixes)].astype(np.int64)
 
 
-def _matching(sorted_prefixes: np.ndarray, prefixes: np.ndarray) -> np.ndarray:
+def matching(sorted_prefixes: np.ndarray, prefixes: np.ndarray) -> np.ndarray:
     """Positions of the entries of ``sorted_prefixes`` equal to one of
     ``prefixes`` (sorted, unique): one binary search per prefix, a second
     only for the few that match. Few numpy calls when nothing matches (a
@@ -474,7 +474,7 @@ class MuidDays:
                                                 else merged.merged({f.path for f in files}, tail))
                     tail = []
                 if merged is not None and len(merged.prefix):
-                    at = _matching(merged.prefix, prefixes)
+                    at = matching(merged.prefix, prefixes)
                     if len(at):
                         numbers, rows = merged.file_no[at], merged.row[at].astype(np.int64)
                         for number in np.unique(numbers).tolist():
