@@ -533,10 +533,16 @@ def pending_at_start(node: Node) -> int:
 
 def settled(*nodes: Node, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
     """Wait until each node has committed what it acknowledged: the other
-    nodes of the fleet read it from the table only."""
+    nodes of the fleet read it from the table only, and see a commit at
+    their first page once it is ``CHECK_INTERVAL_S`` old (a node that
+    looked at the log just before another's last commit serves the version
+    it holds until then)."""
+    from wakustore.storage.reader import CHECK_INTERVAL_S
+
     for node in nodes:
         wait_for(lambda node=node: node.health()[1].get("pending_messages") == 0,
                  f"{node.name} to commit its log", timeout_s)
+    time.sleep(CHECK_INTERVAL_S + 0.1)
 
 
 def wait_for(condition, what: str, timeout_s: float = RECOVERY_TIMEOUT_S, interval_s: float = 0.1):

@@ -136,6 +136,23 @@ async function waitForStreams(node, protocols, deadlineMs) {
   }
 }
 
+// waitForPeers can resolve before identify has told the peer store what
+// the peer speaks (its metadata check passes on a peer with no protocols
+// yet), and lightpush/store pick peers from that store: "No peer
+// available". An application retries; this waits for the codecs instead.
+async function waitForIdentify(node, peerIdStr, codecs, deadlineMs) {
+  const until = Date.now() + deadlineMs;
+  for (;;) {
+    const peerId = node.libp2p.getPeers().find((id) => id.toString() === peerIdStr);
+    const known = peerId ? (await node.libp2p.peerStore.get(peerId)).protocols : [];
+    if (codecs.every((codec) => known.includes(codec))) return;
+    if (Date.now() > until) {
+      throw new Error(`the peer announced ${known}, not all of ${codecs}`);
+    }
+    await sleep(STREAM_POLL_MS);
+  }
+}
+
 async function stayIdle(node, cfg, timeoutMs) {
   const protocols = [];
   if (cfg.push && cfg.push.length) {
@@ -179,6 +196,10 @@ async function main() {
     if (cfg.push && cfg.push.length) protocols.push(Protocols.LightPush);
     if (cfg.query) protocols.push(Protocols.Store);
     await node.waitForPeers(protocols, timeoutMs);
+    const codecs = [];
+    if (cfg.push && cfg.push.length) codecs.push(cfg.useLegacyLightpush ? waku.LightPushCodecV2 : waku.LightPushCodec);
+    if (cfg.query) codecs.push(waku.StoreCodec);
+    await waitForIdentify(node, peer.getPeerId(), codecs, timeoutMs);
     const conn = node.libp2p.getConnections()[0];
     emit({
       event: "connected",
