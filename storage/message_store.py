@@ -179,13 +179,47 @@ class MessageStore:
             # change there needs the store's own commit coordination.
             trim_log_every=TRIM_LOG_EVERY if not config.shared_table or is_local(table.uri) else 0,
             trim_log_retention=SHARED_LOG_RETENTION if config.shared_table else LOG_RETENTION,
+            # A fleet's MERGEs read every file of the days they touch: each
+            # node compacts those days as it commits to them (delta-rs, so
+            # the embedded engine on this machine's or a shared file system).
+            after_commit=(self._compact_crowded
+                          if config.shared_table and table.engine.is_embedded and is_local(table.uri) else None),
         )
+        self.compactions = 0
         # The put path's hashes, in a child process started on the first
         # large put (see hash_worker).
         self._hasher = BatchHasher()
         self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
         self.hot = HotTier(hot_bytes, config.hot_window_s * 1_000_000_000)
+
+    def _compact_crowded(self, days: list) -> None:
+        """Compact those of ``days`` (a commit's) that hold many small files
+        (maintenance.crowded_days). Never raises: a compaction that failed
+        or lost a race with another node's is tried after a later commit."""
+        from wakustore.storage import maintenance
+
+        try:
+            crowded = maintenance.crowded_days(self.reader.file_sizes_by_day(), days)
+        except Exception as exc:
+            log.warning("could not list the table's files to compact them: %s", exc)
+            return
+        if not crowded:
+            return
+        # Another node (or this node's maintenance) rewriting: not now.
+        with maintenance.rewrite_lock(self.table, wait=False) as held:
+            if not held:
+                return
+            for day, target in crowded:
+                started = time.monotonic()
+                try:
+                    removed = maintenance.compact_day(self.table, day, target)
+                except Exception as exc:
+                    log.info("compaction of %s not done (tried again after a later commit): %s", day, exc)
+                    continue
+                self.compactions += 1
+                self.reader.committed()
+                log.debug("compacted %d files of %s in %.2f s", removed, day, time.monotonic() - started)
 
     # --- lifecycle --------------------------------------------------------
 

@@ -131,6 +131,8 @@ class _Snapshot:
     # The day partitions holding rows in this version, ascending; None when
     # the table is not partitioned by day.
     days: tuple[dt.date, ...] | None = field(default=None)
+    # The size in bytes of each file of ``files``, in the same order.
+    sizes: tuple[int, ...] = ()
 
 
 class TableReader:
@@ -239,7 +241,8 @@ class TableReader:
                 paths = actions.column("path").to_pylist()
                 files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
                 self._snapshot = _Snapshot(version, builder, files,
-                                           None if days is None else tuple(sorted(set(days))))
+                                           None if days is None else tuple(sorted(set(days))),
+                                           tuple(actions.column("size_bytes").to_pylist()))
                 self.refreshes += 1
                 deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
                 # Deletion vectors only where the protocol allows them; the
@@ -254,6 +257,14 @@ class TableReader:
         self._checked = time.monotonic()
         self._stale = False
         return version
+
+    def file_sizes_by_day(self) -> dict[dt.date | None, list[int]]:
+        """The sizes of the data files of the version held, by day."""
+        snapshot = self._current()
+        by_day: dict[dt.date | None, list[int]] = {}
+        for (_, day), size in zip(snapshot.files, snapshot.sizes):
+            by_day.setdefault(day, []).append(size)
+        return by_day
 
     # --- the key index ------------------------------------------------------
 

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.engine import CommitConflict
@@ -321,8 +322,13 @@ class WritePath(Generic[R]):
         key_lookup: Callable[[list[bytes], list[object]], set[bytes] | None] | None = None,
         trim_log_every: int = 0,
         trim_log_retention: str = LOG_RETENTION,
+        after_commit: Callable[[list[object]], None] | None = None,
     ):
         self.table = table
+        # Called with the partitions a commit wrote to, after it landed and
+        # its rows left the pending set (the table's upkeep between commits).
+        # Must not raise.
+        self.after_commit = after_commit
         # Commits between two trims of the table's Delta log (0: never; a
         # table other nodes write keeps its log as its engine does).
         self.trim_log_every = trim_log_every
@@ -674,6 +680,8 @@ class WritePath(Generic[R]):
                 except Exception as exc:  # the commit stands; the next trim retries
                     log.warning("could not trim the table's Delta log: %s", exc)
             self.committed_rows += len(keys)
+            if self.after_commit is not None:
+                self.after_commit(pc.unique(batch.column(self.codec.partition_column)).to_pylist())
             return len(keys)
 
     def close(self) -> None:

@@ -113,3 +113,36 @@ def test_the_maintenance_routine_retains_behind_the_guard_compacts_and_measures(
     # Without a policy it only compacts and measures.
     again = maintenance.run_maintenance(filled, None, now)
     assert again.retention is None and again.stats.rows == 31
+
+
+def test_rewrite_lock_lets_one_holder_rewrite_at_a_time(tmp_path):
+    """Another process holding the fleet's rewrite lock: a node's try
+    (wait=False) gives up at once, and its wait ends when the other lets go."""
+    import subprocess
+    import sys
+    import time
+
+    from wakustore.storage.maintenance import rewrite_lock
+    from wakustore.storage.table import DeltaTableRef
+
+    table = DeltaTableRef(None, str(tmp_path / "messages"))
+    with rewrite_lock(table):
+        pass  # makes the lock file
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time; f = open(sys.argv[1], 'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(1.5)",
+         str(tmp_path / "messages_locks" / "rewrite.lock")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with rewrite_lock(table, wait=False) as held:
+            assert held is False
+        started = time.monotonic()
+        with rewrite_lock(table) as held:
+            assert held is True
+            assert time.monotonic() - started > 0.5
+    finally:
+        holder.kill()
+        holder.wait()

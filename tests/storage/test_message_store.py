@@ -316,6 +316,67 @@ def test_nodes_sharing_a_table_trim_its_log_and_go_on_committing(engine, tmp_pat
         a.close(), b.close()
 
 
+def test_nodes_sharing_a_table_compact_the_days_they_commit_to(engine, tmp_path, monkeypatch):
+    """A fleet's MERGEs read every file of the days they touch, so each node
+    compacts those days as it commits (here after 4 small files): both
+    nodes commit overlapping messages and compact the same day at once,
+    and the table keeps one row per message, served in full by both, in
+    few files."""
+    from deltalake import DeltaTable
+
+    from wakustore.storage import maintenance
+
+    monkeypatch.setattr(maintenance, "SMALL_FILES_PER_TIER", 4)
+    monkeypatch.setattr(maintenance, "COMPACTION_TIERS", (20_000, 1 << 30))
+    uri = str(tmp_path / "fleet")
+    shared = StoreConfig(shared_table=True)
+    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", shared)
+    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b", shared)
+    a.open(), b.open()
+    errors = []
+
+    def load(node, offset):
+        try:
+            for round_ in range(24):  # each re-sends half of the other's
+                first = 10 * round_ + offset
+                node.put(triples([msg(i) for i in range(first, first + 10)]))
+                node.flush()
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=load, args=(node, offset)) for node, offset in ((a, 0), (b, 5))]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert errors == []
+        assert a.compactions + b.compactions > 0
+        rows = DeltaTable(uri).to_pyarrow_table(columns=["muid"]).column("muid").to_pylist()
+        assert len(rows) == len(set(rows)) == 245
+        files = DeltaTable(uri).file_uris()
+        assert len(files) < a.writes.commits + b.writes.commits
+        assert len(files) <= 2 * maintenance.SMALL_FILES_PER_TIER
+        expected = {message_hash(PUBSUB, msg(i)) for i in range(245)}
+        for node in (a, b):
+            node.reader.refresh()
+            assert {m.message_hash for page in page_all(node, query(limit=50)) for m in page} == expected
+    finally:
+        a.close(), b.close()
+
+
+def test_crowded_days_names_the_smallest_tier_with_many_files(monkeypatch):
+    import datetime as dt
+
+    from wakustore.storage import maintenance
+
+    monkeypatch.setattr(maintenance, "SMALL_FILES_PER_TIER", 3)
+    monkeypatch.setattr(maintenance, "COMPACTION_TIERS", (100, 1000))
+    d1, d2, d3, d4 = (dt.date(2026, 1, d) for d in (1, 2, 3, 4))
+    sizes = {d1: [10, 20, 30], d2: [10, 500, 5000, 6000], d3: [150, 200, 300, 99], d4: [5000, 6000, 7000], None: [1] * 9}
+    assert maintenance.crowded_days(sizes) == [(d1, 100), (d3, 1000)]
+    assert maintenance.crowded_days(sizes, [d3, d4, d2]) == [(d3, 1000)]
+    assert maintenance.crowded_days(sizes, [dt.date(2026, 2, 1)]) == []
+
+
 def test_stream_and_replace_a_window(store):
     store.put(triples([msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]))
     window = (T0, T0 + 10 * SECOND)
