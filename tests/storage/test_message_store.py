@@ -257,12 +257,18 @@ def test_failed_commit_keeps_the_batch(engine, tmp_path):
     s.close()
 
 
+def two_nodes(engine, tmp_path, uri):
+    """Two opened stores on the shared table at ``uri``, each with its log."""
+    shared = StoreConfig(shared_table=True)
+    nodes = [MessageStore(DeltaTableRef(engine, uri), tmp_path / f"wal-{name}", shared) for name in "ab"]
+    for node in nodes:
+        node.open()
+    return nodes
+
+
 def test_two_stores_sharing_a_table_commit_concurrently_without_duplicates(engine, tmp_path):
     uri = str(tmp_path / "shared")
-    shared = StoreConfig(shared_table=True)
-    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", shared)
-    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b", shared)
-    a.open(), b.open()
+    a, b = two_nodes(engine, tmp_path, uri)
     errors = []
 
     def load(s, lo, hi):
@@ -293,10 +299,7 @@ def test_nodes_sharing_a_table_trim_its_log_and_go_on_committing(engine, tmp_pat
     monkeypatch.setattr(message_store, "SHARED_LOG_RETENTION", "interval 1 second")
     monkeypatch.setattr(message_store, "TRIM_LOG_EVERY", 5)
     uri = str(tmp_path / "fleet")
-    shared = StoreConfig(shared_table=True)
-    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", shared)
-    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b", shared)
-    a.open(), b.open()
+    a, b = two_nodes(engine, tmp_path, uri)
     log_dir = tmp_path / "fleet" / "_delta_log"
     try:
         for round_ in range(30):
@@ -329,10 +332,7 @@ def test_nodes_sharing_a_table_compact_the_days_they_commit_to(engine, tmp_path,
     monkeypatch.setattr(maintenance, "SMALL_FILES_PER_TIER", 4)
     monkeypatch.setattr(maintenance, "COMPACTION_TIERS", (20_000, 1 << 30))
     uri = str(tmp_path / "fleet")
-    shared = StoreConfig(shared_table=True)
-    a = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-a", shared)
-    b = MessageStore(DeltaTableRef(engine, uri), tmp_path / "wal-b", shared)
-    a.open(), b.open()
+    a, b = two_nodes(engine, tmp_path, uri)
     errors = []
 
     def load(node, offset):
