@@ -36,7 +36,7 @@ from wakustore.protocols.store_query import (
     StoredMessage,
     unknown_cursor,
 )
-from wakustore.storage import schema
+from wakustore.storage import maintenance, schema
 from wakustore.storage.rows import Row, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hash_worker import BatchHasher
@@ -197,8 +197,6 @@ class MessageStore:
         """Compact those of ``days`` (a commit's) that hold many small files
         (maintenance.crowded_days). Never raises: a compaction that failed
         or lost a race with another node's is tried after a later commit."""
-        from wakustore.storage import maintenance
-
         try:
             crowded = maintenance.crowded_days(self.reader.file_sizes_by_day(), days)
         except Exception as exc:
@@ -501,7 +499,8 @@ class MessageStore:
                 if hot_from is not None and row.timestamp >= hot_from:
                     recent.append(row)
             source = staged.source()
-            retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+            with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
         self.reader.committed()
         self._forget_removed()
         self.writes.remember(list(seen), list(seen.values()))
@@ -553,7 +552,8 @@ class MessageStore:
                         older = candidate
                     recent += joining
             source = staged.source()
-            retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+            with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
         self.reader.committed()
         self._forget_removed()
         self.writes.remember(muids, days)
