@@ -23,16 +23,13 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from wakustore.storage import schema
 from wakustore.storage.staging import is_local
 from wakustore.storage.table import DeltaTableRef
-
-if TYPE_CHECKING:
-    from wakustore.storage.message_store import MessageStore
 
 DEFAULT_RETENTION = "time:2592000"  # 30 days, nwaku's default
 
@@ -393,8 +390,21 @@ class MaintenanceResult:
     stats: TableStats | None  # None when the table is not readable here (a cluster's)
 
 
+class MaintainedStore(Protocol):
+    """What :func:`run_maintenance` uses of a message store (a
+    :class:`~wakustore.storage.message_store.MessageStore`, which imports
+    this module)."""
+
+    table: DeltaTableRef
+    reader: Any
+
+    def flush(self) -> None: ...
+
+    def forget_before(self, cutoff_ns: int) -> None: ...
+
+
 def run_maintenance(
-    store: MessageStore, policy: RetentionPolicy | None, now_ns: int, keep_from_ns: int | None = None
+    store: MaintainedStore, policy: RetentionPolicy | None, now_ns: int, keep_from_ns: int | None = None
 ) -> MaintenanceResult:
     """The one maintenance routine, for the node's hourly loop and for
     ``wakustore db retention`` / ``db compact``: commit what is buffered,
