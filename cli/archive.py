@@ -200,6 +200,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
                     session=torrent.open_session(f"{args.listen_host}:{args.port}", args.isolated),
                     default_pubsub_topic=pubsub_topic, allowed_topics=allowed, chat_ids=chat_ids,
                     stall_timeout_s=args.timeout, report=stages.line, progress=stages.count,
+                    import_processes=config.import_processes,
                 )
         except (torrent.TorrentError, ArchiveError, ProtocolError) as exc:
             _stderr(f"wakustore: error: {exc}")
@@ -240,6 +241,7 @@ class _OpenStore:
     store: object
     shards: list[int]
     cluster_id: int
+    import_processes: int = 1
 
 
 def _open_store(args: argparse.Namespace) -> tuple[_OpenStore, Callable[[], None]]:
@@ -269,7 +271,7 @@ def _open_store(args: argparse.Namespace) -> tuple[_OpenStore, Callable[[], None
             finally:
                 held.release()
 
-    return _OpenStore(config.data_dir, store, config.shards, config.cluster_id), stop
+    return _OpenStore(config.data_dir, store, config.shards, config.cluster_id, config.archive_import_workers), stop
 
 
 def _pubsub_topic(args: argparse.Namespace, config: _OpenStore) -> str:

@@ -30,6 +30,7 @@ import queue
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -594,7 +595,8 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
                    allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
                    metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
                    stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                   report: Report = _quiet, progress: Progress | None = None) -> FetchResult:
+                   report: Report = _quiet, progress: Progress | None = None,
+                   import_processes: int = archive_work.IMPORT_PROCESSES) -> FetchResult:
     """Fetch the index of ``magnet``, then the pieces of the selected
     archives not imported yet; check each archive and replace its window
     (its content topics) in ``store`` in one Delta transaction per window.
@@ -603,12 +605,13 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     accepted one is ignored. ``chat_ids``: the channels' ids, whose keys
     rebuild messages a status-go archive holds decrypted. Archives that fail a check are reported in
     ``rejected`` and never reach the table. Raises TorrentError when the
-    torrent cannot be fetched. Blocking; :func:`fetch_archives_async` is
-    the same in a trio task.
+    torrent cannot be fetched. ``import_processes``: worker processes
+    that check and decode the archives (at most one a core). Blocking;
+    :func:`fetch_archives_async` is the same in a trio task.
     """
     job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
                         default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
-                        progress)
+                        progress, import_processes)
     if job.result.ignored:
         return job.result
     job.start(session or torrent.open_session())
@@ -631,7 +634,8 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
                                allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
                                metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
                                stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                               report: Report = _quiet, progress: Progress | None = None) -> FetchResult:
+                               report: Report = _quiet, progress: Progress | None = None,
+                               import_processes: int = archive_work.IMPORT_PROCESSES) -> FetchResult:
     """:func:`fetch_archives` in a trio task on ``session`` (the caller's,
     kept open). The download waits poll libtorrent from this task, so a
     cancel ends them at once and removes the torrent from the session;
@@ -641,7 +645,7 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
     """
     job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
                         default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
-                        progress)
+                        progress, import_processes)
     if job.result.ignored:
         return job.result
     job.start(session)
@@ -664,7 +668,7 @@ class _ArchiveFetch:
                  selection: Selection, layout: Layout, peers: Sequence[tuple[str, int]],
                  default_pubsub_topic: str, allowed_topics: Iterable[str] | None, chat_ids: Sequence[str],
                  metadata_timeout_s: float, stall_timeout_s: float, report: Report,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, import_processes: int = archive_work.IMPORT_PROCESSES):
         self.cid = topics.community_id(community_public_key)
         self.save_path = data_dir / "archives"
         self.record_path = self.save_path / f"{self.cid}.json"
@@ -674,6 +678,7 @@ class _ArchiveFetch:
         self.keys = channel_keys(community_public_key, chat_ids)
         self.metadata_timeout_s, self.stall_timeout_s, self.report = metadata_timeout_s, stall_timeout_s, report
         self.progress = progress
+        self.import_processes = import_processes
         self.result = FetchResult()
         self.groups: list[list[IndexEntry]] = []
         self.job: torrent.Fetch | None = None
@@ -700,7 +705,7 @@ class _ArchiveFetch:
         self.groups = _select(archive_windows(entries), set(self.record.imported), self.selection)
         self.report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
                     f"in {len(self.groups)} window(s)")
-        self.workers = import_workers(self.groups)  # they start while the pieces download
+        self.workers = import_workers(self.groups, self.import_processes)  # they start while the pieces download
         yield from job.download({p for g in self.groups for e in g for p in e.pieces(info.piece_length())},
                                 self.stall_timeout_s)
         yield from job.flush()
@@ -769,26 +774,67 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
                 assert due == number, "archives are taken in the order they were queued"
                 yield archive_work.rows_of(result)
 
-        for done, group in enumerate(groups):
-            _check(stop)
-            if progress is not None:
-                progress("windows imported", done, len(groups))
-            fill()
-            while len(workers) and workers.peek_tag() < done:
-                workers.drop()  # the rest of a rejected window
-                fill()
-            _import_window(store, group, tables(done, group), record, result, report)
-            record.save(record_path)
+        # A window's commit runs in its own thread while the next window is
+        # read and staged here: the engine writes one window while this
+        # process checks and stages the next (one after the other, a 1M
+        # hydrate spent about as long in each). One commit at a time, in
+        # window order; a window is recorded once its commit returned.
+        with ThreadPoolExecutor(1, thread_name_prefix="window-commit") as committer:
+            committing: list = []  # at most one (future, group, staged window)
+
+            def finish() -> None:
+                if not committing:
+                    return
+                future, group, staged = committing.pop()
+                try:
+                    written = future.result()
+                finally:
+                    staged.close()
+                _imported(group, written, record, result, report)
+                record.save(record_path)
+
+            try:
+                for done, group in enumerate(groups):
+                    if stop is not None and stop.is_set():
+                        finish()
+                        _check(stop)
+                    fill()
+                    while len(workers) and workers.peek_tag() < done:
+                        workers.drop()  # the rest of a rejected window
+                        fill()
+                    staged = _stage_window(store, group, tables(done, group), result, report)
+                    try:
+                        finish()
+                    except BaseException:
+                        if staged is not None:
+                            staged.close()  # its files: nothing of it was committed
+                        raise
+                    if progress is not None:
+                        progress("windows imported", done, len(groups))
+                    if staged is not None:
+                        committing.append((committer.submit(store.commit_window, staged), group, staged))
+                finish()
+            except BaseException:
+                # The window being committed is in the table or not, whole:
+                # wait for it and record it if it landed.
+                try:
+                    finish()
+                except Exception:
+                    log.exception("a window's commit failed while the import was ending")
+                raise
         if progress is not None and groups:
             progress("windows imported", len(groups), len(groups))
     result.hydrate_s += time.monotonic() - started
 
 
-def import_workers(groups: list[list[IndexEntry]]) -> archive_work.Workers:
-    """Started workers to decode ``groups``' archives: a process when they
-    are large, else none (decoded in the calling thread)."""
+def import_workers(groups: list[list[IndexEntry]],
+                   processes: int = archive_work.IMPORT_PROCESSES) -> archive_work.Workers:
+    """Started workers to decode ``groups``' archives: ``processes`` (at
+    most one a core) when they are large, else none (decoded in the
+    calling thread)."""
     big = sum(entry.size for group in groups for entry in group) >= POOL_MIN_BYTES
-    workers = archive_work.Workers(archive_work.IMPORT_PROCESSES if big else 0, archive_work.IMPORT_QUEUE_PER_WORKER)
+    processes = min(processes, archive_work.default_processes()) if big else 0
+    workers = archive_work.Workers(processes, archive_work.IMPORT_QUEUE_PER_WORKER)
     workers.start()
     return workers
 
@@ -812,21 +858,29 @@ def _select(groups: list[list[IndexEntry]], imported: set[str], selection: Selec
     return missing
 
 
-def _import_window(store, group: list[IndexEntry], tables, record: MemberRecord, result: FetchResult,
-                   report: Report) -> None:
-    """Replace one window with the rows of its archives (``tables``, which
-    checks each archive as it is read), in one window replacement; a failed
-    check aborts it before anything commits."""
+def _stage_window(store, group: list[IndexEntry], tables, result: FetchResult, report: Report):
+    """One window's rows from its archives (``tables``, which checks each
+    archive as it is read), staged for one window replacement
+    (``store.stage_window_tables``); None when a check failed (the window
+    is then listed in ``result.rejected`` and nothing of it commits)."""
     first = group[0]
     try:
-        written = store.replace_window_tables(first.start_ns, first.end_ns, list(first.content_topics), tables)
+        return store.stage_window_tables(first.start_ns, first.end_ns, list(first.content_topics), tables)
     except ArchiveError as exc:
         for entry in group:
             result.rejected[entry.archive_id] = str(exc)
         report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S} rejected: {exc}")
-        return
+        return None
+
+
+def _imported(group: list[IndexEntry], written: int, record: MemberRecord, result: FetchResult,
+              report: Report) -> None:
+    """A window's replacement committed: the member's record and the result say so."""
+    first = group[0]
     record.imported += [e.archive_id for e in group if e.archive_id not in record.imported]
     result.imported += [e.archive_id for e in group]
     result.windows.append((first.start_ns // archive.NS_PER_S, first.end_ns // archive.NS_PER_S))
     result.messages += written
     report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S}: {written} messages")
+
+

@@ -63,6 +63,7 @@ class MemberSettings:
     poll_interval_s: float = POLL_INTERVAL_S
     retry_after_s: float = RETRY_AFTER_S
     session_factory: Callable[[], object] | None = None
+    import_processes: int = 1  # the node's archive_import_workers
 
     @property
     def record_path(self) -> Path:
@@ -113,6 +114,7 @@ async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.C
                 store, settings.data_dir, settings.community_public_key, link.magnet_uri, session=session,
                 limiter=limiter, clock=link.clock, layout=settings.layout, peers=list(settings.peers),
                 default_pubsub_topic=settings.pubsub_topic, chat_ids=list(settings.chat_ids), report=log.info,
+                import_processes=settings.import_processes,
             )
         except Exception as exc:  # no peers yet, stalled swarm: try later
             log.warning("archive fetch failed, retrying in %.0f s: %s", settings.retry_after_s, exc)

@@ -30,11 +30,14 @@ from wakustore.storage.rows import records_to_arrow
 # encoded records or one decoded archive, ~35 MB at most): a worker finds
 # its next task while the caller takes a result, and memory stays bounded.
 QUEUE_PER_WORKER = 2
-# An import's worker processes: one. What bounds an import is the engine's
-# commit of each window and the store's bookkeeping in the importing
-# process; a worker decodes ~90k messages a second, and a second one took
-# a 1M-message hydrate from 17.2-17.3 s to 16.9 s but the peak from ~1.41
-# to ~1.67 GB besides the engine (bench archive's fetch, 2 cores).
+# An import's worker processes, by default (a member's setting
+# archive_import_workers): one. Once a window's commit overlaps the staging
+# of the next (node.archive.hydrate), the decoding is what bounds an
+# import: a worker spent ~23 CPU s on a million messages, nearly the whole
+# of a 1M hydrate. Two took bench archive's hydrate from 28.1 to 23.2 s on
+# 2 cores, and the fetch's peak from 1.76 to 2.05 GB with the engine's: over
+# the 2 GB a member is held to, so two are an operator's choice. (Before
+# the commits overlapped, a second worker took a hydrate from 17.2 to 16.9 s.)
 IMPORT_PROCESSES = 1
 # It hands back files (rows_of), not memory, and decodes this many archives
 # ahead, more than a window's worth (a million messages are ~10 archives a
@@ -59,7 +62,7 @@ def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: byt
     try:
         return encoder.encode_framed(*export_columns(batch))
     finally:
-        _trim()
+        trim_heap()
 
 
 def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_pubsub_topic: str,
@@ -84,11 +87,11 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
                 rows.write(records_to_arrow(batch))
         return out
     finally:
-        _trim()
+        trim_heap()
 
 
 def _start_worker() -> None:
-    """Arrow's buffers from the C heap in a worker, which :func:`_trim`
+    """Arrow's buffers from the C heap in a worker, which :func:`trim_heap`
     gives back after each task: with its default pool a worker kept ~30 MB
     more between archives and ~35 MB more at the peak of one."""
     use_c_heap()
@@ -104,7 +107,7 @@ def _read(data_path: Path, entry: IndexEntry) -> bytes:
         return data.read(entry.size)
 
 
-def _trim() -> None:
+def trim_heap() -> None:
     """Give the freed heap of a task back to the system: an archive's
     messages are tens of thousands of kilobyte-sized objects, which glibc
     otherwise keeps mapped, and two workers would hold ~400 MB between

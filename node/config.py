@@ -54,6 +54,10 @@ DEFAULT_MAX_REQUESTS_IN_FLIGHT = 64
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
 
+# An import's decode workers: more than the cores only adds memory.
+MAX_IMPORT_WORKERS = 16
+
+
 class ConfigError(ValueError):
     """A configuration value that cannot be used; reported on one line."""
 
@@ -136,6 +140,10 @@ class NodeConfig:
     # and import their archives; BitTorrent peers to dial besides the swarm.
     archive_follow: list[str] = field(default_factory=list)
     archive_seed_peers: list[str] = field(default_factory=list)
+    # Worker processes that check and decode archives while a member
+    # imports them: each ~250 MB at its peak; two import ~20% faster on 2
+    # cores (bench archive, BENCHMARKS.md).
+    archive_import_workers: int = 1
 
     @property
     def archives(self) -> Path:
@@ -178,6 +186,9 @@ class NodeConfig:
             raise ConfigError(f"cluster_id {self.cluster_id} outside 0..65535")
         if any(not 0 <= s < 1024 for s in self.shards):
             raise ConfigError("shards must lie in 0..1023")
+        if not 1 <= self.archive_import_workers <= MAX_IMPORT_WORKERS:
+            raise ConfigError(f"archive_import_workers must be 1 to {MAX_IMPORT_WORKERS}, "
+                              f"got {self.archive_import_workers}")
         if self.archive_layout not in ("status-go", "spec"):
             raise ConfigError(f"archive_layout must be 'status-go' or 'spec', got {self.archive_layout!r}")
         for pubkey in self.archive_follow:

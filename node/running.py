@@ -146,5 +146,6 @@ async def _follow_community(config, service, pubkey_hex: str) -> None:
         chat_ids=tuple(config.archive_chat_ids),
         layout=config.archive_layout,
         peers=parse_peers(config.archive_seed_peers),
+        import_processes=config.archive_import_workers,
     )
     await run_archive_member(service.store, settings, limiter=service.limiter)

@@ -20,7 +20,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -141,6 +141,35 @@ class _LruMap:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+
+@dataclass(eq=False, slots=True)
+class StagedWindow:
+    """A window's rows staged for :meth:`MessageStore.commit_window`, with
+    what the store's indexes learn once they are committed. Removes its
+    staged files on :meth:`close` (or leaving its ``with``)."""
+
+    start_ns: int
+    end_ns: int
+    content_topics: list[str]
+    rows: StagedRows
+    source: pa.Table | str | None = None
+    seen: set[bytes] = field(default_factory=set)
+    muids: list[bytes] = field(default_factory=list)
+    days: list[object] = field(default_factory=list)
+    recent: list[Row] = field(default_factory=list)
+    older: Row | None = None
+    now_ns: int = 0
+
+    def __enter__(self) -> StagedWindow:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.source = None
+        self.rows.__exit__(None, None, None)
 
 
 class MessageStore:
@@ -514,23 +543,31 @@ class MessageStore:
         table's Arrow schema (:func:`rows.records_to_arrow`), so that a
         window of a million messages builds no object per message. The same
         guarantees: one transaction, staged beyond a chunk, nothing
-        committed if ``tables`` raises or a row lies outside the window."""
+        committed if ``tables`` raises or a row lies outside the window.
+        :meth:`stage_window_tables` then :meth:`commit_window`."""
+        with self.stage_window_tables(start_ns, end_ns, content_topics, tables) as staged:
+            return self.commit_window(staged)
+
+    def stage_window_tables(
+        self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable
+    ) -> StagedWindow:
+        """The first half of :meth:`replace_window_tables`: ``tables``
+        read, checked and staged, nothing committed (raises what ``tables``
+        raises, or ValueError for a row outside the window). The staged
+        window is a context manager that removes its files; an import
+        stages the next window while :meth:`commit_window` commits this
+        one in another thread (the engine's commit and the staging are
+        then at the same time instead of one after the other)."""
         self.flush()
         listed = pa.array(list(content_topics), pa.string())
-        seen: set[bytes] = set()
-        # Copies, not the tables' columns: a table may map a file (a decoded
-        # archive) that must be unmapped once staged.
-        muids: list[bytes] = []
-        days: list[object] = []
+        window = StagedWindow(start_ns, end_ns, list(content_topics), StagedRows(self.table.uri))
         # The hot tier takes the rows of its window (a day at most); for the
         # older rows it claims, the newest one makes it give up below that
         # time, as import_rows does: a window of a million rows makes no
         # object per row and no tier of a million rows.
-        recent: list[Row] = []
-        older: Row | None = None
         now = time.time_ns()
         tier_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
-        with StagedRows(self.table.uri) as staged:
+        try:
             for table in tables:
                 if not table.num_rows:
                     continue
@@ -539,28 +576,42 @@ class MessageStore:
                         pc.is_in(table.column("content_topic"), value_set=listed)).as_py():
                     raise ValueError("a message lies outside the window it replaces")
                 keys = table.column("muid").to_pylist()
+                seen = window.seen
                 keep = [key not in seen and not seen.add(key) for key in keys]
                 if not all(keep):  # the first copy wins, as replace_window keeps it
                     table = table.filter(pa.array(keep))
                     keys = [key for key, kept in zip(keys, keep) if kept]
-                muids += keys
-                days += table.column(schema.MESSAGES_PARTITION).to_pylist()
-                staged.add_table(table)
+                # Copies, not the tables' columns: a table may map a file (a
+                # decoded archive) that must be unmapped once staged.
+                window.muids += keys
+                window.days += table.column(schema.MESSAGES_PARTITION).to_pylist()
+                window.rows.add_table(table)
                 if tier_from is not None:
                     candidate, joining = self._hot_rows(table, now)
-                    if candidate is not None and (older is None or candidate.timestamp > older.timestamp):
-                        older = candidate
-                    recent += joining
-            source = staged.source()
-            with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
-                retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+                    if candidate is not None and (window.older is None or candidate.timestamp > window.older.timestamp):
+                        window.older = candidate
+                    window.recent += joining
+            window.source = window.rows.source()
+        except BaseException:
+            window.close()
+            raise
+        window.now_ns = now
+        return window
+
+    def commit_window(self, window: StagedWindow) -> int:
+        """The second half of :meth:`replace_window_tables`: the staged
+        window's rows become the window's whole content in one Delta
+        transaction, and every index learns it; returns the rows written."""
+        with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+            retry_on_conflict(lambda: self.table.replace_where(
+                window.source, window.start_ns, window.end_ns, window.content_topics))
         self.reader.committed()
         self._forget_removed()
-        self.writes.remember(muids, days)
-        self.hot.replace(start_ns, end_ns, content_topics, recent)
-        if older is not None:
-            self.hot.add([older], now)
-        return len(seen)
+        self.writes.remember(window.muids, window.days)
+        self.hot.replace(window.start_ns, window.end_ns, window.content_topics, window.recent)
+        if window.older is not None:
+            self.hot.add([window.older], window.now_ns)
+        return len(window.seen)
 
     # --- bulk import ------------------------------------------------------
 

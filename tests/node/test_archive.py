@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import coincurve
@@ -28,6 +29,7 @@ from wakustore.protocols import archive, topics, waku_v1
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery
+from wakustore.storage import staging
 from wakustore.storage import maintenance
 
 DAY = 86400
@@ -379,6 +381,7 @@ def test_fetch_cli_uses_the_newest_signed_link_in_the_local_store_and_ignores_fo
 
 SEED_CLI = """
 import sys
+import threading
 from wakustore.cli import archive as archive_cli
 from wakustore.cli.main import _Parser
 parser = _Parser(prog="wakustore")
@@ -722,3 +725,83 @@ def test_read_ahead_stops_reading_when_the_caller_stops():
     assert next(ahead) == 0
     ahead.close()  # the thread finishes the item it holds and ends
     assert len(read) <= 3
+
+
+def test_an_import_stopped_while_a_window_commits_records_that_window_and_no_later_one(tmp_path, make_store):
+    """Each window's commit runs while the next window is staged: a stop
+    asked then ends the import once that commit has returned, with the
+    window in the table and in the member's record, and nothing of the
+    windows after it."""
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0, 8, 15])
+    node_archive.export_community(control_store, control, T0 + 21 * DAY)
+    community = control.archive_dir / CID
+    entries = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes())
+    groups = node_archive.archive_windows(entries)
+    assert len(groups) == 3
+    stop = threading.Event()
+    shown = []
+
+    def progress(what, done, total):
+        shown.append(done)
+        if done == 1:  # the first window recorded, the second one committing
+            stop.set()
+
+    record, result = node_archive.MemberRecord(), node_archive.FetchResult()
+    record_path = member_dir / "record.json"
+    with pytest.raises(node_archive.Stopped):
+        node_archive.hydrate(member_store, community / "data", Layout.STATUS_GO, groups, PUBSUB, None, KEYS,
+                             record, record_path, result, stop=stop, progress=progress)
+    assert shown == [0, 1]
+    imported = [e.archive_id for g in groups[:2] for e in g]
+    assert result.imported == imported and result.rejected == {}
+    assert node_archive.MemberRecord.load(record_path).imported == imported
+    assert hashes(member_store, T0, T0 + 14 * DAY) == hashes(control_store, T0, T0 + 14 * DAY) != []
+    assert hashes(member_store, T0 + 14 * DAY, T0 + 21 * DAY) == []
+
+
+def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_path, make_store, monkeypatch):
+    """The engine fails the first window's commit while the second window
+    is staged: the import raises that error, records no window, and
+    neither window's staged files stay beside the table."""
+    _, control_store = make_store("control")
+    member_dir, member_store = make_store("member")
+    control = settings(tmp_path)
+    put_days(control_store, [0, 8])
+    node_archive.export_community(control_store, control, T0 + 14 * DAY)
+    community = control.archive_dir / CID
+    groups = node_archive.archive_windows(archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes()))
+
+    staged = []
+
+    def failing_commit(window):
+        staged.append(window.source)
+        assert Path(window.source).is_dir()  # staged on disk (threshold 0), not in memory
+        raise RuntimeError("engine gone")
+
+    monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 0)
+
+    monkeypatch.setattr(member_store, "commit_window", failing_commit)
+    record, result = node_archive.MemberRecord(), node_archive.FetchResult()
+    with pytest.raises(RuntimeError, match="engine gone"):
+        node_archive.hydrate(member_store, community / "data", Layout.STATUS_GO, groups, PUBSUB, None, KEYS,
+                             record, member_dir / "record.json", result)
+    assert len(staged) == 1 and record.imported == [] and result.imported == []
+    staging_dir = Path(member_store.table.uri.removeprefix("file://").rstrip("/") + "_staging")
+    assert not staging_dir.exists() or list(staging_dir.iterdir()) == []
+    assert hashes(member_store, T0, T0 + 14 * DAY) == []
+
+
+def test_import_workers_are_as_many_as_asked_up_to_one_a_core(monkeypatch):
+    entry = archive.IndexEntry(archive_id="a", start_ns=0, end_ns=1, content_topics=(TOPICS[0],), offset=0,
+                               size=1000, padding=0)
+    monkeypatch.setattr(node_archive, "POOL_MIN_BYTES", 10**9)
+    with node_archive.import_workers([[entry]], 2) as small:
+        assert small.processes == 0  # decoded in the calling thread
+    monkeypatch.setattr(node_archive, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(node_archive.archive_work, "default_processes", lambda: 2)
+    for asked, started in ((1, 1), (2, 2), (4, 2)):
+        with node_archive.import_workers([[entry]], asked) as workers:
+            assert workers.processes == started

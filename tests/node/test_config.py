@@ -12,7 +12,8 @@ def test_file_then_flags_then_environment(tmp_path):
 
 @pytest.mark.parametrize(
     "values",
-    [{"tcp_port": 70000}, {"engine": "postgres://x"}, {"retention": "forever"}, {"shards": [1024]}, {"bogus": 1}],
+    [{"tcp_port": 70000}, {"engine": "postgres://x"}, {"retention": "forever"}, {"shards": [1024]}, {"bogus": 1},
+     {"archive_import_workers": 0}, {"archive_import_workers": 17}],
 )
 def test_bad_values_are_refused(values):
     with pytest.raises(ConfigError):
@@ -77,3 +78,10 @@ def test_ext_multiaddrs_from_the_file_the_flag_and_the_environment(tmp_path):
     assert load(path, {}, environ=env).ext_multiaddrs == ["/ip4/203.0.113.6/tcp/1", "/ip4/203.0.113.7/tcp/2"]
     with pytest.raises(ConfigError, match="ext_multiaddrs: 'nowhere'"):
         load(None, {"ext_multiaddrs": ["nowhere"]}, environ={})
+
+
+def test_archive_import_workers_from_the_environment(tmp_path):
+    assert load(None, {}, environ={}).archive_import_workers == 1
+    assert load(None, {}, environ={"WAKUSTORE_ARCHIVE_IMPORT_WORKERS": "2"}).archive_import_workers == 2
+    with pytest.raises(ConfigError, match="archive_import_workers must be 1 to 16, got 0"):
+        load(None, {}, environ={"WAKUSTORE_ARCHIVE_IMPORT_WORKERS": "0"})
