@@ -10,7 +10,8 @@ pubsub topic):
    node would have stored them;
 2. export: every window into ``data``, ``index`` and the torrent, the
    magnet-link message into the store (:func:`archive.export_community`);
-3. fetch: a member on the same engine fetches the magnet link over
+3. fetch: the control node's store closed (its memory is not the
+   member's), a member on the same engine fetches the magnet link over
    loopback BitTorrent from a seeder in this process (download) and
    checks and replaces every window in its table (hydrate).
 
@@ -38,6 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.node import archive as node_archive
+from wakustore.node import archive_work
 from wakustore.node import config as node_config
 from wakustore.node import torrent
 from wakustore.bench.store import RssSampler
@@ -178,6 +180,12 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                 "data_mb": round(data_size / MIB, 1), "peak_rss_mb": memory.figures(),
             }
 
+            # The member is measured as a member node: the control node's
+            # store (its key index, recent keys, hot tier) is closed and its
+            # freed heap given back before the fetch. It shares the engine.
+            control.close()
+            control = None
+            archive_work.trim_heap()
             _say("seeding and fetching over loopback BitTorrent ...")
             seeder = torrent.Seeder(torrent.open_session("127.0.0.1:0", isolated=True))
             try:
@@ -188,6 +196,7 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                         layout=Layout(args.layout), peers=[("127.0.0.1", seeder.port)],
                         session=torrent.open_session("127.0.0.1:0", isolated=True),
                         default_pubsub_topic=PUBSUB_TOPIC, chat_ids=chat_ids, report=_say,
+                        import_processes=member_config.archive_import_workers,
                     )
             finally:
                 seeder.stop()
@@ -206,7 +215,8 @@ def run_archive_bench(args: argparse.Namespace) -> int:
             member.close()
     finally:
         try:
-            control.close()
+            if control is not None:
+                control.close()
         finally:
             engine.close()
             if args.data_dir is None:
