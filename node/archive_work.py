@@ -43,8 +43,11 @@ IMPORT_PROCESSES = 1
 # ahead, more than a window's worth (a million messages are ~10 archives a
 # window), so that it goes on while the engine commits the window before.
 IMPORT_QUEUE_PER_WORKER = 12
-# Records a worker turns into table rows at once while decoding an archive.
-DECODE_BATCH = 4096
+# Records a worker turns into table rows at once while decoding an archive:
+# 1,024 rather than 4,096 took a worker from 20.6-21.0 to 19.5-20.2 us a
+# message (fewer page faults: ~330k instead of ~390k for 250k messages)
+# and its peak a few MB lower.
+DECODE_BATCH = 1024
 
 # Encoders and decoders of this worker process, by their settings: made once
 # (ciphers, topic tables), used for every batch of an export or import.
