@@ -805,3 +805,16 @@ def test_import_workers_are_as_many_as_asked_up_to_one_a_core(monkeypatch):
     for asked, started in ((1, 1), (2, 2), (4, 2)):
         with node_archive.import_workers([[entry]], asked) as workers:
             assert workers.processes == started
+
+
+def test_a_worker_process_keeps_its_heap_between_tasks_and_the_calling_process_does_not():
+    """Workers reuse their freed heap for the next archive (no page faults
+    anew for each); a task run in the node's own process (a small import)
+    gives its heap back after it."""
+    from wakustore.node import archive_work
+
+    probe = "__import__('wakustore.node.archive_work', fromlist=['_keep_heap'])._keep_heap"
+    with archive_work.Workers(1) as workers:
+        workers.submit("probe", eval, probe)
+        assert workers.take() == ("probe", True)
+    assert archive_work._keep_heap is False
