@@ -141,7 +141,7 @@ class NodeConfig:
     archive_follow: list[str] = field(default_factory=list)
     archive_seed_peers: list[str] = field(default_factory=list)
     # Worker processes that check and decode archives while a member
-    # imports them: each ~250 MB at its peak; two import ~20% faster on 2
+    # imports them: each ~280 MB at its peak; two import ~20% faster on 2
     # cores (bench archive, BENCHMARKS.md).
     archive_import_workers: int = 1
 
