@@ -34,10 +34,11 @@ QUEUE_PER_WORKER = 2
 # archive_import_workers): one. Once a window's commit overlaps the staging
 # of the next (node.archive.hydrate), the decoding is what bounds an
 # import: a worker spent ~23 CPU s on a million messages, nearly the whole
-# of a 1M hydrate. Two took bench archive's hydrate from 28.1 to 23.2 s on
-# 2 cores, and the fetch's peak from 1.76 to 2.05 GB with the engine's: over
-# the 2 GB a member is held to, so two are an operator's choice. (Before
-# the commits overlapped, a second worker took a hydrate from 17.2 to 16.9 s.)
+# of a 1M hydrate. Two took a member's 1M hydrate from ~31 to 25-27 s on 2
+# cores (bench archive: 24.9 -> 23.2 s), and bench archive's fetch peak
+# from 1.86 to 2.05 GB with the engine's: over the 2 GB a member is held
+# to, so two are an operator's choice. (Before the commits overlapped, a
+# second worker took a hydrate from 17.2 to 16.9 s.)
 IMPORT_PROCESSES = 1
 # It hands back files (rows_of), not memory, and decodes this many archives
 # ahead, more than a window's worth (a million messages are ~10 archives a

@@ -153,13 +153,13 @@ class StagedWindow:
     end_ns: int
     content_topics: list[str]
     rows: StagedRows
+    now_ns: int  # when it was staged: the hot tier's horizon for its rows
     source: pa.Table | str | None = None
     seen: set[bytes] = field(default_factory=set)
     muids: list[bytes] = field(default_factory=list)
     days: list[object] = field(default_factory=list)
     recent: list[Row] = field(default_factory=list)
     older: Row | None = None
-    now_ns: int = 0
 
     def __enter__(self) -> StagedWindow:
         return self
@@ -169,7 +169,7 @@ class StagedWindow:
 
     def close(self) -> None:
         self.source = None
-        self.rows.__exit__(None, None, None)
+        self.rows.close()
 
 
 class MessageStore:
@@ -560,13 +560,14 @@ class MessageStore:
         then at the same time instead of one after the other)."""
         self.flush()
         listed = pa.array(list(content_topics), pa.string())
-        window = StagedWindow(start_ns, end_ns, list(content_topics), StagedRows(self.table.uri))
+        now = time.time_ns()
+        window = StagedWindow(start_ns, end_ns, list(content_topics), StagedRows(self.table.uri), now)
         # The hot tier takes the rows of its window (a day at most); for the
         # older rows it claims, the newest one makes it give up below that
         # time, as import_rows does: a window of a million rows makes no
         # object per row and no tier of a million rows.
-        now = time.time_ns()
         tier_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
+        seen = window.seen
         try:
             for table in tables:
                 if not table.num_rows:
@@ -576,7 +577,6 @@ class MessageStore:
                         pc.is_in(table.column("content_topic"), value_set=listed)).as_py():
                     raise ValueError("a message lies outside the window it replaces")
                 keys = table.column("muid").to_pylist()
-                seen = window.seen
                 keep = [key not in seen and not seen.add(key) for key in keys]
                 if not all(keep):  # the first copy wins, as replace_window keeps it
                     table = table.filter(pa.array(keep))
@@ -595,7 +595,6 @@ class MessageStore:
         except BaseException:
             window.close()
             raise
-        window.now_ns = now
         return window
 
     def commit_window(self, window: StagedWindow) -> int:

@@ -59,8 +59,13 @@ class StagedRows:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the staged files (the transaction happened or never will)."""
         if self._writer is not None:
             self._writer.close()
+            self._writer = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def add(self, row: Row) -> None:
