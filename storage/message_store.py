@@ -195,6 +195,9 @@ class MessageStore:
         if reader is None:
             reader = TableReader(table.uri, muid_copies=None if config.shared_table else muid_copies)
         self.reader = reader
+        # A window replacement of a table this node owns on this machine is
+        # written here rather than by the engine (storage.window_files).
+        table.replace_in_process = not config.shared_table and table.engine.is_embedded and is_local(table.uri)
         self.writes = WritePath(
             table, wal_dir, MESSAGE_CODEC, config.recent_muids,
             config.flush_interval_s, config.flush_max_messages,
@@ -528,11 +531,13 @@ class MessageStore:
                 if hot_from is not None and row.timestamp >= hot_from:
                     recent.append(row)
             source = staged.source()
-            with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
-                retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
-        self.reader.committed()
-        self._forget_removed()
-        self.writes.remember(list(seen), list(seen.values()))
+            # No flush between the commit and the keys learnt (see commits_held).
+            with self.writes.commits_held():
+                with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                    retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
+                self.reader.committed()
+                self._forget_removed()
+                self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
 
@@ -558,7 +563,6 @@ class MessageStore:
         stages the next window while :meth:`commit_window` commits this
         one in another thread (the engine's commit and the staging are
         then at the same time instead of one after the other)."""
-        self.flush()
         listed = pa.array(list(content_topics), pa.string())
         now = time.time_ns()
         window = StagedWindow(start_ns, end_ns, list(content_topics), StagedRows(self.table.uri), now)
@@ -601,12 +605,16 @@ class MessageStore:
         """The second half of :meth:`replace_window_tables`: the staged
         window's rows become the window's whole content in one Delta
         transaction, and every index learns it; returns the rows written."""
-        with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
-            retry_on_conflict(lambda: self.table.replace_where(
-                window.source, window.start_ns, window.end_ns, window.content_topics))
-        self.reader.committed()
-        self._forget_removed()
-        self.writes.remember(window.muids, window.days)
+        # The puts before it land first (not at staging: a commit in flight
+        # holds flushes, and the next window is staged meanwhile).
+        self.flush()
+        with self.writes.commits_held():  # see replace_window
+            with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                retry_on_conflict(lambda: self.table.replace_where(
+                    window.source, window.start_ns, window.end_ns, window.content_topics))
+            self.reader.committed()
+            self._forget_removed()
+            self.writes.remember(window.muids, window.days)
         self.hot.replace(window.start_ns, window.end_ns, window.content_topics, window.recent)
         if window.older is not None:
             self.hot.add([window.older], window.now_ns)

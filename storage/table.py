@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import schema
+from wakustore.storage import schema, window_files
 from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.staging import is_local, staging_dir
 
@@ -92,6 +92,10 @@ class DeltaTableRef:
     def __init__(self, engine: Engine, uri: str):
         self.engine = engine
         self.uri = uri
+        # Whether a window replacement is written by this process
+        # (window_files) instead of the engine: set by the store of a table
+        # it owns on this machine with the embedded engine.
+        self.replace_in_process = False
 
     # --- creation ----------------------------------------------------------
 
@@ -289,7 +293,12 @@ class DeltaTableRef:
         self, batch: pa.Table | str, start_ns: int, end_ns: int, content_topics: Sequence[str]
     ) -> None:
         """One transaction: the window's rows for these topics become ``batch``
-        (an Arrow table, or the path of staged Parquet files the engine reads)."""
+        (an Arrow table, or the path of staged Parquet files the engine reads).
+        With :attr:`replace_in_process`, written and committed here
+        (:mod:`window_files`)."""
+        if self.replace_in_process:
+            window_files.replace_window(self.uri, batch, start_ns, end_ns, content_topics)
+            return
         topics = ", ".join(sql_string(t) for t in content_topics)
         first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
         predicate = (

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import heapq
 import logging
 import threading
@@ -543,11 +544,26 @@ class WritePath(Generic[R]):
             found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
         return found
 
+    @contextlib.contextmanager
+    def commits_held(self) -> Iterator[None]:
+        """No commit of the buffer while held (puts go on into it): another
+        verb that puts rows in the table commits, then :meth:`remember` gives
+        their keys, with no flush in between that would append one of them
+        again unseen."""
+        with self._flush_lock:
+            yield
+
     def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
         """Keys that another verb (a window replace, an import) put in the
-        table, with their days; the recent set takes them in one call."""
+        table, with their days; the recent set takes them in one call.
+        A buffered row put as new meanwhile with one of these keys is
+        decided at its commit instead (a MERGE: the table holds it now),
+        and no query shows it until then."""
         with self._lock:
             self._recent.add_many(keys)
+            pending = self._buffer.keys()
+            if pending:
+                self._unresolved.update(pending.intersection(keys))
         if self.key_filter is not None:
             self.key_filter.add(keys, days)
 

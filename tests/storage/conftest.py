@@ -2,8 +2,17 @@
 
 import pytest
 
+from wakustore.storage import schema
 from wakustore.storage.message_store import MessageStore
 from wakustore.storage.table import DeltaTableRef
+
+
+@pytest.fixture
+def table(engine, tmp_path):
+    """A fresh, empty messages table on the engine."""
+    t = DeltaTableRef(engine, str(tmp_path / "messages"))
+    t.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "test messages")
+    return t
 
 
 @pytest.fixture

@@ -31,13 +31,6 @@ def row(i, ts=None, topic=TOPIC, pubsub=PUBSUB) -> Row:
     return Row.build(pubsub, message, T0)
 
 
-@pytest.fixture
-def table(engine, tmp_path):
-    t = DeltaTableRef(engine, str(tmp_path / "messages"))
-    t.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "test messages")
-    return t
-
-
 def keys(arrow: pa.Table) -> list[tuple[int, bytes]]:
     return [sort_key(Ordering.MESSAGE_HASH)(m) for m in from_arrow(arrow, include_data=False)]
 
@@ -155,7 +148,11 @@ def test_timestamp_of_hash(table):
     assert table.timestamp_of_hash(row(8).message_hash, None) is None
 
 
-def test_delete_where_and_replace_where(table):
+@pytest.mark.parametrize("in_process", [False, True], ids=["engine", "in-process"])
+def test_delete_where_and_replace_where(table, in_process):
+    """Either writer of a window replacement (the engine, or this process
+    for a table a node owns) gives the same table."""
+    table.replace_in_process = in_process
     rows = [row(i) for i in range(6)] + [row(i, topic=OTHER) for i in range(6, 9)]
     table.append(to_arrow(rows))
     table.delete_where(f"timestamp < {T0 + 2 * SECOND}")
