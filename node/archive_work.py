@@ -31,15 +31,14 @@ from wakustore.storage.rows import records_to_arrow
 # its next task while the caller takes a result, and memory stays bounded.
 QUEUE_PER_WORKER = 2
 # An import's worker processes, by default (a member's setting
-# archive_import_workers): one. Once a window's commit overlaps the staging
-# of the next (node.archive.hydrate), the decoding is what bounds an
-# import: a worker spent ~23 CPU s on a million messages, nearly the whole
-# of a 1M hydrate. Two took a member's 1M hydrate from ~31 to 25-27 s on 2
-# cores (bench archive: 24.9 -> 23.2 s), and bench archive's fetch peak
-# from 1.86 to 2.05 GB with the engine's: over the 2 GB a member is held
-# to, so two are an operator's choice. (Before the commits overlapped, a
-# second worker took a hydrate from 17.2 to 16.9 s.)
-IMPORT_PROCESSES = 1
+# archive_import_workers): two, one a core on this project's 2-core
+# machine (import_workers never starts more than the cores). Since the
+# member writes its windows itself (storage.window_files) instead of the
+# engine, decoding is most of an import's CPU (~20 of ~28 CPU s a million
+# messages): one worker took a private 1M hydrate 19-21 s, two 15-16 s;
+# bench archive 1M: 15.6 s, fetch peak 1.72 GB with the engine's (the
+# engine no longer writes, and stays at ~0.3 GB).
+IMPORT_PROCESSES = 2
 # It hands back files (rows_of), not memory, and decodes this many archives
 # ahead, more than a window's worth (a million messages are ~10 archives a
 # window), so that it goes on while the engine commits the window before.

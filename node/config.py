@@ -141,9 +141,9 @@ class NodeConfig:
     archive_follow: list[str] = field(default_factory=list)
     archive_seed_peers: list[str] = field(default_factory=list)
     # Worker processes that check and decode archives while a member
-    # imports them: each ~280 MB at its peak; two import ~20% faster on 2
-    # cores (bench archive, BENCHMARKS.md).
-    archive_import_workers: int = 1
+    # imports them, at most one a core: each ~280 MB at its peak; two
+    # import ~25% faster than one on 2 cores (BENCHMARKS.md).
+    archive_import_workers: int = 2
 
     @property
     def archives(self) -> Path:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,13 +38,14 @@ from wakustore.protocols.store_query import (
     unknown_cursor,
 )
 from wakustore.storage import maintenance, schema
-from wakustore.storage.rows import Row, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.rows import Row, binary_prefixes, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, HotTier
 from wakustore.storage.reader import TableReader
 from wakustore.storage.staging import StagedRows, is_local
 from wakustore.storage.table import LOG_RETENTION, SHARED_LOG_RETENTION, DeltaTableRef
+from wakustore.storage.window_files import StagedFiles
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
 log = logging.getLogger(__name__)
@@ -152,14 +154,54 @@ class StagedWindow:
     start_ns: int
     end_ns: int
     content_topics: list[str]
-    rows: StagedRows
+    rows: StagedRows | StagedFiles
     now_ns: int  # when it was staged: the hot tier's horizon for its rows
-    source: pa.Table | str | None = None
-    seen: set[bytes] = field(default_factory=set)
-    muids: list[bytes] = field(default_factory=list)
-    days: list[object] = field(default_factory=list)
+    source: pa.Table | str | StagedFiles | None = None
+    # The staged rows' MUIDs and days (copies: a staged table may map a
+    # file that must be unmapped once staged), and the MUIDs' first 8
+    # bytes, by which repeats are found without an object per row.
+    muids: list[pa.Array] = field(default_factory=list)
+    days: list[pa.Array] = field(default_factory=list)
+    prefixes: list[np.ndarray] = field(default_factory=list)
+    sorted_prefixes: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    count: int = 0
     recent: list[Row] = field(default_factory=list)
     older: Row | None = None
+
+    def first_copies(self, table: pa.Table) -> pa.Table:
+        """``table`` without the rows whose MUID an earlier row of the
+        window (staged before, or above in ``table``) holds: the first copy
+        wins, as :meth:`MessageStore.replace_window` keeps it. Rows are
+        compared by their first 8 bytes, and exactly only where those
+        repeat."""
+        keys = table.column("muid")
+        prefixes = binary_prefixes(keys, 8)
+        # Searches in sorted arrays (np.isin and np.unique hashed: ~3 s a
+        # million rows).
+        ordered = np.sort(prefixes)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        earlier = self.sorted_prefixes
+        found = np.searchsorted(earlier, prefixes)
+        hit = earlier[np.minimum(found, len(earlier) - 1)] == prefixes if len(earlier) else np.zeros(len(prefixes), bool)
+        suspects = np.unique(np.concatenate([repeated, prefixes[hit]]))
+        if len(suspects):
+            known = set()
+            for chunk, chunk_prefixes in zip(self.muids, self.prefixes):
+                known.update(chunk.filter(pa.array(np.isin(chunk_prefixes, suspects))).to_pylist())
+            keep = np.ones(len(prefixes), bool)
+            for index in np.flatnonzero(np.isin(prefixes, suspects)).tolist():
+                key = keys[index].as_py()
+                keep[index] = key not in known
+                known.add(key)
+            if not keep.all():
+                table, prefixes = table.filter(pa.array(keep)), prefixes[keep]
+        self.prefixes.append(prefixes)
+        # Two sorted runs, merged by the stable sort in linear time.
+        self.sorted_prefixes = np.sort(np.concatenate([earlier, np.sort(prefixes)]), kind="stable")
+        self.muids.append(_copy(table.column("muid")))
+        self.days.append(_copy(table.column(schema.MESSAGES_PARTITION)))
+        self.count += table.num_rows
+        return table
 
     def __enter__(self) -> StagedWindow:
         return self
@@ -170,6 +212,11 @@ class StagedWindow:
     def close(self) -> None:
         self.source = None
         self.rows.close()
+
+
+def _copy(column: pa.ChunkedArray) -> pa.Array:
+    """A column's values in buffers of their own."""
+    return pa.concat_arrays([*column.chunks, pa.array([], column.type)])
 
 
 class MessageStore:
@@ -565,13 +612,13 @@ class MessageStore:
         then at the same time instead of one after the other)."""
         listed = pa.array(list(content_topics), pa.string())
         now = time.time_ns()
-        window = StagedWindow(start_ns, end_ns, list(content_topics), StagedRows(self.table.uri), now)
+        rows = StagedFiles(self.table.uri) if self.table.replace_in_process else StagedRows(self.table.uri)
+        window = StagedWindow(start_ns, end_ns, list(content_topics), rows, now)
         # The hot tier takes the rows of its window (a day at most); for the
         # older rows it claims, the newest one makes it give up below that
         # time, as import_rows does: a window of a million rows makes no
         # object per row and no tier of a million rows.
         tier_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
-        seen = window.seen
         try:
             for table in tables:
                 if not table.num_rows:
@@ -580,15 +627,7 @@ class MessageStore:
                 if low < start_ns or high >= end_ns or not pc.all(
                         pc.is_in(table.column("content_topic"), value_set=listed)).as_py():
                     raise ValueError("a message lies outside the window it replaces")
-                keys = table.column("muid").to_pylist()
-                keep = [key not in seen and not seen.add(key) for key in keys]
-                if not all(keep):  # the first copy wins, as replace_window keeps it
-                    table = table.filter(pa.array(keep))
-                    keys = [key for key, kept in zip(keys, keep) if kept]
-                # Copies, not the tables' columns: a table may map a file (a
-                # decoded archive) that must be unmapped once staged.
-                window.muids += keys
-                window.days += table.column(schema.MESSAGES_PARTITION).to_pylist()
+                table = window.first_copies(table)
                 window.rows.add_table(table)
                 if tier_from is not None:
                     candidate, joining = self._hot_rows(table, now)
@@ -614,11 +653,12 @@ class MessageStore:
                     window.source, window.start_ns, window.end_ns, window.content_topics))
             self.reader.committed()
             self._forget_removed()
-            self.writes.remember(window.muids, window.days)
+            self.writes.remember_columns(pa.chunked_array(window.muids, pa.binary()),
+                                         pa.chunked_array(window.days, pa.date32()))
         self.hot.replace(window.start_ns, window.end_ns, window.content_topics, window.recent)
         if window.older is not None:
             self.hot.add([window.older], window.now_ns)
-        return len(window.seen)
+        return window.count
 
     # --- bulk import ------------------------------------------------------
 

@@ -567,6 +567,18 @@ class WritePath(Generic[R]):
         if self.key_filter is not None:
             self.key_filter.add(keys, days)
 
+    def remember_columns(self, keys: pa.ChunkedArray, days: pa.ChunkedArray) -> None:
+        """:meth:`remember` for Arrow columns (a window of a million rows):
+        no object per key but for the newest the recent set keeps."""
+        with self._lock:
+            self._recent.add_many(keys[max(0, len(keys) - 2 * self._recent.capacity):].to_pylist())
+            pending = self._buffer.keys()
+            if pending:
+                listed = pa.array(list(pending), pa.binary())
+                self._unresolved.update(listed.filter(pc.is_in(listed, value_set=keys.combine_chunks())).to_pylist())
+        if self.key_filter is not None:
+            self.key_filter.add_columns(keys, days)
+
     def forget_recent(self) -> None:
         """Rows left the table (retention, a window replace): the recent set
         may name keys that are no longer stored, and must not drop them as

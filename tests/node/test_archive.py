@@ -762,12 +762,17 @@ def test_an_import_stopped_while_a_window_commits_records_that_window_and_no_lat
     assert hashes(member_store, T0 + 14 * DAY, T0 + 21 * DAY) == []
 
 
-def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_path, make_store, monkeypatch):
-    """The engine fails the first window's commit while the second window
-    is staged: the import raises that error, records no window, and
-    neither window's staged files stay beside the table."""
+@pytest.mark.parametrize("in_process", [True, False], ids=["files-in-place", "engine"])
+def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_path, make_store, monkeypatch,
+                                                                         in_process):
+    """The first window's commit fails while the second window is staged:
+    the import raises that error, records no window, and neither window's
+    staged files stay, whether staged in the table's partitions (a member
+    writing its windows itself) or beside the table (for the engine)."""
     _, control_store = make_store("control")
     member_dir, member_store = make_store("member")
+    assert member_store.table.replace_in_process
+    member_store.table.replace_in_process = in_process
     control = settings(tmp_path)
     put_days(control_store, [0, 8])
     node_archive.export_community(control_store, control, T0 + 14 * DAY)
@@ -777,8 +782,12 @@ def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_pat
     staged = []
 
     def failing_commit(window):
-        staged.append(window.source)
-        assert Path(window.source).is_dir()  # staged on disk (threshold 0), not in memory
+        if in_process:
+            files = window.source.paths
+        else:
+            files = list(Path(window.source).iterdir())  # staged on disk (threshold 0), not in memory
+        assert files and all(f.exists() for f in files)
+        staged.append(files)
         raise RuntimeError("engine gone")
 
     monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 0)
@@ -789,6 +798,7 @@ def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_pat
         node_archive.hydrate(member_store, community / "data", Layout.STATUS_GO, groups, PUBSUB, None, KEYS,
                              record, member_dir / "record.json", result)
     assert len(staged) == 1 and record.imported == [] and result.imported == []
+    assert not any(f.exists() for f in staged[0])
     staging_dir = Path(member_store.table.uri.removeprefix("file://").rstrip("/") + "_staging")
     assert not staging_dir.exists() or list(staging_dir.iterdir()) == []
     assert hashes(member_store, T0, T0 + 14 * DAY) == []

@@ -81,7 +81,7 @@ def test_ext_multiaddrs_from_the_file_the_flag_and_the_environment(tmp_path):
 
 
 def test_archive_import_workers_from_the_environment(tmp_path):
-    assert load(None, {}, environ={}).archive_import_workers == 1
-    assert load(None, {}, environ={"WAKUSTORE_ARCHIVE_IMPORT_WORKERS": "2"}).archive_import_workers == 2
+    assert load(None, {}, environ={}).archive_import_workers == 2
+    assert load(None, {}, environ={"WAKUSTORE_ARCHIVE_IMPORT_WORKERS": "1"}).archive_import_workers == 1
     with pytest.raises(ConfigError, match="archive_import_workers must be 1 to 16, got 0"):
         load(None, {}, environ={"WAKUSTORE_ARCHIVE_IMPORT_WORKERS": "0"})

@@ -632,3 +632,27 @@ def test_a_window_replaced_from_arrow_batches_keeps_the_hot_tier_to_its_own_wind
     assert len(store.hot) == 3
     found = [m for page in page_all(store, query(content_topics=[topic], limit=20)) for m in page]
     assert len(found) == 53
+
+
+def test_a_staged_window_keeps_the_first_copy_of_each_muid_exactly():
+    """Repeats are found by the MUIDs' first 8 bytes and settled on the
+    whole key: a MUID that shares its prefix with another (here made so)
+    is kept, a true repeat (in the same batch or an earlier one) is not."""
+    import pyarrow as pa
+
+    from wakustore.storage.message_store import StagedWindow
+    from wakustore.storage.rows import records_to_arrow
+
+    def batch(keys):
+        table = records_to_arrow([_record(PUBSUB, msg(i), T0) for i in range(len(keys))])
+        return table.set_column(0, "muid", pa.array(keys, pa.binary()))
+
+    prefix = b"\x01" * 8
+    twin_a, twin_b = prefix + b"a" * 24, prefix + b"b" * 24
+    window = StagedWindow(T0, T0 + 100 * SECOND, ["/app/1/chat/proto"], rows=None, now_ns=T0)
+    first = window.first_copies(batch([twin_a, b"\x02" * 32, b"\x02" * 32, b"\x03" * 32]))
+    assert first.column("muid").to_pylist() == [twin_a, b"\x02" * 32, b"\x03" * 32]
+    second = window.first_copies(batch([twin_b, b"\x03" * 32, twin_a, b"\x04" * 32, twin_b]))
+    assert second.column("muid").to_pylist() == [twin_b, b"\x04" * 32]
+    assert window.count == 5
+    assert pa.chunked_array(window.muids).to_pylist() == [twin_a, b"\x02" * 32, b"\x03" * 32, twin_b, b"\x04" * 32]
