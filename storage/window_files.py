@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wakustore.storage import schema
-from wakustore.storage.engine import CommitConflict
+from wakustore.storage.engine import CommitConflict, commit_conflict
 
 # A new file is closed once it holds this many bytes of rows (Arrow size,
 # close to the file's: payloads and hashes do not compress). Compaction
@@ -140,8 +140,11 @@ def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int
     except CommitFailedError as exc:
         _remove(written)
         raise CommitConflict(f"window replacement: {exc}") from exc
-    except BaseException:
+    except BaseException as exc:
         _remove(written)
+        conflict = commit_conflict(exc)  # delta-rs names some conflicts otherwise
+        if conflict is not None:
+            raise conflict from exc
         raise
 
 

@@ -167,3 +167,29 @@ def test_a_put_during_a_window_commit_is_stored_once(store):
     flushing.join(30)
     window.close()
     assert store.table.count() == 5
+
+
+def test_a_file_removed_by_another_writer_meanwhile_is_a_conflict_not_a_second_copy(table, monkeypatch):
+    """Between the replacement's read of the table and its commit, another
+    writer rewrites a file the replacement removes (a DELETE through the
+    engine): the commit fails as a conflict, leaving no file of its own,
+    and a retry from a fresh read gives each row once."""
+    table.append(to_arrow([row(i) for i in range(10)]))
+    original = DeltaTable.create_write_transaction
+    interfered = []
+
+    def after_another_writer(self, *args, **kwargs):
+        if not interfered:
+            interfered.append(True)
+            table.delete_where(f"timestamp = {T0 + 9 * SECOND}")  # rewrites the file the window's rows are in
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", after_another_writer)
+    before = {p for p in Path(table.uri).rglob("*.parquet")}
+    window = (T0, T0 + 5 * SECOND)
+    with pytest.raises(CommitConflict):
+        table.replace_where(to_arrow([row(2, payload=b"new-2")]), *window, [TOPIC])
+    created = {p for p in Path(table.uri).rglob("*.parquet")} - before
+    assert len(live_paths(table) & {str(p.relative_to(table.uri)) for p in created}) == len(created)  # the DELETE's own
+    table.replace_where(to_arrow([row(2, payload=b"new-2")]), *window, [TOPIC])
+    assert payloads(table) == sorted([b"new-2"] + [b"payload-%d" % i for i in range(5, 9)])
