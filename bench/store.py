@@ -556,6 +556,9 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 # Keys the day filters flagged (a duplicate older than the
                 # recent set, or a false positive), decided in the puts.
                 "lookup": round(store.writes.lookup_seconds, 3), "looked_up": store.writes.looked_up,
+                # A shared table: rows of older days found in the table
+                # and left out of the MERGEs (re-sends of old messages).
+                "known_old_rows": store.writes.known_old_rows,
                 "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times, default=0.0), 3),
                 "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
                 "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10):], 50), 3),

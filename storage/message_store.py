@@ -253,7 +253,9 @@ class MessageStore:
             # The reader advances on every commit (on_commit) before its
             # rows leave the pending set, so its files and the pending rows
             # together hold every committed key.
-            key_lookup=None if config.shared_table else self.reader.existing_muids,
+            # A shared table's batches ask it only about their rows of
+            # older days (WritePath._merge_shared).
+            key_lookup=self.reader.existing_muids,
             # A fleet on an object store leaves its log alone: a metadata
             # change there needs the store's own commit coordination.
             trim_log_every=TRIM_LOG_EVERY if not config.shared_table or is_local(table.uri) else 0,

@@ -9,6 +9,7 @@ import pytest
 from wakustore.protocols.errors import StoreError
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StatusCode, validate_v3
+from wakustore.storage import schema
 from wakustore.storage.message_store import MessageStore, StoreConfig
 from wakustore.storage.rows import Row
 from wakustore.storage.table import DeltaTableRef
@@ -284,6 +285,37 @@ def test_two_stores_sharing_a_table_commit_concurrently_without_duplicates(engin
     [t.join() for t in threads]
     assert errors == []
     assert a.table.count() == 450
+    a.close(), b.close()
+
+
+def test_a_shared_tables_merge_is_not_widened_by_re_sends_of_old_messages(engine, tmp_path, monkeypatch):
+    """A fleet node's batch of today's messages with re-sends of messages
+    days old (one another node stored) MERGEs into the newest days only:
+    the old rows found in the table are left out first. A message of an
+    old day the table lacks still goes in, nothing is stored twice."""
+    uri = str(tmp_path / "shared")
+    a, b = two_nodes(engine, tmp_path, uri)
+    old = [msg(i, ts=T0 - 10 * 86_400 * SECOND + i * SECOND) for i in range(5)]
+    b.put(triples(old))
+    b.flush()
+    a.reader.committed()  # a has seen b's commit (a reader looks again every CHECK_INTERVAL_S)
+    scopes = []
+    merge_new = a.table.merge_new
+
+    def recorded(batch, **kwargs):
+        scopes.append(sorted(kwargs["partition_values"]))
+        return merge_new(batch, **kwargs)
+
+    monkeypatch.setattr(a.table, "merge_new", recorded)
+    today = [msg(i) for i in range(100, 120)]
+    a.put(triples(today + old[:3]))
+    a.flush()
+    assert scopes == [[schema.day_of_ns(T0)]] and a.writes.known_old_rows == 3
+    lost = msg(7, ts=T0 - 10 * 86_400 * SECOND + 7 * SECOND)  # an old day's message nobody stored
+    a.put(triples([msg(200), lost, old[4]]))
+    a.flush()
+    assert scopes[1] == sorted({schema.day_of_ns(T0), schema.day_of_ns(lost.timestamp)})
+    assert a.table.count() == 5 + 20 + 2
     a.close(), b.close()
 
 
