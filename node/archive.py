@@ -45,7 +45,8 @@ from wakustore.protocols.crypto import private_key_from_bytes
 from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
-from wakustore.storage.archive_window import export_batches, oldest_timestamp_ns
+from wakustore.storage import schema
+from wakustore.storage.archive_window import SignerCache, export_batches, oldest_timestamp_ns
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,12 @@ DEFAULT_PUBSUB_TOPIC = topics.shard_pubsub_topic(topics.STATUS_CLUSTER_ID, 32)
 SEED_POLL_S = 5.0
 EMPTY_RECHECK_S = 3600.0
 EXPORT_RETRY_S = 300.0
+# Between exports, a control node works out the signers of the messages
+# that came in (prepare_signers) this often, up to this long before now
+# (messages come in up to a few seconds after their timestamp; a later
+# one is recovered at the export instead).
+SIGNERS_EVERY_S = 600.0
+SIGNERS_LAG_S = 60
 
 # Worker processes start (a second or so) once an export has read this
 # many messages, or for an import of this many bytes of archives; below,
@@ -146,6 +153,13 @@ class ArchiveSettings:
     def state_path(self) -> Path:
         return self.archive_dir / f"{self.community_id}.json"
 
+    @property
+    def signer_cache(self) -> SignerCache:
+        """The signers of the channels' messages worked out ahead of their
+        export (:func:`prepare_signers`); beside the archives, not in the
+        torrent."""
+        return SignerCache(self.archive_dir / f"{self.community_id}.signers")
+
 
 def channel_keys(community_public_key: bytes, chat_ids: Iterable[str]) -> dict[str, bytes]:
     """Content topic -> symmetric key of each channel (status-go derives
@@ -162,6 +176,10 @@ class ControlState:
     clock_ms: int = 0
     magnet: str = ""
     seeded_end_s: int | None = None
+    # Messages up to here (sender timestamps, ns) had their signers worked
+    # out (prepare_signers); a message that comes later with an older
+    # timestamp has its signer recovered at the export.
+    signers_until_ns: int | None = None
 
     @classmethod
     def load(cls, path: Path, layout: Layout) -> ControlState:
@@ -202,6 +220,7 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         raise ArchiveError(f"{settings.archive_dir} holds {state.layout} archives, not {layout.value}")
     writer = _open_writer(community_dir, layout)
     keys = settings.channel_keys if layout is Layout.STATUS_GO else {}
+    signers = settings.signer_cache if keys else None
     state.chat_ids = list(dict.fromkeys(state.chat_ids + list(settings.chat_ids)))
     # Never before the last archive's end: the state may lag the index by
     # an export that stopped between writing the index and the state.
@@ -212,7 +231,8 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
     with open(community_dir / "data", "ab") as data:
-        _export_windows(store, windows, content_topics, layout, keys, writer, data, result, report, stop, progress)
+        _export_windows(store, windows, content_topics, layout, keys, signers, writer, data, result, report, stop,
+                        progress)
         data.flush()
         os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
@@ -228,18 +248,20 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         result.message = magnet_waku_message(settings.community_key, state.magnet, state.clock_ms, now_s * archive.NS_PER_S)
         store.put([(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message, now_s * archive.NS_PER_S)])
     state.save(settings.state_path)
+    if signers is not None and windows:
+        signers.forget_before(schema.day_of_seconds(windows[-1].end_s))
     result.magnet = state.magnet or None
     return result
 
 
 def _export_windows(store, windows: list[Window], content_topics: list[str], layout: Layout, keys: dict[str, bytes],
-                    writer: ArchiveWriter, data, result: ExportResult, report: Report,
+                    signers: SignerCache | None, writer: ArchiveWriter, data, result: ExportResult, report: Report,
                     stop: threading.Event | None, progress: Progress | None) -> None:
     """Append the archives of ``windows`` to ``data``. A thread reads the
     next day from the engine while this one hands batches to the workers
     and writes what they return; batches carry their window's number, so
     the workers go on into the next window while this one's last archive
-    is written."""
+    is written. Batches carry the signers ``signers`` knows."""
     # Records are encoded here until a day holds enough messages to pay for
     # starting worker processes; either way they come back in order.
     workers = archive_work.Workers(0)
@@ -282,7 +304,8 @@ def _export_windows(store, windows: list[Window], content_topics: list[str], lay
                 while len(workers):
                     take()
                 workers = archive_work.Workers()
-            for batch in export_batches(table, EXPORT_BATCH_ROWS):
+            known = _known_signers(signers, table)
+            for batch in export_batches(table, EXPORT_BATCH_ROWS, known):
                 while workers.full:
                     take()
                 workers.submit(number, archive_work.encode_batch, layout, keys_items, batch)
@@ -291,6 +314,77 @@ def _export_windows(store, windows: list[Window], content_topics: list[str], lay
         close_windows(len(windows))
     finally:
         workers.close()
+
+
+def _known_signers(signers: SignerCache | None, table):
+    """The signers ``signers`` knows for the rows of ``table`` (one day),
+    null where unknown; None when it knows none."""
+    if signers is None or table.num_rows == 0:
+        return None
+    return signers.lookup(table.column(schema.MESSAGES_PARTITION)[0].as_py(), table.column("message_hash"))
+
+
+def prepare_signers(store, settings: ArchiveSettings, now_s: int, *, stop: threading.Event | None = None,
+                    lag_s: int | None = None) -> int:
+    """Work out the signers of the channels' messages committed since the
+    last preparation (or the last export), up to ``lag_s`` before
+    ``now_s``, into the signer cache: what the next export would spend
+    most of its time on (a secp256k1 key recovery a signed message).
+    Returns the messages read. Only for status-go archives (the spec
+    layout carries no signer). Blocking (Spark, worker processes)."""
+    layout = Layout(settings.layout)
+    if layout is not Layout.STATUS_GO:
+        return 0
+    state = ControlState.load(settings.state_path, layout)
+    starts = [x for x in (state.signers_until_ns,
+                          None if state.last_end_s is None else state.last_end_s * archive.NS_PER_S) if x is not None]
+    if starts:
+        start_ns = max(starts)
+    else:
+        oldest = _oldest_second(store, settings.content_topics)
+        if oldest is None:
+            return 0
+        start_ns = oldest * archive.NS_PER_S
+    end_ns = (now_s - (SIGNERS_LAG_S if lag_s is None else lag_s)) * archive.NS_PER_S
+    if end_ns <= start_ns:
+        return 0
+    cache, keys = settings.signer_cache, archive_work.key_items(settings.channel_keys)
+    workers, read = archive_work.Workers(0), 0
+    gathered: dict = {}  # day -> (hashes, signers) taken from the workers
+
+    def take() -> None:
+        day, (hashes, found) = workers.take()
+        for done in [d for d in gathered if d != day]:  # results come in day order
+            cache.add(done, *gathered.pop(done))
+        got = gathered.setdefault(day, ([], []))
+        got[0].extend(hashes)
+        got[1].extend(found)
+
+    try:
+        for table in read_ahead(store.stream_window_tables(start_ns, end_ns, settings.content_topics)):
+            _check(stop)
+            if table.num_rows == 0:
+                continue
+            read += table.num_rows
+            if workers.processes == 0 and read >= POOL_MIN_ROWS:
+                while len(workers):
+                    take()
+                workers = archive_work.Workers()
+            day = table.column(schema.MESSAGES_PARTITION)[0].as_py()
+            for batch in SignerCache.batches(table, settings.content_topics, EXPORT_BATCH_ROWS):
+                while workers.full:
+                    take()
+                workers.submit(day, archive_work.signer_batch, layout, keys, batch)
+        while len(workers):
+            take()
+        for day, got in gathered.items():
+            cache.add(day, *got)
+    finally:
+        workers.close()
+    state = ControlState.load(settings.state_path, layout)  # as an export in between may have left it
+    state.signers_until_ns = max(end_ns, state.signers_until_ns or 0)
+    state.save(settings.state_path)
+    return read
 
 
 def read_ahead(items: Iterable[T]) -> Iterator[T]:
@@ -461,12 +555,19 @@ async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
             await seed_latest_async(seeder, settings)
         except torrent.TorrentError as exc:  # the next export seeds a new torrent
             log.error("cannot seed the existing archives of %s: %s", settings.community_id, exc)
+        signers_due = now() + SIGNERS_EVERY_S
         while True:
             state = ControlState.load(settings.state_path, Layout(settings.layout))
             due = now() if state.last_end_s is None else state.last_end_s + settings.interval_s
             while now() < due:
                 await trio.sleep(min(SEED_POLL_S, max(due - now(), 0.0)))
                 seeder.poll()
+                if now() >= signers_due:
+                    signers_due = now() + SIGNERS_EVERY_S
+                    try:
+                        await run_stoppable(prepare_signers, store, settings, int(now()), limiter=limiter)
+                    except Exception as exc:  # a cache: the export recovers what is missing
+                        log.warning("working out signers ahead of the export failed: %s", exc)
             try:
                 result = await run_stoppable(export_community, store, settings, int(now()), limiter=limiter)
                 if result.archives:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage.archive_window import RowsFile, export_columns, load_rows, use_c_heap
+from wakustore.storage.archive_window import RowsFile, export_columns, load_rows, signer_columns, use_c_heap
 from wakustore.storage.rows import records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
@@ -63,7 +63,23 @@ def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: byt
     if encoder is None:
         encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
     try:
-        return encoder.encode_framed(*export_columns(batch))
+        columns, signers = export_columns(batch)
+        return encoder.encode_framed(*columns, signers=signers)
+    finally:
+        _after_task()
+
+
+def signer_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[list[bytes], list[bytes]]:
+    """(message hashes, signers) of the rows of one signer batch
+    (:meth:`SignerCache.batches`) whose record has a signer field to fill
+    (:meth:`RecordEncoder.signers`): b"" for a sealed unsigned payload."""
+    encoder = _encoders.get((layout, keys))
+    if encoder is None:
+        encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
+    try:
+        content_topics, versions, payloads, hashes = signer_columns(batch)
+        found = encoder.signers(content_topics, versions, payloads)
+        return [h for h, s in zip(hashes, found) if s is not None], [s for s in found if s is not None]
     finally:
         _after_task()
 

@@ -163,17 +163,20 @@ class RecordEncoder:
     def encode_framed(self, pubsub_topics: Sequence[str], content_topics: Sequence[str],
                       payloads: Sequence[bytes], metas: Sequence[bytes], versions: Sequence[int],
                       timestamps: Sequence[int], proofs: Sequence[bytes], arrivals: Sequence[int],
-                      hashes: Sequence[bytes]) -> tuple[bytes, list[int], list[int]]:
+                      hashes: Sequence[bytes], signers: Sequence[bytes | None] | None = None,
+                      ) -> tuple[bytes, list[int], list[int]]:
         """:meth:`encode_columns` as an archive body holds the records:
         each one framed as a ``messages`` entry (field 3 of
         WakuMessageArchive), back to back in one bytes object, with the
         end offset of each entry in it and the payload sizes (what
         :meth:`archive.Chunker.add_framed` takes). One object a batch to
-        hand from a worker process, not one a message."""
+        hand from a worker process, not one a message. ``signers``: each
+        row's signer when known already (:meth:`signers`), None where it
+        is not; a known signer spares the key recovery, the same bytes."""
         out, ends, sizes = [], [], []
         position = 0
         for parts, size in self._records(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
-                                         proofs, arrivals, hashes):
+                                         proofs, arrivals, hashes, signers):
             length = sum(map(len, parts))
             head = varint(length)
             out.append(_ARCHIVE_MESSAGE_KEY)
@@ -185,7 +188,7 @@ class RecordEncoder:
         return b"".join(out), ends, sizes
 
     def _records(self, pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals,
-                 hashes) -> Iterator[tuple[list[bytes], int]]:
+                 hashes, signers=None) -> Iterator[tuple[list[bytes], int]]:
         """(the record's bytes in parts, payload size) of each row."""
         if self.layout is Layout.SPEC:
             for p, c, pl, m, v, t, r, a in zip(pubsub_topics, content_topics, payloads, metas, versions,
@@ -194,9 +197,25 @@ class RecordEncoder:
                 yield [record.data], record.payload_size
             return
         parts = self._status_go_parts
-        for row, numbers in zip(zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs,
-                                    arrivals, hashes), _record_varints(timestamps, arrivals)):
-            yield parts(*row, numbers)
+        known = itertools.repeat(None) if signers is None else signers
+        for row, numbers, signer in zip(zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
+                                            proofs, arrivals, hashes), _record_varints(timestamps, arrivals), known):
+            yield parts(*row, numbers, signer)
+
+    def signers(self, content_topics: Sequence[str], versions: Sequence[int],
+                payloads: Sequence[bytes]) -> list[bytes | None]:
+        """The signer a status-go record of each row holds: the 65-byte
+        key (secp256k1 recovery) of a payload sealed with its channel's key
+        and signed, b"" for one sealed unsigned, None for a row whose
+        record carries the payload as it is (no key, not sealed with it).
+        What a control node works out for its channels' messages ahead of
+        their export (one recovery each, the export's main cost)."""
+        found: list[bytes | None] = []
+        for content_topic, version, payload in zip(content_topics, versions, payloads):
+            cipher = self._ciphers.get(content_topic) if version == 1 else None
+            opened = _open_reproducibly(payload, cipher) if cipher is not None else None
+            found.append(None if opened is None else opened[2])
+        return found
 
     def status_go(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
                   timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes) -> tuple[bytes, int]:
@@ -204,15 +223,17 @@ class RecordEncoder:
         in the order protobuf serialises them (by number), then the extra
         fields in their fixed order."""
         parts, size = self._status_go_parts(pubsub_topic, content_topic, payload, meta, version, timestamp, proof,
-                                            arrival_ns, hash_, None)
+                                            arrival_ns, hash_, None, None)
         return b"".join(parts), size
 
     def _status_go_parts(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
                          timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes,
-                         numbers: tuple[bytes, bytes, bytes] | None) -> tuple[list[bytes], int]:
+                         numbers: tuple[bytes, bytes, bytes] | None,
+                         known_signer: bytes | None) -> tuple[list[bytes], int]:
         """:meth:`status_go` in parts; ``numbers``, when given, are the
         varints of the seconds, the arrival and the zigzagged timestamp
-        (:func:`_record_varints`)."""
+        (:func:`_record_varints`); ``known_signer``, the signer when known
+        (:meth:`signers`)."""
         topic = self._topics.get(content_topic)
         if topic is None:
             try:
@@ -226,7 +247,7 @@ class RecordEncoder:
         if numbers is None:
             numbers = varint(ordering // NS_PER_S), varint(arrival_ns), varint(_zigzag(timestamp))
         cipher = self._ciphers.get(content_topic) if version == 1 else None
-        opened = _open_reproducibly(payload, cipher) if cipher is not None else None
+        opened = _open_reproducibly(payload, cipher, known_signer) if cipher is not None else None
         parts = []
         signer = padding = b""
         if opened is not None:
@@ -442,13 +463,16 @@ def _hash(pubsub_topic: str, payload: bytes, content_topic: str, meta: bytes, ti
                                     _INT64_BE.pack(timestamp)))).digest()
 
 
-def _open_reproducibly(data: bytes, cipher: AESGCM) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
+def _open_reproducibly(data: bytes, cipher: AESGCM,
+                       known_signer: bytes | None = None) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
     """(payload, padding, signer, signature, nonce) of a Waku v1 symmetric
     payload (waku_v1.decrypt_symmetric's format) whose plaintext is in the
     canonical form :func:`_seal` writes, so that sealing it again with the
     same key and nonce gives ``data`` back (AES-GCM is deterministic);
     ``signer`` is the 65-byte uncompressed key status-go's record holds
-    (empty when unsigned). None for anything else."""
+    (empty when unsigned): ``known_signer`` when given (what this function
+    recovered from the same payload before), else recovered. None for
+    anything else."""
     nonce_size = waku_v1.AES_NONCE_SIZE
     if len(data) <= nonce_size + waku_v1.GCM_TAG_SIZE:
         return None
@@ -467,7 +491,9 @@ def _open_reproducibly(data: bytes, cipher: AESGCM) -> tuple[bytes, bytes, bytes
         return None
     payload, padding, signature = plain[1 + count : 1 + count + size], plain[1 + count + size : end], plain[end:]
     signer = b""
-    if signed:
+    if signed and known_signer:
+        signer = known_signer
+    elif signed:
         signer = _recover_uncompressed(signature, keccak256(plain[:end]))
         if signer is None:
             return None

@@ -4,10 +4,16 @@ starts, and the window's rows cut into batches for worker processes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import os
+import shutil
+import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from wakustore.storage import schema
 from wakustore.storage.table import DeltaTableRef, sql_string
@@ -37,12 +43,20 @@ EXPORT_COLUMNS = ("pubsub_topic", "content_topic", "payload", "meta", "version",
                   "rate_limit_proof", "arrival_time", "message_hash")
 
 
-def export_batches(table: pa.Table, rows: int) -> Iterator[bytes]:
+# The column of a batch with the rows' signers when known (SignerCache).
+SIGNER_COLUMN = "signer"
+
+
+def export_batches(table: pa.Table, rows: int, signers: pa.Array | None = None) -> Iterator[bytes]:
     """A window's rows (one day of :meth:`MessageStore.stream_window_tables`)
     cut into batches of at most ``rows`` for worker processes, each as an
-    Arrow IPC stream of :data:`EXPORT_COLUMNS`: that holds only the batch's
-    bytes, where a pickled slice would carry the whole day's buffers."""
+    Arrow IPC stream of :data:`EXPORT_COLUMNS`, and the rows' signers
+    where known (:meth:`SignerCache.lookup`, null where not) when given:
+    that holds only the batch's bytes, where a pickled slice would carry
+    the whole day's buffers."""
     table = table.select(list(EXPORT_COLUMNS))
+    if signers is not None:
+        table = table.append_column(SIGNER_COLUMN, signers)
     for offset in range(0, table.num_rows, rows):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -50,10 +64,118 @@ def export_batches(table: pa.Table, rows: int) -> Iterator[bytes]:
         yield sink.getvalue().to_pybytes()
 
 
-def export_columns(batch: bytes) -> list[list]:
-    """The columns of an :func:`export_batches` batch as Python lists."""
+def export_columns(batch: bytes) -> tuple[list[list], list | None]:
+    """The columns of an :func:`export_batches` batch as Python lists, and
+    its signers (None when the batch carries none)."""
     table = pa.ipc.open_stream(batch).read_all()
-    return [table.column(name).to_pylist() for name in EXPORT_COLUMNS]
+    signers = table.column(SIGNER_COLUMN).to_pylist() if SIGNER_COLUMN in table.column_names else None
+    return [table.column(name).to_pylist() for name in EXPORT_COLUMNS], signers
+
+
+# What a signer batch holds (SignerCache.batches): what opening a payload takes.
+SIGNER_INPUT_COLUMNS = ("content_topic", "version", "payload", "message_hash")
+_SIGNERS = pa.schema([pa.field("message_hash", pa.binary(), nullable=False),
+                      pa.field(SIGNER_COLUMN, pa.binary(), nullable=False)])
+# Files a day may have before they are merged into one (a control node adds
+# one a day at each preparation, every few minutes).
+SIGNER_FILES_PER_DAY = 16
+
+
+class SignerCache:
+    """The signer of each message of a control node's channels, worked out
+    ahead of the export (a secp256k1 key recovery each, most of an
+    export's CPU): by message hash, in one directory a day of files of
+    (message_hash, signer), Arrow IPC. status-go does the same work when a
+    message arrives (it keeps messages opened, with their signer).
+
+    A cache: a row without an entry is recovered at the export, so a lost
+    or partial file costs time, never a wrong record. An entry is a
+    function of the message (its hash covers payload and content topic,
+    the signer is the payload's), so entries never go stale."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def add(self, day: dt.date, hashes: Sequence[bytes], signers: Sequence[bytes]) -> None:
+        """Keep these signers of messages of ``day``."""
+        if not len(hashes):
+            return
+        day_dir = self.directory / day.isoformat()
+        day_dir.mkdir(parents=True, exist_ok=True)
+        table = pa.table([pa.array(hashes, pa.binary()), pa.array(signers, pa.binary())], schema=_SIGNERS)
+        _write_ipc(day_dir / f"{uuid.uuid4().hex}.arrow", table)
+        files = sorted(day_dir.glob("*.arrow"))
+        if len(files) >= SIGNER_FILES_PER_DAY:
+            merged = pa.concat_tables(_read_ipc(f) for f in files)
+            # The merged file first: a crash in between leaves repeats, which
+            # a lookup takes either of (they are equal).
+            _write_ipc(day_dir / f"{uuid.uuid4().hex}.arrow", merged)
+            for f in files:
+                f.unlink(missing_ok=True)
+
+    def lookup(self, day: dt.date, hashes: pa.Array | pa.ChunkedArray) -> pa.Array | None:
+        """The signer of each of ``hashes`` (messages of ``day``), null
+        where unknown; None when the day has no entry."""
+        day_dir = self.directory / day.isoformat()
+        files = sorted(day_dir.glob("*.arrow")) if day_dir.is_dir() else []
+        tables = []
+        for f in files:
+            try:
+                tables.append(_read_ipc(f))
+            except (OSError, pa.ArrowInvalid) as exc:  # a cache: recovered at the export instead
+                log.warning("signer cache file %s unreadable, ignored: %s", f, exc)
+        if not tables:
+            return None
+        known = pa.concat_tables(tables)
+        where = pc.index_in(hashes, value_set=known.column("message_hash"))
+        signers = pc.take(known.column(SIGNER_COLUMN), where)
+        return signers.combine_chunks() if isinstance(signers, pa.ChunkedArray) else signers
+
+    def forget_before(self, day: dt.date) -> None:
+        """Drop the entries of days before ``day`` (exported)."""
+        if not self.directory.is_dir():
+            return
+        for day_dir in self.directory.iterdir():
+            try:
+                stale = dt.date.fromisoformat(day_dir.name) < day
+            except ValueError:
+                continue
+            if stale:
+                shutil.rmtree(day_dir, ignore_errors=True)
+
+    @staticmethod
+    def batches(table: pa.Table, content_topics: Sequence[str], rows: int) -> Iterator[bytes]:
+        """The rows of ``table`` (a day of a window) whose signer may be
+        worked out, sealed channel messages (``content_topics``, version
+        1), as Arrow IPC batches of :data:`SIGNER_INPUT_COLUMNS` for
+        worker processes."""
+        mask = pc.and_(pc.is_in(table.column("content_topic"), value_set=pa.array(list(content_topics), pa.string())),
+                       pc.equal(table.column("version"), 1))
+        table = table.select(list(SIGNER_INPUT_COLUMNS)).filter(mask)
+        for offset in range(0, table.num_rows, rows):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table.slice(offset, rows))
+            yield sink.getvalue().to_pybytes()
+
+
+def signer_columns(batch: bytes) -> list[list]:
+    """The columns of a :meth:`SignerCache.batches` batch as Python lists."""
+    table = pa.ipc.open_stream(batch).read_all()
+    return [table.column(name).to_pylist() for name in SIGNER_INPUT_COLUMNS]
+
+
+def _write_ipc(path: Path, table: pa.Table) -> None:
+    """``table`` as an Arrow IPC file at ``path``, whole or not at all."""
+    part = path.with_suffix(".part")
+    with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(part, path)
+
+
+def _read_ipc(path: Path) -> pa.Table:
+    with pa.OSFile(str(path), "rb") as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def use_c_heap() -> None:

@@ -118,6 +118,7 @@ def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int
     first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
     topics = pa.array(list(content_topics), pa.string())
     written: list[Path] = []
+    committed = False
     try:
         removes, adds = [], []
         now_ms = int(time.time() * 1000)
@@ -135,17 +136,19 @@ def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int
             return
         table.create_write_transaction(removes + adds, "append", table.schema(),
                                        partition_by=[schema.MESSAGES_PARTITION])
+        committed = True
         if isinstance(source, StagedFiles):
             source.committed = True
     except CommitFailedError as exc:
-        _remove(written)
         raise CommitConflict(f"window replacement: {exc}") from exc
     except BaseException as exc:
-        _remove(written)
         conflict = commit_conflict(exc)  # delta-rs names some conflicts otherwise
         if conflict is not None:
             raise conflict from exc
         raise
+    finally:
+        if not committed:
+            _remove(written)
 
 
 def _files_of_window(table, first, last, start_ns: int, end_ns: int) -> Iterator[tuple[str, str, int]]:

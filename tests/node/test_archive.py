@@ -6,6 +6,7 @@ listens on 127.0.0.1 and meets its peers by address.
 """
 
 import dataclasses
+import datetime as dt
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 
 import coincurve
+import pyarrow as pa
 import pytest
 import trio
 
@@ -25,7 +27,7 @@ from wakustore.node.archive import ArchiveSettings, Selection
 from wakustore.cli.main import _Parser
 from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import open_store
-from wakustore.protocols import archive, topics, waku_v1
+from wakustore.protocols import archive, archive_records, topics, waku_v1
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery
@@ -274,6 +276,106 @@ def test_scheduler_exports_seeds_the_latest_and_unlocks_retention(tmp_path, make
     result = maintenance.apply_retention(store.table, policy, keep_from + 3600 * NS, keep_from_ns=keep_from)
     # Left: the newer message, and the magnet-link message stamped at the export's end.
     assert result.cutoff_ns == keep_from and result.rows_after == 2
+
+
+# --- signers worked out ahead of the export ---------------------------------------------
+
+
+@pytest.fixture
+def recoveries(monkeypatch):
+    """The key recoveries made in this process."""
+    made = []
+    recover = archive_records._recover_uncompressed
+
+    def counted(signature, digest):
+        made.append(signature)
+        return recover(signature, digest)
+
+    monkeypatch.setattr(archive_records, "_recover_uncompressed", counted)
+    return made
+
+
+def _export_bytes(store, control, now_s):
+    result = node_archive.export_community(store, control, now_s)
+    community = control.archive_dir / CID
+    return result, (community / "data").read_bytes(), (community / "index").read_bytes()
+
+
+def test_signers_worked_out_ahead_give_the_same_archives_without_a_recovery(tmp_path, make_store, monkeypatch,
+                                                                             recoveries):
+    _, store = make_store("control")
+    put_days(store, range(9), per_day=12)
+    cold, warm = settings(tmp_path / "cold"), settings(tmp_path / "warm")
+    expected = _export_bytes(store, cold, T0 + 14 * DAY)
+    signed = len(recoveries)
+    assert signed == 9 * 8  # two in three of each day's 12 are sealed and signed
+    # Worked out by worker processes, several batches a day.
+    monkeypatch.setattr(node_archive, "POOL_MIN_ROWS", 1)
+    monkeypatch.setattr(node_archive, "EXPORT_BATCH_ROWS", 5)
+    assert node_archive.prepare_signers(store, warm, T0 + 14 * DAY) == 9 * 12
+    state = json.loads(warm.state_path.read_text())
+    assert state["signers_until_ns"] == (T0 + 14 * DAY - node_archive.SIGNERS_LAG_S) * NS
+    assert node_archive.prepare_signers(store, warm, T0 + 14 * DAY) == 0  # nothing new since
+    monkeypatch.setattr(node_archive, "POOL_MIN_ROWS", 10**9)  # the export in this process, counted
+    got = _export_bytes(store, warm, T0 + 14 * DAY)
+    assert got[1:] == expected[1:] and got[0].messages == expected[0].messages == 9 * 12
+    assert len(recoveries) == signed  # none more
+    # The exported days left the cache; the last window's end day stays.
+    assert [p.name for p in warm.signer_cache.directory.iterdir()] == []
+
+
+def test_a_message_after_its_signers_were_worked_out_is_recovered_at_the_export(tmp_path, make_store, recoveries):
+    """A message that comes in after the preparation passed its timestamp
+    (late, or from a store sync) has no cached signer: the export recovers
+    it, and the archives are what an export without a cache writes."""
+    _, store = make_store("control")
+    put_days(store, [0, 1, 2])
+    warm, cold = settings(tmp_path / "warm"), settings(tmp_path / "cold")
+    assert node_archive.prepare_signers(store, warm, T0 + 3 * DAY, lag_s=0) == 3 * 6
+    late = WakuMessage(waku_v1.encrypt_symmetric(b"late", KEYS[TOPICS[0]], SENDER), TOPICS[0], version=1,
+                       timestamp=(T0 + DAY + 1800) * NS)
+    store.put([(PUBSUB, late, 0)])
+    store.flush()
+    assert node_archive.prepare_signers(store, warm, T0 + 3 * DAY + 600, lag_s=0) == 0  # after the late one's time
+    before = len(recoveries)
+    got = _export_bytes(store, warm, T0 + 7 * DAY)
+    assert len(recoveries) - before == 1  # the late message's
+    expected = _export_bytes(store, cold, T0 + 7 * DAY)
+    assert got[1:] == expected[1:] and got[0].messages == 3 * 6 + 1
+
+
+def test_the_scheduler_works_out_signers_between_exports(tmp_path, make_store, monkeypatch):
+    import time
+
+    monkeypatch.setattr(node_archive, "SIGNERS_EVERY_S", 0.2)
+    monkeypatch.setattr(node_archive, "SIGNERS_LAG_S", 0)
+    _, store = make_store("control")
+    control = settings(tmp_path, interval_s=3600)
+    old = int(time.time()) - 7200
+    store.put([(PUBSUB, WakuMessage(b"first", TOPICS[0], timestamp=old * NS), 0)])
+    store.flush()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node_archive.run_archive_scheduler, None, store, control)
+            with trio.fail_after(60):  # the first export, at once
+                while not control.state_path.exists() or json.loads(control.state_path.read_text())["last_end_s"] is None:
+                    await trio.sleep(0.05)
+            last_end_s = json.loads(control.state_path.read_text())["last_end_s"]
+            sealed = waku_v1.encrypt_symmetric(b"after", KEYS[TOPICS[1]], SENDER)
+            store.put([(PUBSUB, WakuMessage(sealed, TOPICS[1], version=1, timestamp=last_end_s * NS + 1), 0)])
+            store.flush()
+            with trio.fail_after(60):
+                while not list(control.signer_cache.directory.rglob("*.arrow")):
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        return last_end_s
+
+    last_end_s = trio.run(main)
+    day = dt.datetime.fromtimestamp(last_end_s, dt.timezone.utc).date()
+    known = control.signer_cache.lookup(day, pa.array([m for m in hashes(store, last_end_s, last_end_s + 1)],
+                                                      pa.binary()))
+    assert known.to_pylist() == [b"\x04" + coincurve.PrivateKey(SENDER).public_key.format(compressed=False)[1:]]
 
 
 # --- member ------------------------------------------------------------------------

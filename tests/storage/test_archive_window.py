@@ -1,7 +1,14 @@
-"""Where a community's history starts (storage/archive_window.py)."""
+"""Where a community's history starts, and the signers a control node
+works out ahead of an export (storage/archive_window.py)."""
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
 
 from wakustore.protocols.message import WakuMessage
-from wakustore.storage.archive_window import oldest_timestamp_ns
+from wakustore.storage import archive_window
+from wakustore.storage.archive_window import SignerCache, oldest_timestamp_ns
 from wakustore.storage.table import DeltaTableRef
 
 PUBSUB = "/waku/2/rs/16/32"
@@ -27,3 +34,42 @@ def test_oldest_timestamp_of_the_listed_topics_only(store):
 
 def test_no_table_means_no_history(engine, tmp_path):
     assert oldest_timestamp_ns(DeltaTableRef(engine, str(tmp_path / "absent")), ["/a/1/x/proto"]) is None
+
+
+DAY = dt.date(2026, 11, 20)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return SignerCache(tmp_path / "signers")
+
+
+def test_signers_are_found_by_hash_and_null_where_unknown(cache):
+    assert cache.lookup(DAY, pa.array([b"h1"], pa.binary())) is None  # nothing kept for the day
+    cache.add(DAY, [b"h1", b"h2"], [b"k1", b""])
+    cache.add(DAY, [b"h3"], [b"k3"])
+    cache.add(DAY + dt.timedelta(days=1), [b"h4"], [b"k4"])
+    looked_up = cache.lookup(DAY, pa.chunked_array([[b"h3", b"h9"], [b"h1", b"h2", b"h4"]], pa.binary()))
+    assert looked_up.to_pylist() == [b"k3", None, b"k1", b"", None]  # h4 is another day's
+
+
+def test_a_days_files_are_merged_into_one_once_they_are_many(cache, monkeypatch):
+    monkeypatch.setattr(archive_window, "SIGNER_FILES_PER_DAY", 4)
+    for i in range(9):
+        cache.add(DAY, [b"h%d" % i], [b"k%d" % i])
+    assert len(list((cache.directory / DAY.isoformat()).glob("*.arrow"))) < 4
+    assert not list(cache.directory.rglob("*.part"))
+    hashes = pa.array([b"h%d" % i for i in range(9)], pa.binary())
+    assert cache.lookup(DAY, hashes).to_pylist() == [b"k%d" % i for i in range(9)]
+
+
+def test_an_unreadable_cache_file_is_ignored_and_exported_days_are_dropped(cache):
+    cache.add(DAY, [b"h1"], [b"k1"])
+    (cache.directory / DAY.isoformat() / "broken.arrow").write_bytes(b"not arrow")
+    assert cache.lookup(DAY, pa.array([b"h1"], pa.binary())).to_pylist() == [b"k1"]
+    later = DAY + dt.timedelta(days=7)
+    cache.add(later, [b"h2"], [b"k2"])
+    (cache.directory / "notes").mkdir()  # not a day: left alone
+    cache.forget_before(later)
+    assert sorted(p.name for p in cache.directory.iterdir()) == [later.isoformat(), "notes"]
+    assert cache.lookup(DAY, pa.array([b"h1"], pa.binary())) is None
