@@ -23,7 +23,7 @@ from pathlib import Path
 
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage.archive_window import RowsFile, export_columns, load_rows, signer_columns, use_c_heap
+from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
 from wakustore.storage.rows import records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
@@ -63,8 +63,7 @@ def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: byt
     if encoder is None:
         encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
     try:
-        columns, signers = export_columns(batch)
-        return encoder.encode_framed(*columns, signers=signers)
+        return encode_export_batch(encoder, batch)
     finally:
         _after_task()
 

@@ -202,6 +202,29 @@ class RecordEncoder:
                                             proofs, arrivals, hashes), _record_varints(timestamps, arrivals), known):
             yield parts(*row, numbers, signer)
 
+    def cipher(self, content_topic: str) -> AESGCM | None:
+        """The channel cipher of a content topic (None: no key, its
+        payloads are archived as they are)."""
+        return self._ciphers.get(content_topic)
+
+    def topic_bytes(self, content_topic: str) -> bytes:
+        """The 4-byte Waku v1 topic status-go's record holds."""
+        topic = self._topics.get(content_topic)
+        if topic is None:
+            try:
+                topic = topics.topic_bytes_from_content_topic(content_topic)
+            except ProtocolError as exc:
+                raise ArchiveError(str(exc)) from None
+            self._topics[content_topic] = topic
+        return topic
+
+    def pubsub_field(self, pubsub_topic: str) -> bytes:
+        """The record's pubsub topic field, whole."""
+        pubsub = self._pubsub.get(pubsub_topic)
+        if pubsub is None:
+            pubsub = self._pubsub[pubsub_topic] = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode())
+        return pubsub
+
     def signers(self, content_topics: Sequence[str], versions: Sequence[int],
                 payloads: Sequence[bytes]) -> list[bytes | None]:
         """The signer a status-go record of each row holds: the 65-byte
@@ -234,19 +257,13 @@ class RecordEncoder:
         varints of the seconds, the arrival and the zigzagged timestamp
         (:func:`_record_varints`); ``known_signer``, the signer when known
         (:meth:`signers`)."""
-        topic = self._topics.get(content_topic)
-        if topic is None:
-            try:
-                topic = topics.topic_bytes_from_content_topic(content_topic)
-            except ProtocolError as exc:
-                raise ArchiveError(str(exc)) from None
-            self._topics[content_topic] = topic
+        topic = self.topic_bytes(content_topic)
         ordering = timestamp or arrival_ns
         if ordering < 0:
             raise ArchiveError(f"time {ordering} ns is before 1970: status-go's record holds unsigned seconds")
         if numbers is None:
             numbers = varint(ordering // NS_PER_S), varint(arrival_ns), varint(_zigzag(timestamp))
-        cipher = self._ciphers.get(content_topic) if version == 1 else None
+        cipher = self.cipher(content_topic) if version == 1 else None
         opened = _open_reproducibly(payload, cipher, known_signer) if cipher is not None else None
         parts = []
         signer = padding = b""
@@ -262,10 +279,7 @@ class RecordEncoder:
         if padding:
             parts += (b"\x2a", varint(len(padding)), padding)
         parts += (b"\x32", varint(len(hash_)), hash_)
-        pubsub = self._pubsub.get(pubsub_topic)
-        if pubsub is None:
-            pubsub = self._pubsub[pubsub_topic] = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode())
-        parts += (pubsub, _ARRIVAL_KEY, numbers[1])
+        parts += (self.pubsub_field(pubsub_topic), _ARRIVAL_KEY, numbers[1])
         if opened is not None:
             parts += (_NONCE_KEY, varint(len(nonce)), nonce)
             if signature:
@@ -302,6 +316,13 @@ def _record_varints(timestamps: Sequence[int], arrivals: Sequence[int]) -> Itera
 def varints(values: np.ndarray) -> list[bytes]:
     """:func:`varint` of each of a uint64 array, computed a column of
     7-bit groups at a time."""
+    blob, lengths = varint_blob(values)
+    ends = np.cumsum(lengths).tolist()
+    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def varint_blob(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The varints of a uint64 array back to back, and the length of each."""
     count = len(values)
     lengths = np.ones(count, np.int64)
     for shift in range(7, 64, 7):
@@ -312,9 +333,7 @@ def varints(values: np.ndarray) -> list[bytes]:
         groups[:, i] = (rest & np.uint64(0x7F)).astype(np.uint8) | 0x80
         rest >>= np.uint64(7)
     groups[np.arange(count), lengths - 1] &= 0x7F
-    blob = groups[np.arange(_VARINT_MAX) < lengths[:, None]].tobytes()
-    ends = np.cumsum(lengths).tolist()
-    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    return groups[np.arange(_VARINT_MAX) < lengths[:, None]].tobytes(), lengths
 
 
 def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
@@ -703,5 +722,38 @@ _NONCE_KEY = _key(EXT_NONCE, _WIRE_LEN)
 _SIGNATURE_KEY = _key(EXT_SIGNATURE, _WIRE_LEN)
 # An entry of an archive's ``messages`` (field 3 of WakuMessageArchive, both layouts).
 _ARCHIVE_MESSAGE_KEY = _key(3, _WIRE_LEN)
+
+
+class StatusGoKeys(NamedTuple):
+    """The field keys (tag bytes) of a status-go record, in the order
+    :meth:`RecordEncoder.status_go` writes them, and of an archive entry:
+    for an encoder of whole batches (storage.archive_columns)."""
+
+    signer: bytes
+    seconds: bytes
+    topic: bytes
+    payload: bytes
+    padding: bytes
+    hash: bytes
+    arrival: bytes
+    nonce: bytes
+    signature: bytes
+    timestamp: bytes
+    meta: bytes
+    version: bytes
+    proof: bytes
+    entry: bytes
+
+
+STATUS_GO_KEYS = StatusGoKeys(b"\x0a", b"\x10", b"\x1a", b"\x22", b"\x2a", b"\x32", _ARRIVAL_KEY, _NONCE_KEY,
+                              _SIGNATURE_KEY, _TIMESTAMP_KEY, _META_KEY, _VERSION_KEY, _PROOF_KEY,
+                              _ARCHIVE_MESSAGE_KEY)
+
+
+def recover_signer(signature: bytes, signed: bytes) -> bytes | None:
+    """The 65-byte uncompressed key status-go's record holds for a Waku v1
+    plaintext whose first bytes ``signed`` carry ``signature``; None when
+    it recovers none."""
+    return _recover_uncompressed(signature, keccak256(signed))
 _METADATA_KEY = _key(2, _WIRE_LEN)
 _VARINT_MAX = 10

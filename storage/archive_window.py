@@ -15,7 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.storage import schema
+from wakustore.protocols.archive import Layout
+from wakustore.protocols.archive_records import RecordEncoder
+from wakustore.storage import archive_columns, schema
 from wakustore.storage.table import DeltaTableRef, sql_string
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,21 @@ def export_columns(batch: bytes) -> tuple[list[list], list | None]:
     table = pa.ipc.open_stream(batch).read_all()
     signers = table.column(SIGNER_COLUMN).to_pylist() if SIGNER_COLUMN in table.column_names else None
     return [table.column(name).to_pylist() for name in EXPORT_COLUMNS], signers
+
+
+def encode_export_batch(encoder: RecordEncoder, batch: bytes) -> tuple[bytes, list[int], list[int]]:
+    """The framed records of an :func:`export_batches` batch
+    (:meth:`RecordEncoder.encode_framed`): status-go's a batch at a time
+    (:mod:`archive_columns`), the others, and a batch with a time before
+    1970, a record at a time."""
+    if encoder.layout is Layout.STATUS_GO:
+        table = pa.ipc.open_stream(batch).read_all()
+        signers = table.column(SIGNER_COLUMN) if SIGNER_COLUMN in table.column_names else None
+        encoded = archive_columns.encode_framed(encoder, table, signers)
+        if encoded is not None:
+            return encoded
+    columns, signers = export_columns(batch)
+    return encoder.encode_framed(*columns, signers=signers)
 
 
 # What a signer batch holds (SignerCache.batches): what opening a payload takes.

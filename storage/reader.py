@@ -592,6 +592,38 @@ class TableReader:
                      snapshot.version, _one_line(exc))
             return None
 
+    def day_rows(self, day: dt.date, start_ns: int, end_ns: int, content_topics: Sequence[str] | None) -> pa.Table | None:
+        """The rows of the day partition ``day`` with start <= timestamp <
+        end on ``content_topics`` (None: all), with the ``day`` column, in
+        (timestamp, message_hash) order, as :meth:`DeltaTableRef.window_days`
+        gives them: read from the day's files of the latest version (the
+        caller committed first). None when the files alone do not hold the
+        answer (deletion vectors, a table without day partitions)."""
+        import pyarrow.dataset as ds
+
+        with self._lock:
+            self._refresh_locked()
+            snapshot, exact = self._snapshot, self._indexable
+        if not exact or snapshot.days is None:
+            return None
+        located = [self._location(path) for path, file_day in snapshot.files if file_day == day]
+        columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
+        if not located:
+            return schema.MESSAGES.empty_table()
+        stored = pa.schema([schema.MESSAGES.field(name) for name in columns])
+        dataset = ds.dataset([path for path, _ in located], schema=stored, format="parquet",
+                             filesystem=located[0][1])
+        condition = (ds.field("timestamp") >= start_ns) & (ds.field("timestamp") < end_ns)
+        if content_topics is not None:
+            condition &= ds.field("content_topic").isin(list(content_topics))
+        table = dataset.to_table(columns=columns, filter=condition)
+        table = table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION),
+                                    pa.array([day] * table.num_rows, pa.date32()))
+        if table.num_rows > 1:
+            table = table.take(pc.sort_indices(table, sort_keys=[("timestamp", "ascending"),
+                                                                 ("message_hash", "ascending")]))
+        return table
+
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
         """``read`` on the current snapshot: every query of one answer reads the same version."""
         snapshot = self._current()

@@ -67,7 +67,7 @@ ENVELOPES = pa.schema(
 MIGRATIONS: dict[int, list[str]] = {}
 
 _EPOCH = dt.date(1970, 1, 1)
-_NS_PER_DAY = 86_400 * 1_000_000_000
+NS_PER_DAY = _NS_PER_DAY = 86_400 * 1_000_000_000
 
 
 def day_of_ns(timestamp_ns: int) -> dt.date:

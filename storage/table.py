@@ -92,10 +92,12 @@ class DeltaTableRef:
     def __init__(self, engine: Engine, uri: str):
         self.engine = engine
         self.uri = uri
-        # Whether a window replacement is written by this process
-        # (window_files) instead of the engine: set by the store of a table
-        # it owns on this machine with the embedded engine.
-        self.replace_in_process = False
+        # Whether the bulk work on a window is done by this process instead
+        # of the engine: a replacement written here (window_files), an
+        # export's days read from the files (TableReader.day_rows). Set by
+        # the store of a table it owns on this machine with the embedded
+        # engine; a fleet's shared table and a remote engine keep the engine.
+        self.bulk_in_process = False
 
     # --- creation ----------------------------------------------------------
 
@@ -294,9 +296,9 @@ class DeltaTableRef:
     ) -> None:
         """One transaction: the window's rows for these topics become ``batch``
         (an Arrow table, or the path of staged Parquet files the engine reads).
-        With :attr:`replace_in_process`, written and committed here
+        With :attr:`bulk_in_process`, written and committed here
         (:mod:`window_files`)."""
-        if self.replace_in_process:
+        if self.bulk_in_process:
             window_files.replace_window(self.uri, batch, start_ns, end_ns, content_topics)
             return
         topics = ", ".join(sql_string(t) for t in content_topics)

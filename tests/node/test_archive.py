@@ -873,8 +873,8 @@ def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_pat
     writing its windows itself) or beside the table (for the engine)."""
     _, control_store = make_store("control")
     member_dir, member_store = make_store("member")
-    assert member_store.table.replace_in_process
-    member_store.table.replace_in_process = in_process
+    assert member_store.table.bulk_in_process
+    member_store.table.bulk_in_process = in_process
     control = settings(tmp_path)
     put_days(control_store, [0, 8])
     node_archive.export_community(control_store, control, T0 + 14 * DAY)

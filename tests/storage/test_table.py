@@ -152,7 +152,7 @@ def test_timestamp_of_hash(table):
 def test_delete_where_and_replace_where(table, in_process):
     """Either writer of a window replacement (the engine, or this process
     for a table a node owns) gives the same table."""
-    table.replace_in_process = in_process
+    table.bulk_in_process = in_process
     rows = [row(i) for i in range(6)] + [row(i, topic=OTHER) for i in range(6, 9)]
     table.append(to_arrow(rows))
     table.delete_where(f"timestamp < {T0 + 2 * SECOND}")

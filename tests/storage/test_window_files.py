@@ -36,7 +36,7 @@ def row(i, topic=TOPIC, ts=None, payload=None) -> Row:
 @pytest.fixture
 def table(table):
     """The storage tests' fresh table, its windows replaced in process."""
-    table.replace_in_process = True
+    table.bulk_in_process = True
     return table
 
 
@@ -140,7 +140,7 @@ def test_a_put_during_a_window_commit_is_stored_once(store):
     from wakustore.protocols.message import message_hash
     from wakustore.storage.rows import records_to_arrow
 
-    assert store.table.replace_in_process
+    assert store.table.bulk_in_process
     messages = [row(i).message for i in range(5)]
     records = [(PUBSUB, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, T0,
                 message_hash(PUBSUB, m)) for m in messages]
