@@ -230,9 +230,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         start = _oldest_second(store, content_topics)
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
-    with open(community_dir / "data", "ab") as data:
+    with open(community_dir / "data", "ab") as data, _Writeback(data) as writeback:
         _export_windows(store, windows, content_topics, layout, keys, signers, writer, data, result, report, stop,
-                        progress)
+                        progress, writeback)
+        writeback.close()
         data.flush()
         os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
@@ -256,7 +257,7 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
 
 def _export_windows(store, windows: list[Window], content_topics: list[str], layout: Layout, keys: dict[str, bytes],
                     signers: SignerCache | None, writer: ArchiveWriter, data, result: ExportResult, report: Report,
-                    stop: threading.Event | None, progress: Progress | None) -> None:
+                    stop: threading.Event | None, progress: Progress | None, writeback: _Writeback) -> None:
     """Append the archives of ``windows`` to ``data``. A thread reads the
     next day from the engine while this one hands batches to the workers
     and writes what they return; batches carry their window's number, so
@@ -277,6 +278,7 @@ def _export_windows(store, windows: list[Window], content_topics: list[str], lay
             last = chunker.finish_framed()
             if last:
                 data.writelines(writer.add_framed(window, content_topics, last[0]))
+                writeback.kick()
                 result.messages += last[1]
             result.dropped += chunker.dropped
             report(f"window {window.start_s}..{window.end_s}: {len(writer.new_entries) - before} archive(s)")
@@ -289,6 +291,7 @@ def _export_windows(store, windows: list[Window], content_topics: list[str], lay
         close_windows(number)
         for entries, count in chunker.add_framed(*batch):
             data.writelines(writer.add_framed(windows[number], content_topics, entries))
+            writeback.kick()
             result.messages += count
 
     if progress is not None and windows:
@@ -385,6 +388,36 @@ def prepare_signers(store, settings: ArchiveSettings, now_s: int, *, stop: threa
     state.signers_until_ns = max(end_ns, state.signers_until_ns or 0)
     state.save(settings.state_path)
     return read
+
+
+class _Writeback:
+    """The data written so far put on disk by a thread (fdatasync) while
+    the export goes on, started after each archive unless one is under
+    way: the export's last fsync then waits for its last archives only
+    (1.4 GB of archives left it 2.7 s of writes to wait for)."""
+
+    def __init__(self, file) -> None:
+        self._file = file
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="archive-writeback")
+        self._pending = None
+
+    def __enter__(self) -> _Writeback:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._thread.shutdown(wait=True)
+
+    def kick(self) -> None:
+        if self._pending is None or self._pending.done():
+            if self._pending is not None:
+                self._pending.result()  # a failed write is the export's failure
+            self._file.flush()
+            self._pending = self._thread.submit(os.fdatasync, self._file.fileno())
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
 
 
 def read_ahead(items: Iterable[T]) -> Iterator[T]:

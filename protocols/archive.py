@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: the archive API)
     NS_PER_S,
@@ -165,26 +167,27 @@ class Chunker:
         a message at a time."""
         view = memoryview(framed)
         full = []
-        run = start = 0  # the entries since `run` go into the current chunk
         limit = self.limit
-        for end, size in zip(ends, sizes):
-            if size > limit:
-                if run < start:
-                    self._chunk.append(view[run:start])
-                self.dropped += 1
-                run = start = end
-                continue
-            if self._count and self._size + size > limit:
-                if run < start:
-                    self._chunk.append(view[run:start])
-                full.append((self._chunk, self._count))
-                self._chunk, self._size, self._count = [], 0, 0
-                run = start
-            self._size += size
-            self._count += 1
-            start = end
-        if run < start:
-            self._chunk.append(view[run:start])
+        ends = np.asarray(ends, np.int64)
+        sizes = np.asarray(sizes, np.int64)
+        starts = np.concatenate(([0], ends[:-1]))
+        # Runs of messages between those over the limit (dropped), each
+        # cut where the running payload size passes the limit.
+        dropped = np.flatnonzero(sizes > limit).tolist()
+        for first, stop in zip([0] + [d + 1 for d in dropped], dropped + [len(sizes)]):
+            at = first
+            while at < stop:
+                running = np.cumsum(sizes[at:stop])
+                fit = int(np.searchsorted(running, limit - self._size, side="right"))
+                if fit:
+                    self._chunk.append(view[int(starts[at]) : int(ends[at + fit - 1])])
+                    self._size += int(running[fit - 1])
+                    self._count += fit
+                    at += fit
+                if at < stop:  # the next message does not fit: the chunk is full
+                    full.append((self._chunk, self._count))
+                    self._chunk, self._size, self._count = [], 0, 0
+        self.dropped += len(dropped)
         return full
 
     def finish_framed(self) -> tuple[list, int] | None:

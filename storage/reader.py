@@ -62,6 +62,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -620,8 +621,9 @@ class TableReader:
         table = table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION),
                                     pa.array([day] * table.num_rows, pa.date32()))
         if table.num_rows > 1:
-            table = table.take(pc.sort_indices(table, sort_keys=[("timestamp", "ascending"),
-                                                                 ("message_hash", "ascending")]))
+            order = pc.sort_indices(table, sort_keys=[("timestamp", "ascending"), ("message_hash", "ascending")])
+            if not np.array_equal(order.to_numpy(), np.arange(table.num_rows)):  # a copy of the day otherwise
+                table = table.take(order)
         return table
 
     def _execute(self, read: Callable[[_Snapshot], pa.Table], columns: Sequence[str]) -> pa.Table:
