@@ -76,7 +76,7 @@ def encode_framed(encoder: RecordEncoder, batch: pa.Table,
     ends = _offsets(framed)
     body = framed.buffers()[2]
     start = int(ends[0])
-    sizes = _lengths(payload_out) + np.where(opened.signer_present, _SIGNATURE, 0)
+    sizes = _lengths(payload_out) + np.where(opened.signer_present, _lengths(opened.signer), 0)
     return body[start:int(ends[-1])].to_pybytes(), (ends[1:] - start).tolist(), sizes.tolist()
 
 
