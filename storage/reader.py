@@ -1,8 +1,11 @@
 """Committed history read in process: delta-rs and DataFusion on the Delta table.
 
 The engine (Sail or Spark through Spark Connect) stays the writer of the
-table: ingest appends and MERGEs, window replaces, retention deletes and
-archive export go through it. Store pages and lookups by hash do not: a
+table: ingest appends and MERGEs, retention deletes and, on a fleet's
+shared table or a remote engine, window replaces and archive export go
+through it (a table the node owns with the embedded engine has its
+windows written by storage.window_files and its export's days read by
+:meth:`TableReader.day_rows`). Store pages and lookups by hash do not: a
 Spark Connect round trip costs 7-14 ms here before any work, and the
 engine loads the table's log again for every query. :class:`TableReader`
 keeps one ``DeltaTable`` open and answers from the version it holds.
