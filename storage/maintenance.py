@@ -365,13 +365,20 @@ def compact_day(table: DeltaTableRef, day: dt.date, target_size: int) -> int:
 
 
 def vacuum(table: DeltaTableRef, retention_hours: int = DEFAULT_VACUUM_HOURS) -> int:
+    """Remove the data files no version of the last ``retention_hours``
+    uses: those a rewrite or a retention removed, and files in the table's
+    directories that no commit ever named (a window staged into its day
+    partitions by an import that crashed, a write the engine failed): a
+    full listing, as Delta's VACUUM does; files newer than the retention
+    stay (a write in flight). Returns the files removed (0 on a cluster,
+    whose VACUUM reports none)."""
     if not table.engine.is_embedded:
         table.engine.run(lambda spark: spark.sql(f"VACUUM delta.`{table.uri}` RETAIN {int(retention_hours)} HOURS").collect())
         return 0
     from deltalake import DeltaTable
 
     removed = DeltaTable(table.uri).vacuum(
-        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
     )
     return len(removed)
 

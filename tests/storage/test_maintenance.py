@@ -99,6 +99,27 @@ def test_compaction_rewrites_finished_days_into_one_file_and_keeps_rows(filled):
     assert filled.table.count() == 62
 
 
+def test_vacuum_removes_files_no_commit_named_once_older_than_the_retention(filled):
+    """A file in a day partition that no commit names (what an import that
+    crashed between staging and commit leaves) goes once it is older than
+    the retention; a newer one may be a write in flight and stays."""
+    import os
+    import time
+    from pathlib import Path
+
+    root = Path(filled.table.uri.removeprefix("file://"))
+    day_dir = next(root.glob("day=*"))
+    orphan, fresh = day_dir / "orphan-import.parquet", day_dir / "in-flight.parquet"
+    orphan.write_bytes(b"PAR1 staged by an import that crashed")
+    fresh.write_bytes(b"PAR1 being written")
+    old = time.time() - 3 * 86400
+    os.utime(orphan, (old, old))
+    rows = filled.table.count()
+    assert maintenance.vacuum(filled.table, retention_hours=24) >= 1
+    assert not orphan.exists() and fresh.exists()
+    assert filled.table.count() == rows
+
+
 def test_the_maintenance_routine_retains_behind_the_guard_compacts_and_measures(filled):
     # A buffered message is committed first; retention stops at the guard;
     # finished days end as one file each; the stats describe the result.
