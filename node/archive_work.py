@@ -59,25 +59,26 @@ def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: byt
     """The records of one export batch (:func:`archive_window.export_batches`)
     framed as archive entries, their ends and payload sizes
     (:meth:`RecordEncoder.encode_framed`)."""
+    try:
+        return encode_export_batch(_encoder(layout, keys), batch)
+    finally:
+        _after_task()
+
+
+def _encoder(layout: Layout, keys: tuple[tuple[str, bytes], ...]) -> RecordEncoder:
     encoder = _encoders.get((layout, keys))
     if encoder is None:
         encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
-    try:
-        return encode_export_batch(encoder, batch)
-    finally:
-        _after_task()
+    return encoder
 
 
 def signer_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[list[bytes], list[bytes]]:
     """(message hashes, signers) of the rows of one signer batch
     (:meth:`SignerCache.batches`) whose record has a signer field to fill
     (:meth:`RecordEncoder.signers`): b"" for a sealed unsigned payload."""
-    encoder = _encoders.get((layout, keys))
-    if encoder is None:
-        encoder = _encoders[(layout, keys)] = RecordEncoder(layout, dict(keys))
     try:
         content_topics, versions, payloads, hashes = signer_columns(batch)
-        found = encoder.signers(content_topics, versions, payloads)
+        found = _encoder(layout, keys).signers(content_topics, versions, payloads)
         return [h for h, s in zip(hashes, found) if s is not None], [s for s in found if s is not None]
     finally:
         _after_task()

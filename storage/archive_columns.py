@@ -23,7 +23,7 @@ from cryptography.exceptions import InvalidTag
 from wakustore.protocols import waku_v1
 from wakustore.protocols.archive import NS_PER_S
 from wakustore.protocols.archive_records import STATUS_GO_KEYS as KEYS
-from wakustore.protocols.archive_records import RecordEncoder, recover_signer, varint_blob
+from wakustore.protocols.archive_records import RecordEncoder, recover_signer, varint, varint_blob
 
 _NONCE = waku_v1.AES_NONCE_SIZE
 _SIGNATURE = waku_v1.SIGNATURE_SIZE
@@ -51,12 +51,12 @@ def encode_framed(encoder: RecordEncoder, batch: pa.Table,
     opened = _Opened(encoder, content, payload, version, None if signers is None else _chunk(signers))
 
     topic_of = {t: encoder.topic_bytes(t) for t in pc.unique(content).to_pylist()}
-    topic_field = _mapped(content, {t: KEYS.topic + _varint(len(b)) + b for t, b in topic_of.items()})
+    topic_field = _mapped(content, {t: KEYS.topic + varint(len(b)) + b for t, b in topic_of.items()})
     pubsub = batch.column("pubsub_topic").combine_chunks()
     pubsub_field = _mapped(pubsub, {t: encoder.pubsub_field(t) for t in pc.unique(pubsub).to_pylist()})
     payload_out = opened.payload
     fields = [
-        _field(KEYS.signer, opened.signer, opened.signer_present),
+        _field(KEYS.signer, opened.signer, opened.signed),
         _join(pa.scalar(KEYS.seconds), _varints(ordering // NS_PER_S), where=ordering >= NS_PER_S),
         topic_field,
         *_bytes_parts(KEYS.payload, payload_out),
@@ -76,7 +76,7 @@ def encode_framed(encoder: RecordEncoder, batch: pa.Table,
     ends = _offsets(framed)
     body = framed.buffers()[2]
     start = int(ends[0])
-    sizes = _lengths(payload_out) + np.where(opened.signer_present, _lengths(opened.signer), 0)
+    sizes = _lengths(payload_out) + np.where(opened.signed, _lengths(opened.signer), 0)
     return body[start:int(ends[-1])].to_pybytes(), (ends[1:] - start).tolist(), sizes.tolist()
 
 
@@ -141,7 +141,6 @@ class _Opened:
         rows_good = rows[good]
         self.mask[rows_good] = True
         self.signed[rows_good[signed[good]]] = True
-        self.signer_present = self.signed
         self.signer = known.fill_null(b"")
         if recovered:
             place = np.zeros(n, bool)
@@ -195,14 +194,14 @@ def _field(key: bytes, values: pa.Array, where: np.ndarray | None) -> pa.Array:
     if where is not None:
         lengths = lengths[where] if where.any() else lengths[:0]
     if len(lengths) and (lengths == lengths[0]).all():  # a hash, a nonce, a key: one prefix for all
-        return _join(pa.scalar(key + _varint(int(lengths[0]))), values, where=where)
+        return _join(pa.scalar(key + varint(int(lengths[0]))), values, where=where)
     return _join(pa.scalar(key), _varints(_lengths(values)), values, where=where)
 
 
 def _bytes_field(key: bytes, values: pa.Array) -> pa.Array:
     """A length-delimited field, absent where the value is empty."""
-    lengths = _lengths(values)
-    return _join(pa.scalar(key), _varints(lengths), values, where=lengths > 0)
+    head, values = _bytes_parts(key, values)
+    return pc.binary_join_element_wise(head, values, b"")
 
 
 def _bytes_parts(key: bytes, values: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -233,10 +232,6 @@ def _varints(values: np.ndarray) -> pa.Array:
     offsets = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
-
-
-def _varint(value: int) -> bytes:
-    return _varints(np.array([value])).to_pylist()[0]
 
 
 def _offsets(array: pa.Array) -> np.ndarray:

@@ -59,6 +59,11 @@ def export_batches(table: pa.Table, rows: int, signers: pa.Array | None = None) 
     table = table.select(list(EXPORT_COLUMNS))
     if signers is not None:
         table = table.append_column(SIGNER_COLUMN, signers)
+    return _ipc_batches(table, rows)
+
+
+def _ipc_batches(table: pa.Table, rows: int) -> Iterator[bytes]:
+    """``table`` cut into Arrow IPC streams of at most ``rows`` rows."""
     for offset in range(0, table.num_rows, rows):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -66,12 +71,17 @@ def export_batches(table: pa.Table, rows: int, signers: pa.Array | None = None) 
         yield sink.getvalue().to_pybytes()
 
 
+def _batch_columns(batch: bytes, names: Sequence[str]) -> tuple[pa.Table, list[list]]:
+    """An IPC batch, and its columns ``names`` as Python lists."""
+    table = pa.ipc.open_stream(batch).read_all()
+    return table, [table.column(name).to_pylist() for name in names]
+
+
 def export_columns(batch: bytes) -> tuple[list[list], list | None]:
     """The columns of an :func:`export_batches` batch as Python lists, and
     its signers (None when the batch carries none)."""
-    table = pa.ipc.open_stream(batch).read_all()
-    signers = table.column(SIGNER_COLUMN).to_pylist() if SIGNER_COLUMN in table.column_names else None
-    return [table.column(name).to_pylist() for name in EXPORT_COLUMNS], signers
+    table, columns = _batch_columns(batch, EXPORT_COLUMNS)
+    return columns, table.column(SIGNER_COLUMN).to_pylist() if SIGNER_COLUMN in table.column_names else None
 
 
 def encode_export_batch(encoder: RecordEncoder, batch: bytes) -> tuple[bytes, list[int], list[int]]:
@@ -123,7 +133,7 @@ class SignerCache:
         _write_ipc(day_dir / f"{uuid.uuid4().hex}.arrow", table)
         files = sorted(day_dir.glob("*.arrow"))
         if len(files) >= SIGNER_FILES_PER_DAY:
-            merged = pa.concat_tables(_read_ipc(f) for f in files)
+            merged = pa.concat_tables(load_rows(str(f)) for f in files)
             # The merged file first: a crash in between leaves repeats, which
             # a lookup takes either of (they are equal).
             _write_ipc(day_dir / f"{uuid.uuid4().hex}.arrow", merged)
@@ -138,7 +148,7 @@ class SignerCache:
         tables = []
         for f in files:
             try:
-                tables.append(_read_ipc(f))
+                tables.append(load_rows(str(f)))
             except (OSError, pa.ArrowInvalid) as exc:  # a cache: recovered at the export instead
                 log.warning("signer cache file %s unreadable, ignored: %s", f, exc)
         if not tables:
@@ -168,18 +178,12 @@ class SignerCache:
         worker processes."""
         mask = pc.and_(pc.is_in(table.column("content_topic"), value_set=pa.array(list(content_topics), pa.string())),
                        pc.equal(table.column("version"), 1))
-        table = table.select(list(SIGNER_INPUT_COLUMNS)).filter(mask)
-        for offset in range(0, table.num_rows, rows):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table.slice(offset, rows))
-            yield sink.getvalue().to_pybytes()
+        return _ipc_batches(table.select(list(SIGNER_INPUT_COLUMNS)).filter(mask), rows)
 
 
 def signer_columns(batch: bytes) -> list[list]:
     """The columns of a :meth:`SignerCache.batches` batch as Python lists."""
-    table = pa.ipc.open_stream(batch).read_all()
-    return [table.column(name).to_pylist() for name in SIGNER_INPUT_COLUMNS]
+    return _batch_columns(batch, SIGNER_INPUT_COLUMNS)[1]
 
 
 def _write_ipc(path: Path, table: pa.Table) -> None:
@@ -188,11 +192,6 @@ def _write_ipc(path: Path, table: pa.Table) -> None:
     with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     os.replace(part, path)
-
-
-def _read_ipc(path: Path) -> pa.Table:
-    with pa.OSFile(str(path), "rb") as source:
-        return pa.ipc.open_file(source).read_all()
 
 
 def use_c_heap() -> None:
@@ -226,6 +225,7 @@ class RowsFile:
 
 
 def load_rows(path: str) -> pa.Table:
-    """The table :func:`save_rows` wrote, memory-mapped (file-backed pages
+    """The table an Arrow IPC file holds (:class:`RowsFile`, the signer
+    cache's files), memory-mapped (file-backed pages
     the kernel can drop, not heap). The file may be removed at once."""
     return pa.ipc.open_file(pa.memory_map(path)).read_all()
