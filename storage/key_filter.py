@@ -68,15 +68,16 @@ class KeyFilter:
     def add_positions(self, positions: np.ndarray) -> None:
         if not len(positions):
             return
-        positions = np.sort(positions.ravel())
-        byte_index = (positions >> np.uint64(3)).astype(np.int64)
-        masks = np.uint8(1) << (positions & np.uint64(7)).astype(np.uint8)
-        # One OR per distinct byte (np.bitwise_or.at, the obvious way, took
-        # ~10x as long: 5,000 keys into two filters 65 ms).
-        starts = np.flatnonzero(np.concatenate(([True], byte_index[1:] != byte_index[:-1])))
-        combined = np.bitwise_or.reduceat(masks, starts)
+        positions = positions.ravel()
+        byte_index = (positions >> np.uint64(3)).astype(np.intp)
+        bit = (positions & np.uint64(7)).astype(np.uint8)
+        # One pass a bit of the byte: a byte named twice in a pass gets the
+        # same value twice, so the fancy OR loses nothing. (np.bitwise_or.at
+        # took ~10x as long; sorting the positions to OR each byte once,
+        # ~1.8x: 250k keys, 14 probes.)
         with self._lock:
-            self._array[byte_index[starts]] |= combined
+            for number in range(8):
+                self._array[byte_index[bit == number]] |= np.uint8(1 << number)
             self.count += len(positions) // self.probes
 
     def might_contain(self, keys: list[bytes]) -> np.ndarray:

@@ -402,12 +402,13 @@ class MessageStore:
         if not table.num_rows or tier_from is None or pc.max(stamps).as_py() < tier_from:
             return None, []
         horizon = max(tier_from, now_ns - self.hot.window_ns)
-        recent = rows_from_arrow(table.filter(pc.greater_equal(stamps, horizon)))
-        below = table.filter(pc.and_(pc.greater_equal(stamps, tier_from), pc.less(stamps, horizon)))
-        if not below.num_rows:
+        times = stamps.to_numpy()
+        inside = times >= horizon
+        recent = rows_from_arrow(table.filter(pa.array(inside))) if inside.any() else []
+        below = np.flatnonzero((times >= tier_from) & ~inside)
+        if not len(below):
             return None, recent
-        stamps = below.column("timestamp")
-        return rows_from_arrow(below.slice(pc.index(stamps, pc.max(stamps)).as_py(), 1))[0], recent
+        return rows_from_arrow(table.slice(int(below[np.argmax(times[below])]), 1))[0], recent
 
     @property
     def pending(self) -> int:
