@@ -61,6 +61,11 @@ SUPERVISE_INTERVAL_S = 30.0
 # /health reports it failed (see StoreService.maintain_once).
 MAINTENANCE_ATTEMPTS = 3
 MAINTENANCE_RETRY_S = 10.0
+# A commit of the buffer still running after this long makes /health
+# report the node not well, before the commit itself gives up (an engine
+# retrying an unreachable object store takes minutes to). A commit takes
+# ~0.3-1.6 s at 10M messages (BENCHMARKS.md).
+COMMIT_STUCK_S = 15.0
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +104,8 @@ class StoreService:
     # The last commit of the buffer; a failed one (engine or storage down)
     # leaves the messages in the log, acknowledged, and the node not well.
     last_commit: MaintenanceRun | None = None
+    # time.monotonic() when the commit running now started; None between commits.
+    commit_since: float | None = None
 
     def __post_init__(self) -> None:
         # Engine work takes ``limiter``; pages read from the table take this one.
@@ -157,11 +164,14 @@ class StoreService:
 
     async def flush(self) -> int:
         started = time.perf_counter()
+        self.commit_since = time.monotonic()
         try:
             committed = await trio.to_thread.run_sync(self.store.flush, limiter=self.limiter)
         except Exception as exc:
             self.last_commit = MaintenanceRun(ok=False, at=time.time(), error=repr(exc)[:500])
             raise
+        finally:
+            self.commit_since = None
         if committed or self.last_commit is not None:
             self.last_commit = MaintenanceRun(ok=True, at=time.time())
         if committed:
@@ -172,12 +182,18 @@ class StoreService:
     def health(self) -> dict:
         """For /health: the engine answers and the write path is not stuck."""
         engine = self.engine.health()
+        commit = self.last_commit
+        since = self.commit_since
+        if since is not None and (running := time.monotonic() - since) >= COMMIT_STUCK_S:
+            # Still waiting on the engine or the storage: as good as failed.
+            commit = MaintenanceRun(ok=False, at=time.time() - running,
+                                    error=f"a commit has been running for {running:.0f} s")
         return {
             # A failed maintenance run (retention, compaction) is the
             # operator's to see: the node answers, but is not well.
-            "ok": bool(engine.healthy) and all(run is None or run.ok for run in (self.last_maintenance, self.last_commit)),
+            "ok": bool(engine.healthy) and all(run is None or run.ok for run in (self.last_maintenance, commit)),
             "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
-            "commit": {} if self.last_commit is None else asdict(self.last_commit),
+            "commit": {} if commit is None else asdict(commit),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
             "pending_messages": self.store.pending,
             "wal_depth": self.store.wal_depth,

@@ -121,6 +121,19 @@ SESSION_CONFIG = {
 }
 
 
+# How long a read of an object store may try before the page gives up
+# (delta-rs object_store client options; an operator's own
+# ``storage_options`` win). Its defaults retry a refused request for up to
+# 3 minutes: a page, or the log check before it, then waited that long
+# in an outage, where it should serve the version it holds or answer 503.
+OBJECT_STORE_OPTIONS = {
+    "max_retries": "2",
+    "retry_timeout": "5s",
+    "connect_timeout": "5s",
+    "timeout": "30s",
+}
+
+
 class TableUnreadable(Exception):
     """The table cannot be read (missing, unreachable, a file gone)."""
 
@@ -154,7 +167,9 @@ class TableReader:
         muid_copies: str | os.PathLike | None = None,
     ):
         self.uri = uri
-        self.storage_options = dict(storage_options) if storage_options else None
+        remote = "://" in uri and not uri.startswith("file://")
+        options = {**(OBJECT_STORE_OPTIONS if remote else {}), **(storage_options or {})}
+        self.storage_options = options or None
         # None: never check before a page (every commit comes through committed()).
         self.check_interval_s = check_interval_s
         self._session_config = dict(SESSION_CONFIG if session_config is None else session_config)

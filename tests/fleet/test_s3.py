@@ -33,6 +33,7 @@ from tests.fleet.fleet import (
     two_writers,
     wait_for,
 )
+from wakustore.node.store_service import COMMIT_STUCK_S
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +97,12 @@ def test_embedded_engine_killed_mid_commit_is_restarted_and_loses_nothing(fleet)
     assert a.health()[1]["engine"]["generation"] > generation
 
 
+def _all_not_well(*nodes):
+    """Each node's /health (code, body) when every one answers 503; None otherwise."""
+    healths = [node.health() for node in nodes]
+    return healths if all(code == 503 for code, _ in healths) else None
+
+
 def test_storage_unavailable_pauses_commits_and_loses_nothing_acknowledged(fleet, object_store):
     a, b = fleet
     _, gate = object_store
@@ -124,9 +131,12 @@ def test_storage_unavailable_pauses_commits_and_loses_nothing_acknowledged(fleet
     # The outage lasts: commits fail and are retried, and the messages
     # stay in the logs meanwhile (the nodes still report them pending).
     time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))
-    healths = [node.health() for node in (a, b)]
+    # The engine answers, but nothing commits: the node says it is not well,
+    # once a commit failed or has been running for COMMIT_STUCK_S (the
+    # engine's own retries against the storage may last minutes).
+    healths = wait_for(lambda: _all_not_well(a, b), "both nodes to report their commits failing",
+                       timeout_s=COMMIT_STUCK_S + 30)
     assert healths[0][1]["pending_messages"] >= 60 and healths[1][1]["pending_messages"] >= 60
-    # The engine answers, but nothing commits: the node says it is not well.
     for code, health in healths:
         assert code == 503 and health["ok"] is False and health["commit"]["ok"] is False
         assert health["commit"]["error"]

@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from wakustore.node.config import NodeConfig
+from wakustore.node import store_service
 from wakustore.node.store_service import MAINTENANCE_ATTEMPTS, running_store
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage.write_path import record_rows
@@ -68,6 +69,36 @@ def test_health_reports_a_failed_maintenance_run_until_one_succeeds(engine, tmp_
     failed, recovered = seen
     assert failed["ok"] is False and "compaction failed" in failed["maintenance"]["error"]
     assert recovered["ok"] is True and recovered["maintenance"]["error"] is None
+
+
+def test_health_reports_a_commit_stuck_in_the_engine_before_it_gives_up(engine, tmp_path, monkeypatch):
+    """A commit the engine (or its storage) holds is reported past
+    COMMIT_STUCK_S, not only once it fails: an engine retrying an
+    unreachable object store gives up after minutes."""
+    monkeypatch.setattr(store_service, "COMMIT_STUCK_S", 0.3)
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60)
+    release = threading.Event()
+    seen = []
+
+    async def main():
+        async with running_store(config, engine) as service:
+            real = service.store.flush
+            service.store.flush = lambda: release.wait(30) and real()
+            await service.put([(PUBSUB, WakuMessage(b"held", "/g/1/c/proto", timestamp=10**18), 10**18)])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(service.flush)
+                await trio.sleep(0.05)
+                seen.append(service.health())  # running, not for long yet
+                await trio.sleep(0.4)
+                seen.append(service.health())
+                release.set()
+            seen.append(service.health())
+
+    trio.run(main)
+    assert seen[0]["ok"] and seen[0]["commit"] == {}
+    assert not seen[1]["ok"] and not seen[1]["commit"]["ok"]
+    assert "a commit has been running for" in seen[1]["commit"]["error"]
+    assert seen[2]["ok"] and seen[2]["commit"]["ok"] and seen[2]["pending_messages"] == 0
 
 
 def test_a_maintenance_attempt_that_fails_is_made_again_before_health_reports_it(engine, tmp_path):

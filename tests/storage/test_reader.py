@@ -3,7 +3,9 @@ page, advanced after every commit, read-your-writes with pending rows."""
 
 import dataclasses
 import datetime as dt
+import socket
 import threading
+import time
 
 import pytest
 
@@ -287,3 +289,23 @@ def test_every_acknowledged_message_is_in_every_page_while_commits_land(engine, 
         assert store.reader.version >= 10  # ten commits landed meanwhile
     finally:
         store.close()
+
+
+def test_an_unreachable_object_store_fails_a_read_within_seconds(monkeypatch):
+    """A page (or the log check before it) in a storage outage gives up
+    after a few quick retries, not the object store client's default
+    minutes: the node then serves the version it holds or answers 503."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "key",
+                        "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}.items():
+        monkeypatch.setenv(name, value)
+    reader = TableReader("s3://bucket/messages")
+    assert reader.storage_options["max_retries"] == "2"
+    started = time.monotonic()
+    with pytest.raises(TableUnreadable):
+        reader.refresh()
+    assert time.monotonic() - started < 5
+    assert TableReader("s3://bucket/messages", storage_options={"max_retries": "9"}).storage_options["max_retries"] == "9"
+    assert TableReader("/data/messages").storage_options is None
