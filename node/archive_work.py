@@ -17,15 +17,12 @@ import itertools
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
-import pyarrow as pa
-
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage import archive_rows, schema
 from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
 from wakustore.storage.rows import records_to_arrow
 
@@ -99,33 +96,17 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
             layout, default_pubsub_topic, dict(keys))
     try:
-        data = _read(data_path, entry)
-        columns = archive_rows.decode_rows(decoder, entry, data, allowed_topics)
-        if columns is not None:  # this project's own archives, checked a column at a time
-            try:
-                return _keep(columns, out)
-            except archive_rows.Unchecked:
-                pass  # a record failed a check: the reference says which, and how
-        del columns
         # Not held here: the decoder drops the archive once it has parsed it.
-        records = archive.iter_archive_records(entry, data, decoder, allowed_topics)
-        del data
+        records = archive.iter_archive_records(entry, _read(data_path, entry), decoder, allowed_topics)
+        if out is None:
+            return records_to_arrow(list(records))
         # A batch at a time: an archive's messages never all exist as objects.
-        batches = (records_to_arrow(batch) for batch in iter(lambda: list(itertools.islice(records, DECODE_BATCH)), []))
-        return _keep(batches, out)
+        with RowsFile(str(out)) as rows:
+            while batch := list(itertools.islice(records, DECODE_BATCH)):
+                rows.write(records_to_arrow(batch))
+        return out
     finally:
         _after_task()
-
-
-def _keep(batches: Iterator[pa.Table], out: Path | None):
-    """Decoded batches as one table, or written to ``out`` and it returned."""
-    if out is None:
-        tables = list(batches)
-        return pa.concat_tables(tables) if tables else schema.MESSAGES.empty_table()
-    with RowsFile(str(out)) as rows:
-        for table in batches:
-            rows.write(table)
-    return out
 
 
 # A worker process's heap (glibc): blocks up to this size come from the

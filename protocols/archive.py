@@ -335,7 +335,7 @@ def parse_index(layout: Layout, raw: bytes, data_size: int | None = None,
             size, padding = value.size, value.padding
             if padding > size or padding != status_go_padding(size - padding, piece_length):
                 raise ArchiveError(f"archive {key}: size {size} and padding {padding} do not fit")
-        start, end, content_topics = window_of(layout, value.metadata)
+        start, end, content_topics = _window_of(layout, value.metadata)
         entries.append(IndexEntry(key, start, end, content_topics, value.offset, size, padding))
     entries.sort(key=lambda e: e.offset)
     position = 0
@@ -405,7 +405,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
         records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
     if metadata is None:
         raise ArchiveError(f"archive {entry.archive_id} has no metadata")
-    start, end, content_topics = window_of(layout, metadata)
+    start, end, content_topics = _window_of(layout, metadata)
     if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
         raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
     listed = set(content_topics)
@@ -617,7 +617,7 @@ def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
     )
 
 
-def window_of(layout: Layout, metadata) -> tuple[int, int, tuple[str, ...]]:
+def _window_of(layout: Layout, metadata) -> tuple[int, int, tuple[str, ...]]:
     start, end = getattr(metadata, "from"), metadata.to
     if layout is Layout.SPEC:
         return start, end, tuple(metadata.contentTopic)

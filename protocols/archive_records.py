@@ -435,7 +435,9 @@ class RecordDecoder:
                  timestamp: int, meta: bytes, proof: bytes) -> DecodedRecord:
         """The table row a status-go record's fields stand for (the extra
         fields None or empty when absent), checked: see :meth:`decode`."""
-        content_topic = self.content_topic(raw_topic)
+        content_topic = self._topics.get(raw_topic)
+        if content_topic is None:
+            content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
         if arrival is None:  # an archive status-go made: see the module docstring
             ts = seconds * NS_PER_S
             pubsub_topic = self.default_pubsub_topic
@@ -444,11 +446,13 @@ class RecordDecoder:
         if pubsub is None:
             raise ArchiveError("archive message has an arrival time but no pubsub topic")
         if nonce is not None:
-            cipher = self.cipher(content_topic)
+            cipher = self._cipher(content_topic)
             if len(nonce) != waku_v1.AES_NONCE_SIZE:
                 raise ArchiveError(f"nonce of {len(nonce)} bytes")
             payload = _seal(cipher, nonce, payload, padding, signature)
-        pubsub_topic = self.pubsub_topic(pubsub)
+        pubsub_topic = self._pubsub.get(pubsub)
+        if pubsub_topic is None:
+            pubsub_topic = self._pubsub[pubsub] = _utf8(pubsub, "pubsub topic")
         ordering = timestamp or arrival
         if ordering // NS_PER_S != seconds:
             raise ArchiveError(f"timestamp {seconds} s does not match {ordering} ns")
@@ -460,23 +464,7 @@ class RecordDecoder:
             raise ArchiveError("message hash does not match the rebuilt message")
         return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_
 
-    def content_topic(self, raw_topic: bytes) -> str:
-        """The content topic of a record's 4-byte topic; raises TopicError."""
-        content_topic = self._topics.get(raw_topic)
-        if content_topic is None:
-            content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
-        return content_topic
-
-    def pubsub_topic(self, raw: bytes) -> str:
-        """The pubsub topic of a record's extra field; raises ArchiveError."""
-        pubsub_topic = self._pubsub.get(raw)
-        if pubsub_topic is None:
-            pubsub_topic = self._pubsub[raw] = _utf8(raw, "pubsub topic")
-        return pubsub_topic
-
-    def cipher(self, content_topic: str) -> AESGCM:
-        """The channel cipher that seals ``content_topic``'s payloads again;
-        raises ArchiveError when the decoder has no key for it."""
+    def _cipher(self, content_topic: str) -> AESGCM:
         cipher = self._ciphers.get(content_topic)
         if cipher is None:
             key = self._keys.get(content_topic)
