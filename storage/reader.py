@@ -72,6 +72,7 @@ import pyarrow.compute as pc
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import row_index, schema
+from wakustore.storage.staging import is_local
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +169,7 @@ class TableReader:
         muid_copies: str | os.PathLike | None = None,
     ):
         self.uri = uri
-        remote = "://" in uri and not uri.startswith("file://")
-        options = {**(OBJECT_STORE_OPTIONS if remote else {}), **(storage_options or {})}
+        options = {**({} if is_local(uri) else OBJECT_STORE_OPTIONS), **(storage_options or {})}
         self.storage_options = options or None
         # None: never check before a page (every commit comes through committed()).
         self.check_interval_s = check_interval_s
@@ -413,7 +413,7 @@ class TableReader:
 
     def _location(self, path: str):
         """(path or key, pyarrow file system or None) of a data file of the log."""
-        if "://" not in self.uri or self.uri.startswith("file://"):
+        if is_local(self.uri):
             root = self.uri.removeprefix("file://")
             return os.path.join(root, urllib.parse.unquote(path)), None
         if self._filesystem is None:

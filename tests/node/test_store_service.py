@@ -6,8 +6,8 @@ import time
 import trio
 import trio.testing
 
-from wakustore.node.config import NodeConfig
 from wakustore.node import store_service
+from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import MAINTENANCE_ATTEMPTS, running_store
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage.write_path import record_rows

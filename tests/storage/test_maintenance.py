@@ -1,4 +1,7 @@
 import datetime as dt
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -103,10 +106,6 @@ def test_vacuum_removes_files_no_commit_named_once_older_than_the_retention(fill
     """A file in a day partition that no commit names (what an import that
     crashed between staging and commit leaves) goes once it is older than
     the retention; a newer one may be a write in flight and stays."""
-    import os
-    import time
-    from pathlib import Path
-
     root = Path(filled.table.uri.removeprefix("file://"))
     day_dir = next(root.glob("day=*"))
     orphan, fresh = day_dir / "orphan-import.parquet", day_dir / "in-flight.parquet"
