@@ -94,11 +94,10 @@ _FULL_SET = frozenset(_FULL_COLUMNS)
 # ~0.3 MB each in bench store (256 rows of ~1 KB payloads), so ~200 row
 # groups.
 ROW_GROUP_CACHE_BYTES = 64 * 1024 * 1024
-# Data files kept open for reading, least recently used closed first.
-# Opening a reader per row group cost 0.07 ms of the 0.23 ms a 256-row
-# row group takes to read (pyarrow 22, this machine): a fifth of a 20-hash
-# lookup, which reads 20 row groups of 20 files. A node with a 10M-message
-# table has ~120 compacted files plus today's.
+# Readers of row groups kept open (a file descriptor each), least recently
+# used closed first: opening one (its row group's footer parsed, the file
+# opened) costs ~0.2 ms beside the 0.5-0.8 ms a 256-row row group takes to
+# read; a page read again mostly comes from the row group cache instead.
 OPEN_FILES = 256
 
 # A page over more days than this reads the first day in its order alone
@@ -403,8 +402,8 @@ class TableReader:
 
     def index_bytes(self) -> int:
         """Memory held by the key index: its arrays and the files' footers
-        (as serialized; not counting Python's overhead)."""
-        return (sum(index.nbytes + index.metadata.serialized_size for index in list(self._indexes.values()))
+        (serialized, as they are kept; not counting Python's overhead)."""
+        return (sum(index.nbytes + index.footers.nbytes for index in list(self._indexes.values()))
                 + self._muid_days.nbytes)
 
     def index_complete(self) -> bool:
@@ -439,19 +438,22 @@ class TableReader:
                     self._row_groups.move_to_end(key)
                     return found
             columns = _FULL_COLUMNS
-        file = self._open.take(index.path)
+        opened = (index.path, group)
+        file = self._open.take(opened)
         if file is None:
             location, filesystem = self._location(index.path)
-            # The footer was read once, when the file was indexed. Without
-            # pre-buffering, a row group of 256 rows reads in 0.5 ms instead
-            # of 1.5 (pyarrow 26).
-            file = pq.ParquetFile(location, metadata=index.metadata, filesystem=filesystem, pre_buffer=False)
+            # The footer was read once, when the file was indexed, and is
+            # kept serialized: the reader gets this row group's alone (its
+            # row group 0). Without pre-buffering, a row group of 256 rows
+            # reads in 0.5 ms instead of 1.5 (pyarrow 26).
+            file = pq.ParquetFile(location, metadata=index.footers.metadata(group), filesystem=filesystem,
+                                  pre_buffer=False)
         try:
-            table = file.read_row_group(group, columns=list(columns), use_threads=False)
+            table = file.read_row_group(0, columns=list(columns), use_threads=False)
         except BaseException:
             file.close()
             raise
-        self._open.give(index.path, file)
+        self._open.give(opened, file)
         if cacheable:
             with self._cache_lock:
                 if key not in self._row_groups:
@@ -685,31 +687,32 @@ def _confirming_pool() -> ThreadPoolExecutor:
 
 
 class _OpenFiles:
-    """Open readers of data files for reuse. A reader serves one thread at
-    a time: a thread takes one (or opens its own) and gives it back, so
-    concurrent pages of one file read through readers of their own. At
-    most ``capacity`` are kept; those of the file least recently read are
-    closed first."""
+    """Open readers of row groups for reuse, by (data file, row group): a
+    reader holds the footer of its row group alone. A reader serves one
+    thread at a time: a thread takes one (or opens its own) and gives it
+    back, so concurrent pages of one row group read through readers of
+    their own. At most ``capacity`` are kept (an open file each); those
+    least recently read are closed first."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._free: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._free: collections.OrderedDict[tuple[str, int], list] = collections.OrderedDict()
         self._kept = 0
 
-    def take(self, path: str):
+    def take(self, key: tuple[str, int]):
         with self._lock:
-            readers = self._free.get(path)
+            readers = self._free.get(key)
             if not readers:
                 return None
             self._kept -= 1
             return readers.pop()
 
-    def give(self, path: str, file) -> None:
+    def give(self, key: tuple[str, int], file) -> None:
         closed = []
         with self._lock:
-            self._free.setdefault(path, []).append(file)
-            self._free.move_to_end(path)
+            self._free.setdefault(key, []).append(file)
+            self._free.move_to_end(key)
             self._kept += 1
             while self._kept > self.capacity:
                 oldest, readers = next(iter(self._free.items()))
@@ -724,8 +727,8 @@ class _OpenFiles:
     def keep_only(self, live: set[str]) -> None:
         """Close the readers of files not in ``live``."""
         with self._lock:
-            gone = [path for path in self._free if path not in live]
-            closed = [reader for path in gone for reader in self._free.pop(path)]
+            gone = [key for key in self._free if key[0] not in live]
+            closed = [reader for key in gone for reader in self._free.pop(key)]
             self._kept -= len(closed)
         for old in closed:
             old.close()

@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
+from wakustore.storage.parquet_footer import GroupFooters
 from wakustore.storage.rows import binary_prefixes
 
 # Columns the exact test of a row needs (store_query.matcher).
@@ -95,13 +96,15 @@ class FileIndex:
     holds hundreds of pairs, and 2,000 such files held 1.4M objects."""
 
     __slots__ = ("path", "rows", "pair_ids", "pair_bounds", "ts", "row", "prefix", "prefix_row",
-                 "muid", "muid_row", "muid_copy", "metadata", "group_starts")
+                 "muid", "muid_row", "muid_copy", "footers", "group_starts")
 
     def __init__(self, path: str, metadata: pq.FileMetaData, pair_ids: np.ndarray, pair_bounds: np.ndarray,
                  ts: np.ndarray, row: np.ndarray | None, prefix: np.ndarray, prefix_row: np.ndarray,
                  muid: np.ndarray | None = None, muid_row: np.ndarray | None = None):
         self.path = path
-        self.metadata = metadata
+        # The footer, serialized: parsed, it cost ~10 KB a row group (see
+        # parquet_footer); a read parses its row group's alone.
+        self.footers = GroupFooters.of(metadata)
         self.rows = metadata.num_rows
         # The pairs present, ascending, and per pair (start, end) of its
         # positions in ``ts``, then its first file row: with ``row`` None

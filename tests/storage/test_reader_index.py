@@ -227,8 +227,9 @@ def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
     first = reader.page(query, None, 201).to_pylist()
     old = {os.path.join(store.table.uri, path) for path, _ in reader._snapshot.files}
     held = len(reader._open)
-    opened = {os.path.join(store.table.uri, path) for path in reader._open._free}
-    assert held == len(opened) > 2 and opened <= old & _open_paths()  # one reader per file read, kept open
+    opened = {os.path.join(store.table.uri, path) for path, _ in reader._open._free}
+    # One reader per row group read (each ingest file here is one), kept open.
+    assert held == len(opened) > 2 and opened <= old & _open_paths()
     assert reader.page(query, None, 201).to_pylist() == first
     assert len(reader._open) == held  # reused, not opened again
 
@@ -238,7 +239,7 @@ def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
     assert not old & _open_paths()  # the compacted-away files are closed (their space can be freed)
     assert reader.page(query, None, 201).to_pylist() == first
     new = {os.path.join(store.table.uri, path) for path, _ in reader._snapshot.files}
-    assert len(reader._open) == len(new) == 2 and new <= _open_paths()  # one file a day
+    assert len(reader._open) == len(new) == 2 and new <= _open_paths()  # one file (and row group) a day
 
 
 def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
