@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
 import logging
 import os
 import threading
@@ -444,14 +445,20 @@ class TableReader:
             location, filesystem = self._location(index.path)
             # The footer was read once, when the file was indexed, and is
             # kept serialized: the reader gets this row group's alone (its
-            # row group 0). Without pre-buffering, a row group of 256 rows
-            # reads in 0.5 ms instead of 1.5 (pyarrow 26).
-            file = pq.ParquetFile(location, metadata=index.footers.metadata(group), filesystem=filesystem,
-                                  pre_buffer=False)
+            # row group 0). Opened from the file system's input file, not
+            # its path: 50 instead of 105 us (pyarrow 26). Without
+            # pre-buffering, a row group of 256 rows reads in 0.5 ms
+            # instead of 1.5.
+            source = (filesystem or _local_files()).open_input_file(location)
+            try:
+                file = pq.ParquetFile(source, metadata=index.footers.metadata(group), pre_buffer=False)
+            except BaseException:
+                source.close()
+                raise
         try:
             table = file.read_row_group(0, columns=list(columns), use_threads=False)
         except BaseException:
-            file.close()
+            file.close(force=True)
             raise
         self._open.give(opened, file)
         if cacheable:
@@ -686,6 +693,13 @@ def _confirming_pool() -> ThreadPoolExecutor:
         return _confirming
 
 
+@functools.cache
+def _local_files():
+    from pyarrow import fs
+
+    return fs.LocalFileSystem()
+
+
 class _OpenFiles:
     """Open readers of row groups for reuse, by (data file, row group): a
     reader holds the footer of its row group alone. A reader serves one
@@ -722,7 +736,7 @@ class _OpenFiles:
                 if not readers:
                     del self._free[oldest]
         for old in closed:
-            old.close()
+            old.close(force=True)  # with the input file it was opened on
 
     def keep_only(self, live: set[str]) -> None:
         """Close the readers of files not in ``live``."""
@@ -731,7 +745,7 @@ class _OpenFiles:
             closed = [reader for key in gone for reader in self._free.pop(key)]
             self._kept -= len(closed)
         for old in closed:
-            old.close()
+            old.close(force=True)  # with the input file it was opened on
 
     def __len__(self) -> int:
         return self._kept

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wakustore.storage import maintenance
+from wakustore.storage import parquet_footer
 from wakustore.storage.parquet_footer import FooterError, GroupFooters
 
 
@@ -24,10 +25,21 @@ def _rows(n: int) -> pa.Table:
     })
 
 
-def _every_group_equal(path: str) -> int:
+def _walked(footers: GroupFooters, monkeypatch) -> GroupFooters:
+    """The same footer split by walking every row group."""
+    with monkeypatch.context() as patch:
+        patch.setattr(parquet_footer, "_found_bounds", lambda *args: None)
+        return GroupFooters(footers._footer)
+
+
+def _every_group_equal(path: str, monkeypatch, found: bool = True) -> int:
     whole = pq.ParquetFile(path)
     footers = GroupFooters.of(whole.metadata)
     assert footers.num_row_groups == whole.metadata.num_row_groups
+    # The row groups found by their first bytes are the walked ones.
+    assert (footers._bounds == _walked(footers, monkeypatch)._bounds).all()
+    assert (parquet_footer._found_bounds(footers._footer, int(footers._bounds[0]), footers.num_row_groups)
+            is not None) == found
     for group in range(footers.num_row_groups):
         alone = pq.ParquetFile(path, metadata=footers.metadata(group), pre_buffer=False)
         assert alone.metadata.num_row_groups == 1
@@ -36,22 +48,43 @@ def _every_group_equal(path: str) -> int:
     return footers.num_row_groups
 
 
-def test_pyarrow_files_with_and_without_statistics(tmp_path):
+def test_pyarrow_files_with_and_without_statistics(tmp_path, monkeypatch):
     rows = _rows(1000)
     for statistics in (True, False, ["timestamp"]):
         path = str(tmp_path / f"{statistics}.parquet")
         pq.write_table(rows, path, row_group_size=64, write_statistics=statistics)
-        assert _every_group_equal(path) == 16
+        assert _every_group_equal(path, monkeypatch) == 16
 
 
-def test_compacted_delta_files_with_bloom_filters(tmp_path):
+def test_a_statistic_holding_a_row_group_start_is_walked(tmp_path, monkeypatch):
+    """Values whose statistics hold the bytes a row group starts with (a
+    STOP, then a list of the file's 5 columns): those row groups' bounds
+    come from the walk, and read right."""
+    rows = _rows(1000)
+    start = b"\x00\x19\x5c"
+    payload = [start + bytes([i % 256]) * 3 for i in range(1000)]
+    rows = rows.set_column(rows.schema.get_field_index("payload"), "payload", pa.array(payload, pa.binary()))
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(rows, path, row_group_size=64, write_statistics=True)
+    assert start in GroupFooters.of(pq.ParquetFile(path).metadata)._footer[100:]
+    assert _every_group_equal(path, monkeypatch, found=False) == 16
+
+
+def test_compacted_delta_files_with_bloom_filters(tmp_path, monkeypatch):
     """The writer settings of a compacted day (delta-rs: bloom filters,
     page statistics, 256-row row groups), on more than 15 row groups (the
     list's size no longer fits its header byte)."""
     rows = _rows(5000)
     write_deltalake(str(tmp_path / "t"), rows, writer_properties=maintenance._writer_properties())
     [path] = glob.glob(str(tmp_path / "t" / "*.parquet"))
-    assert _every_group_equal(path) == 20
+    assert _every_group_equal(path, monkeypatch) == 20
+
+
+def test_footers_parse_as_files_without_pyarrow_unpickling(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_footer, "_unpickle", None)
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(_rows(300), path, row_group_size=100)
+    assert _every_group_equal(path, monkeypatch) == 3
 
 
 def test_footer_memory_is_the_serialized_bytes(tmp_path):
