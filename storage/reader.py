@@ -97,7 +97,7 @@ _FULL_SET = frozenset(_FULL_COLUMNS)
 ROW_GROUP_CACHE_BYTES = 64 * 1024 * 1024
 # Readers of row groups kept open (a file descriptor each), least recently
 # used closed first: opening one (its row group's footer parsed, the file
-# opened) costs ~0.2 ms beside the 0.5-0.8 ms a 256-row row group takes to
+# opened) costs ~0.1 ms beside the 0.5-0.8 ms a 256-row row group takes to
 # read; a page read again mostly comes from the row group cache instead.
 OPEN_FILES = 256
 
