@@ -160,6 +160,22 @@ def trim_heap() -> None:
         _libc.malloc_trim(0)
 
 
+# glibc's M_ARENA_MAX: a thread's first allocation gets an arena of its
+# own, up to 8 a core, and memory freed in one arena serves only its own
+# threads. See cap_malloc_arenas.
+_M_ARENA_MAX = -8
+
+
+def cap_malloc_arenas(arenas: int) -> bool:
+    """Let the threads that allocate from now on share at most ``arenas``
+    glibc malloc arenas (the environment's MALLOC_ARENA_MAX wins); True
+    when set. A node on a shared table: bench store at 10M messages took
+    its peak from 1,601 to 1,333 MB with 2 (BENCHMARKS.md)."""
+    if _libc is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(_libc.mallopt(_M_ARENA_MAX, arenas))
+
+
 def _load_libc():
     try:
         libc = ctypes.CDLL("libc.so.6")

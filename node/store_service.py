@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 
+from wakustore.node import archive_work
 from wakustore.node.config import NodeConfig
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
@@ -274,6 +275,12 @@ class StoreService:
         return result
 
 
+# glibc malloc arenas of a node on a shared table (see open_store). A node
+# that owns its table keeps glibc's default: capped, its 1M ingest went
+# from 26.9k to 23.9k msg/s (one run each).
+SHARED_TABLE_ARENAS = 2
+
+
 def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine, MessageStore]:
     """Start the engine and open the message store (blocking).
 
@@ -281,6 +288,11 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
     caller's to close (tests share one engine between nodes).
     """
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    if config.shared_table:
+        # A fleet node's threads (commits, key index builds, compactions,
+        # pages) share two malloc arenas: each MERGE's batch and each
+        # compacted file's index is freed in whichever arena it came from.
+        archive_work.cap_malloc_arenas(SHARED_TABLE_ARENAS)
     owned = engine is None
     if engine is None:
         engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)

@@ -1,8 +1,12 @@
 """The node's store service: group commit of concurrent puts."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
+import pytest
 import trio
 import trio.testing
 
@@ -311,3 +315,30 @@ def test_the_gil_switch_interval_is_short_while_stores_serve_and_restored_after(
     assert before != GIL_SWITCH_INTERVAL_S
     assert seen == [GIL_SWITCH_INTERVAL_S] * 3
     assert sys.getswitchinterval() == before
+
+
+def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(monkeypatch, tmp_path):
+    """open_store on a shared table caps glibc's arenas (SHARED_TABLE_ARENAS);
+    an operator's MALLOC_ARENA_MAX is left as it is. The cap itself is
+    tried in a child: it lasts for the process's life."""
+    probe = "from wakustore.node import archive_work; print(archive_work.cap_malloc_arenas(2))"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    capped = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert capped.stdout.strip() == "True"
+    kept = subprocess.run([sys.executable, "-c", probe], env={**env, "MALLOC_ARENA_MAX": "4"},
+                          capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "False"
+
+    class Opened(Exception):
+        pass
+
+    def message_store(*args, **kwargs):
+        raise Opened
+
+    calls = []
+    monkeypatch.setattr(store_service.archive_work, "cap_malloc_arenas", calls.append)
+    monkeypatch.setattr(store_service, "MessageStore", message_store)
+    for shared in (False, True):
+        with pytest.raises(Opened):
+            store_service.open_store(NodeConfig(shared_table=shared, data_dir=tmp_path / str(shared)), engine=object())
+    assert calls == [store_service.SHARED_TABLE_ARENAS]
