@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.node import archive as node_archive
-from wakustore.node import archive_work
+from wakustore.node import allocator
 from wakustore.node import config as node_config
 from wakustore.node import torrent
 from wakustore.bench.store import RssSampler
@@ -195,7 +195,7 @@ def run_archive_bench(args: argparse.Namespace) -> int:
             # freed heap given back before the fetch. It shares the engine.
             control.close()
             control = None
-            archive_work.trim_heap()
+            allocator.trim_heap()
             _say("seeding and fetching over loopback BitTorrent ...")
             seeder = torrent.Seeder(torrent.open_session("127.0.0.1:0", isolated=True))
             try:

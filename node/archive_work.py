@@ -12,7 +12,6 @@ when the work runs in the calling process.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import multiprocessing
 import os
@@ -21,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from wakustore.node import allocator
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
 from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
@@ -119,7 +119,6 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
 # tasks, run back to back, reach anyway.
 HEAP_MMAP_THRESHOLD_BYTES = 64 * 1024 * 1024
 KEEP_HEAP_BYTES = 512 * 1024 * 1024
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 # Whether this process keeps its freed heap between tasks (a worker that
 # set the parameters above) or gives it back after each (the caller's
 # process, when a small task runs there: a node lives on after it).
@@ -132,14 +131,12 @@ def _start_worker() -> None:
     kept for the next task (see :data:`HEAP_MMAP_THRESHOLD_BYTES`)."""
     global _keep_heap
     use_c_heap()
-    if _libc is not None:
-        _keep_heap = bool(_libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD_BYTES)
-                          and _libc.mallopt(_M_TRIM_THRESHOLD, KEEP_HEAP_BYTES))
+    _keep_heap = allocator.keep_freed_heap(HEAP_MMAP_THRESHOLD_BYTES, KEEP_HEAP_BYTES)
 
 
 def _after_task() -> None:
     if not _keep_heap:
-        trim_heap()
+        allocator.trim_heap()
 
 
 def _ready() -> None:
@@ -150,42 +147,6 @@ def _read(data_path: Path, entry: IndexEntry) -> bytes:
     with open(data_path, "rb") as data:
         data.seek(entry.offset)
         return data.read(entry.size)
-
-
-def trim_heap() -> None:
-    """Give the freed heap back to the system: an archive's messages are
-    tens of thousands of kilobyte-sized objects, which glibc otherwise
-    keeps mapped."""
-    if _libc is not None:
-        _libc.malloc_trim(0)
-
-
-# glibc's M_ARENA_MAX: a thread's first allocation gets an arena of its
-# own, up to 8 a core, and memory freed in one arena serves only its own
-# threads. See cap_malloc_arenas.
-_M_ARENA_MAX = -8
-
-
-def cap_malloc_arenas(arenas: int) -> bool:
-    """Let the threads that allocate from now on share at most ``arenas``
-    glibc malloc arenas (the environment's MALLOC_ARENA_MAX wins); True
-    when set. A node on a shared table: bench store at 10M messages took
-    its peak from 1,601 to 1,333 MB with 2 (BENCHMARKS.md)."""
-    if _libc is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    return bool(_libc.mallopt(_M_ARENA_MAX, arenas))
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # noqa: B018  (glibc only)
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_libc = _load_libc()
 
 
 def rows_of(result):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 
-from wakustore.node import archive_work
+from wakustore.node import allocator
 from wakustore.node.config import NodeConfig
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
@@ -292,7 +292,7 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
         # A fleet node's threads (commits, key index builds, compactions,
         # pages) share two malloc arenas: each MERGE's batch and each
         # compacted file's index is freed in whichever arena it came from.
-        archive_work.cap_malloc_arenas(SHARED_TABLE_ARENAS)
+        allocator.cap_malloc_arenas(SHARED_TABLE_ARENAS)
     owned = engine is None
     if engine is None:
         engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)

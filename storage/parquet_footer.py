@@ -139,6 +139,19 @@ def _list_header(buf: bytes, at: int) -> tuple[int, int, int]:
     return count, header & 0x0F, at
 
 
+def _field_header(buf: bytes, at: int, field: int) -> tuple[int, int, int]:
+    """(field id, type, position after) of the field header at ``at`` of a
+    struct whose previous field was ``field``; type STOP at its end."""
+    header = buf[at]
+    at += 1
+    if header == _STOP:
+        return field, _STOP, at
+    if header >> 4:  # the id as a delta from the previous field's
+        return field + (header >> 4), header & 0x0F, at
+    zigzag, at = _varint(buf, at)
+    return (zigzag >> 1) ^ -(zigzag & 1), header & 0x0F, at
+
+
 # FileMetaData's fields after its row groups, by id: key_value_metadata,
 # created_by, column_orders, encryption_algorithm, footer_signing_key_metadata.
 _TAIL_FIELDS = {5: _LIST, 6: _BINARY, 7: _LIST, 8: _STRUCT, 9: _BINARY}
@@ -149,16 +162,9 @@ def _split(buf: bytes) -> tuple[int, np.ndarray]:
     its row groups: n + 1 positions)."""
     at = field = 0
     while True:
-        header = buf[at]
-        at += 1
-        if header == _STOP:
+        field, kind, at = _field_header(buf, at, field)
+        if kind == _STOP:
             raise FooterError("no row groups field")
-        if header >> 4:  # the id as a delta from the previous field's
-            field += header >> 4
-        else:
-            zigzag, at = _varint(buf, at)
-            field = (zigzag >> 1) ^ -(zigzag & 1)
-        kind = header & 0x0F
         if field == _ROW_GROUPS_FIELD and kind == _LIST:
             head = at
             count, element, at = _list_header(buf, at)
@@ -211,14 +217,9 @@ def _tail_ends_footer(buf: bytes, at: int) -> bool:
     of its type, and end with the footer?"""
     field = _ROW_GROUPS_FIELD
     while True:
-        header = buf[at]
-        at += 1
-        if header == _STOP:
+        field, kind, at = _field_header(buf, at, field)
+        if kind == _STOP:
             return at == len(buf)
-        if not header >> 4:
-            return False  # no writer spells these ids out
-        field += header >> 4
-        kind = header & 0x0F
         if _TAIL_FIELDS.get(field) != kind:
             return False
         at = _value_end(buf, at, kind, 0, False)

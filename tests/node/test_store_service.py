@@ -321,7 +321,7 @@ def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(
     """open_store on a shared table caps glibc's arenas (SHARED_TABLE_ARENAS);
     an operator's MALLOC_ARENA_MAX is left as it is. The cap itself is
     tried in a child: it lasts for the process's life."""
-    probe = "from wakustore.node import archive_work; print(archive_work.cap_malloc_arenas(2))"
+    probe = "from wakustore.node import allocator; print(allocator.cap_malloc_arenas(2))"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     capped = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert capped.stdout.strip() == "True"
@@ -336,7 +336,7 @@ def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(
         raise Opened
 
     calls = []
-    monkeypatch.setattr(store_service.archive_work, "cap_malloc_arenas", calls.append)
+    monkeypatch.setattr(store_service.allocator, "cap_malloc_arenas", calls.append)
     monkeypatch.setattr(store_service, "MessageStore", message_store)
     for shared in (False, True):
         with pytest.raises(Opened):
