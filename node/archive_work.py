@@ -24,7 +24,7 @@ from wakustore.node import allocator
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
 from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
-from wakustore.storage.rows import records_to_arrow
+from wakustore.storage.rows import archive_columns_to_arrow, records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
 # encoded records or one decoded archive, ~35 MB at most): a worker finds
@@ -96,8 +96,20 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
         decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
             layout, default_pubsub_topic, dict(keys))
     try:
+        data = _read(data_path, entry)
+        columns = archive.archive_columns(entry, data, decoder, allowed_topics)
+        if columns is not None:  # the compiled decoder read it all
+            del data
+            table = archive_columns_to_arrow(columns)
+            del columns
+            if out is None:
+                return table
+            with RowsFile(str(out)) as rows:
+                rows.write(table, DECODE_BATCH)
+            return out
         # Not held here: the decoder drops the archive once it has parsed it.
-        records = archive.iter_archive_records(entry, _read(data_path, entry), decoder, allowed_topics)
+        records = archive.iter_archive_records(entry, data, decoder, allowed_topics)
+        del data
         if out is None:
             return records_to_arrow(list(records))
         # A batch at a time: an archive's messages never all exist as objects.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 from functools import lru_cache
 
 import numpy as np
@@ -424,6 +425,72 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
             raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
                                f"outside [{start}, {end})")
         yield record
+
+
+class ArchiveColumns(NamedTuple):
+    """An archive's records as the columns of the messages table, decoded
+    by the compiled decoder (:func:`archive_columns`): numbers and values
+    in buffers, topics as indexes into their distinct values."""
+
+    count: int
+    content_topics: list[str]      # distinct, indexed by ``topic_index``
+    pubsub_topics: list[str]       # distinct, indexed by ``pubsub_index``
+    topic_index: np.ndarray        # int32
+    pubsub_index: np.ndarray       # int32
+    payload: tuple[bytes, bytes]   # (int32 offsets, values) of a binary column
+    meta: tuple[bytes, bytes]
+    proof: tuple[bytes, bytes]
+    version: np.ndarray            # int32
+    sender_ns: np.ndarray          # int64, 0 when unset
+    arrival_ns: np.ndarray         # int64
+    hashes: bytes                  # 32 bytes a record
+    muids: tuple[bytes, bytes]
+    digests: bytes                 # 32 bytes a record
+
+
+def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
+                    allowed_topics: Iterable[str] | None = None) -> ArchiveColumns | None:
+    """:func:`iter_archive_records` of a status-go archive, all of it at
+    once by the compiled decoder, as table columns: every record the same
+    row the reference decoder makes. None whenever the archive is not in
+    the plain form the compiled decoder reads or fails a check: the caller
+    then reads it with :func:`iter_archive_records`, which gives the same
+    rows or raises the reference's error. Nothing here raises."""
+    if decoder.layout is not Layout.STATUS_GO or len(data) != entry.size or \
+            data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
+        return None
+    decoded = decoder.decode_columns(memoryview(data)[: entry.encoded_size])
+    if decoded is None:
+        return None
+    count, metadata_raw, raw_topics, raw_pubsub, *buffers = decoded
+    metadata = message_codec.parse_protobuf(_metadata_class(Layout.STATUS_GO), metadata_raw)
+    if metadata is None:
+        return None
+    try:
+        window = _window_of(Layout.STATUS_GO, metadata)
+        content_topics = [topics.content_topic_from_bytes(t) for t in raw_topics]
+        pubsub_topics = [t.decode("utf-8") for t in raw_pubsub] + [decoder.default_pubsub_topic]
+    except (ProtocolError, UnicodeDecodeError):
+        return None
+    start, end, listed = window
+    if window != (entry.start_ns, entry.end_ns, entry.content_topics):
+        return None
+    allowed = set(listed) if allowed_topics is None else set(listed) & set(allowed_topics)
+    if not allowed.issuperset(content_topics):
+        return None
+    (pubsub_index, topic_index, payload_offsets, payload, meta_offsets, meta, proof_offsets, proof, version,
+     sender, arrival, hashes, muid_offsets, muids, digests) = buffers
+    sender_ns, arrival_ns = np.frombuffer(sender, np.int64), np.frombuffer(arrival, np.int64)
+    ordering = np.where(sender_ns != 0, sender_ns, arrival_ns)
+    if count and not (int(ordering.min()) >= start and int(ordering.max()) < end):
+        return None
+    pubsub_index = np.frombuffer(pubsub_index, np.int32)
+    # -1: a record of an archive status-go made, on the default pubsub topic (the last).
+    pubsub_index = np.where(pubsub_index < 0, np.int32(len(raw_pubsub)), pubsub_index).astype(np.int32)
+    return ArchiveColumns(count, content_topics, pubsub_topics, np.frombuffer(topic_index, np.int32), pubsub_index,
+                          (payload_offsets, payload), (meta_offsets, meta), (proof_offsets, proof),
+                          np.frombuffer(version, np.int32), sender_ns, arrival_ns, hashes, (muid_offsets, muids),
+                          digests)
 
 
 def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[object | None, list[memoryview]]:

@@ -55,11 +55,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from wakustore import _native
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256
 from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError, TopicError
-from wakustore.protocols.message import WakuMessage, message_hash
+from wakustore.protocols.message import MAX_STORED_VERSION, WakuMessage, message_hash
 from wakustore.protos import archive_status_go_pb2
 
 NS_PER_S = 1_000_000_000
@@ -372,6 +373,7 @@ class RecordDecoder:
         self._ciphers: dict[str, AESGCM] = {}
         self._topics: dict[bytes, str] = {}
         self._pubsub: dict[bytes, str] = {}
+        self._topic_keys: dict[bytes, bytes] | None = None
 
     def decode(self, raw: bytes) -> DecodedRecord:
         try:
@@ -385,6 +387,11 @@ class RecordDecoder:
         arrival = _ext_int(ext, EXT_ARRIVAL)
         if self.layout is Layout.SPEC:
             m = message_codec.decode_message(raw)
+            if m.version > MAX_STORED_VERSION:
+                raise ArchiveError(f"message version {m.version} is above {MAX_STORED_VERSION}, "
+                                   "the largest the store keeps")
+            if arrival is not None and arrival > _INT64_MAX:
+                raise ArchiveError(f"arrival time {arrival} ns does not fit the table")
             pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else self.default_pubsub_topic
             return (pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof,
                     arrival if arrival is not None else m.timestamp, message_hash(pubsub_topic, m))
@@ -395,6 +402,26 @@ class RecordDecoder:
                              arrival, _ext_bytes(ext, EXT_NONCE), _ext_bytes(ext, EXT_SIGNATURE) or b"",
                              _ext_int(ext, EXT_VERSION) or 0, _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
                              _ext_bytes(ext, EXT_META) or b"", _ext_bytes(ext, EXT_PROOF) or b"")
+
+    def decode_columns(self, body: bytes | memoryview) -> tuple | None:
+        """A status-go archive body decoded by the compiled decoder
+        (``wakustore._native.decode_status_go``): (record count, metadata
+        bytes, distinct raw topics, distinct pubsub topics, then the
+        columns' buffers), or None when the body is not in the plain form
+        it reads (then :meth:`decode` reads it, record by record)."""
+        if self.layout is not Layout.STATUS_GO:
+            return None
+        if self._topic_keys is None:
+            # The channel keys by 4-byte topic: a record names its topic so.
+            self._topic_keys = {}
+            for content_topic, key in self._keys.items():
+                try:
+                    raw = topics.topic_bytes_from_content_topic(content_topic)
+                except TopicError:
+                    continue
+                if topics.content_topic_from_bytes(raw) == content_topic:
+                    self._topic_keys[raw] = bytes(key)
+        return _native.decode_status_go(body, self._topic_keys, self.default_pubsub_topic.encode())
 
     def parse_archive(self, body: bytes | memoryview) -> archive_status_go_pb2.ArchivedMessages | None:
         """A status-go archive body parsed whole, one call into protobuf's
@@ -460,6 +487,10 @@ class RecordDecoder:
         # version (uint32) and timestamp (sint64, also the hash's 8 bytes).
         if not 0 <= version <= _UINT32_MAX or not _INT64_MIN <= timestamp <= _INT64_MAX:
             raise ArchiveError(f"message does not fit the wire format: version {version}, timestamp {timestamp}")
+        if version > MAX_STORED_VERSION:
+            raise ArchiveError(f"message version {version} is above {MAX_STORED_VERSION}, the largest the store keeps")
+        if arrival > _INT64_MAX:
+            raise ArchiveError(f"arrival time {arrival} ns does not fit the table")
         if _hash(pubsub_topic, payload, content_topic, meta, timestamp) != hash_:
             raise ArchiveError("message hash does not match the rebuilt message")
         return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_

@@ -79,6 +79,11 @@ def muid(pubsub_topic: str, message: WakuMessage) -> bytes:
                              message.payload))).digest() + meta[:_MUID_META_PART]
 
 
+# The table keeps a message's version (uint32 on the wire) as a signed
+# 32-bit integer; deployed versions are 0 and 1.
+MAX_STORED_VERSION = 2**31 - 1
+
+
 class Rejection(str, Enum):
     """Why a message is not stored; the values label the rejection metrics."""
 
@@ -86,6 +91,7 @@ class Rejection(str, Enum):
     META_TOO_LARGE = "meta_too_large"
     TIMESTAMP_DRIFT = "timestamp_drift"
     NO_CONTENT_TOPIC = "no_content_topic"
+    VERSION_TOO_LARGE = "version_too_large"
     EPHEMERAL = "ephemeral"
 
 
@@ -135,6 +141,11 @@ def check_storable(
         )
     if not message.content_topic:
         raise InvalidMessage(Rejection.NO_CONTENT_TOPIC, "content topic is empty")
+    if message.version > MAX_STORED_VERSION:
+        raise InvalidMessage(
+            Rejection.VERSION_TOO_LARGE,
+            f"version {message.version} is above {MAX_STORED_VERSION}, the largest the store keeps",
+        )
     if message.timestamp and abs(message.timestamp - now_ns) > limits.max_time_drift_ns:
         raise InvalidMessage(
             Rejection.TIMESTAMP_DRIFT,

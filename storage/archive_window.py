@@ -220,8 +220,8 @@ class RowsFile:
         finally:
             self._sink.close()
 
-    def write(self, table: pa.Table) -> None:
-        self._writer.write_table(table)
+    def write(self, table: pa.Table, batch_rows: int | None = None) -> None:
+        self._writer.write_table(table, max_chunksize=batch_rows)
 
 
 def load_rows(path: str) -> pa.Table:

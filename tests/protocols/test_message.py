@@ -118,3 +118,9 @@ def test_empty_content_topic_is_rejected():
 def test_limits_are_configurable():
     limits = Limits(max_message_size=10)
     assert _rejection(WakuMessage(b"x", "/c"), size=11, limits=limits) is Rejection.TOO_LARGE
+
+
+def test_a_version_the_table_cannot_keep_is_refused():
+    # uint32 on the wire, a signed 32-bit column in the table
+    assert _rejection(WakuMessage(b"x", "/c", version=2**31)) is Rejection.VERSION_TOO_LARGE
+    check_storable(WakuMessage(b"x", "/c", version=2**31 - 1), 100, NOW)

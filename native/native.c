@@ -1,0 +1,589 @@
+/*
+ * wakustore._native: the per-message loops of a hydrating member, in C.
+ *
+ * decode_status_go(body, topic_keys, default_pubsub)
+ *     The records of a status-go archive body decoded into the columns of
+ *     the messages table, as protocols.archive_records.RecordDecoder.decode
+ *     reads them one at a time: payloads sealed again with their channel
+ *     key (AES-GCM), the message hash rebuilt and checked, MUIDs and
+ *     digests computed. Only the plain form is read here: every record's
+ *     fields known, each at most once, with its own wire type, values that
+ *     fit the table's columns. For anything else it returns None and the
+ *     caller decodes the archive with the reference decoder, which says
+ *     what is wrong with it; a test holds the two equal.
+ *
+ * bloom_add(bits, words, probes) / bloom_test(bits, words, probes)
+ *     storage.key_filter's double hashing over a bit array, a key at a time.
+ *
+ * Python objects are made only at the start and the end of a call; the
+ * loops over records run without the GIL.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <Python.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <stdint.h>
+#include <string.h>
+
+#define WIRE_VARINT 0
+#define WIRE_I64 1
+#define WIRE_LEN 2
+#define WIRE_I32 5
+
+#define NONCE_SIZE 12
+#define TAG_SIZE 16
+#define TOPIC_SIZE 4
+#define FLAG_SIGNED 0x04
+#define MUID_META_PART 32
+#define NS_PER_S 1000000000ULL
+#define MAX_UNIQUE 4096
+
+/* Fields of a status-go archive record (protos/archive_status_go.proto). */
+enum {
+    F_SIG, F_SECONDS, F_TOPIC, F_PAYLOAD, F_PADDING, F_HASH, F_THIRD_PARTY,
+    F_TIMESTAMP_NS, F_PUBSUB, F_META, F_VERSION, F_ARRIVAL, F_PROOF, F_NONCE, F_SIGNATURE,
+    F_COUNT
+};
+
+typedef struct {
+    const uint8_t *ptr;
+    Py_ssize_t len;
+} span;
+
+typedef struct {
+    span bytes[F_COUNT];
+    uint64_t ints[F_COUNT];
+    uint32_t present;
+    int32_t topic;   /* index into the unique topics */
+    int32_t pubsub;  /* index into the unique pubsub topics; -1: the default */
+    Py_ssize_t payload_len;  /* of the payload as stored (sealed or not) */
+    int64_t sender, arrival;
+} record;
+
+typedef struct {
+    span value;
+    EVP_CIPHER_CTX *cipher;  /* topics only: NULL when no key */
+    char content[32];        /* topics only: /waku/1/0x<hex>/rfc26 */
+    Py_ssize_t content_len;
+} unique;
+
+static int read_varint(const uint8_t **pos, const uint8_t *end, uint64_t *out)
+{
+    const uint8_t *p = *pos;
+    uint64_t value = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end)
+            return -1;
+        uint8_t byte = *p++;
+        if (i == 9 && byte > 1)
+            return -1;  /* past 64 bits */
+        value |= (uint64_t)(byte & 0x7F) << (7 * i);
+        if (!(byte & 0x80)) {
+            *pos = p;
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The field index of a record's field number with its wire type, -1 for
+ * anything this decoder leaves to the reference one. */
+static int field_of(uint64_t number, int wire)
+{
+    static const int low_wire[8] = {-1, WIRE_LEN, WIRE_VARINT, WIRE_LEN, WIRE_LEN, WIRE_LEN, WIRE_LEN, WIRE_LEN};
+    static const int ext_wire[9] = {-1, WIRE_VARINT, WIRE_LEN, WIRE_LEN, WIRE_VARINT, WIRE_VARINT, WIRE_LEN,
+                                    WIRE_LEN, WIRE_LEN};
+    if (number >= 1 && number <= 7)
+        return low_wire[number] == wire ? (int)number - 1 : -1;
+    if (number >= 1001 && number <= 1008)
+        return ext_wire[number - 1000] == wire ? F_TIMESTAMP_NS + (int)(number - 1001) : -1;
+    return -1;
+}
+
+static int parse_record(const uint8_t *p, const uint8_t *end, record *r)
+{
+    memset(r, 0, sizeof(*r));
+    while (p < end) {
+        uint64_t key, value;
+        if (read_varint(&p, end, &key))
+            return -1;
+        int wire = (int)(key & 7);
+        int field = field_of(key >> 3, wire);
+        if (field < 0 || r->present & (1u << field))
+            return -1;
+        r->present |= 1u << field;
+        if (read_varint(&p, end, &value))
+            return -1;
+        if (wire == WIRE_LEN) {
+            if (value > (uint64_t)(end - p))
+                return -1;
+            r->bytes[field].ptr = p;
+            r->bytes[field].len = (Py_ssize_t)value;
+            p += value;
+        } else {
+            r->ints[field] = value;
+        }
+    }
+    return 0;
+}
+
+static int find_unique(unique *uniques, int *count, const uint8_t *ptr, Py_ssize_t len)
+{
+    for (int i = *count - 1; i >= 0; i--)
+        if (uniques[i].value.len == len && memcmp(uniques[i].value.ptr, ptr, (size_t)len) == 0)
+            return i;
+    if (*count >= MAX_UNIQUE)
+        return -1;
+    uniques[*count].value.ptr = ptr;
+    uniques[*count].value.len = len;
+    return (*count)++;
+}
+
+static int size_field_length(Py_ssize_t size)
+{
+    int n = 1;
+    while ((uint64_t)size >> (8 * n) && n < 8)
+        n++;
+    return n;
+}
+
+#define HAS(r, f) ((r)->present & (1u << (f)))
+
+/* Checks of RecordDecoder._rebuild; fills sender, arrival, payload_len. */
+static int check_record(record *r, unique *topics, int *topic_count, unique *pubsubs, int *pubsub_count)
+{
+    if (!HAS(r, F_TOPIC) || r->bytes[F_TOPIC].len != TOPIC_SIZE)
+        return -1;
+    if (HAS(r, F_THIRD_PARTY) && r->bytes[F_THIRD_PARTY].len)
+        return -1;  /* a string field: its UTF-8 is the reference's to check */
+    r->topic = find_unique(topics, topic_count, r->bytes[F_TOPIC].ptr, TOPIC_SIZE);
+    if (r->topic < 0)
+        return -1;
+    uint64_t seconds = r->ints[F_SECONDS];
+    if (!HAS(r, F_ARRIVAL)) {  /* an archive status-go made */
+        if (seconds > (uint64_t)INT64_MAX / NS_PER_S)
+            return -1;
+        r->pubsub = -1;
+        r->sender = r->arrival = (int64_t)(seconds * NS_PER_S);
+        r->payload_len = r->bytes[F_PAYLOAD].len;
+        r->bytes[F_META].len = r->bytes[F_PROOF].len = 0;
+        r->ints[F_VERSION] = 0;
+        return 0;
+    }
+    if (!HAS(r, F_PUBSUB))
+        return -1;
+    r->pubsub = find_unique(pubsubs, pubsub_count, r->bytes[F_PUBSUB].ptr, r->bytes[F_PUBSUB].len);
+    if (r->pubsub < 0)
+        return -1;
+    uint64_t zz = r->ints[F_TIMESTAMP_NS];
+    int64_t timestamp = (int64_t)(zz >> 1) ^ -(int64_t)(zz & 1);
+    if (timestamp < 0 || r->ints[F_ARRIVAL] > (uint64_t)INT64_MAX || r->ints[F_VERSION] > (uint64_t)INT32_MAX)
+        return -1;
+    r->sender = timestamp;
+    r->arrival = (int64_t)r->ints[F_ARRIVAL];
+    uint64_t ordering = timestamp ? (uint64_t)timestamp : (uint64_t)r->arrival;
+    if (ordering / NS_PER_S != seconds)
+        return -1;
+    if (!HAS(r, F_HASH) || r->bytes[F_HASH].len != SHA256_DIGEST_LENGTH)
+        return -1;
+    if (HAS(r, F_NONCE)) {
+        if (r->bytes[F_NONCE].len != NONCE_SIZE)
+            return -1;
+        Py_ssize_t size = r->bytes[F_PAYLOAD].len;
+        r->payload_len = 1 + size_field_length(size) + size + r->bytes[F_PADDING].len + r->bytes[F_SIGNATURE].len
+                         + TAG_SIZE + NONCE_SIZE;
+    } else {
+        r->payload_len = r->bytes[F_PAYLOAD].len;
+    }
+    return 0;
+}
+
+/* Waku v1's symmetric payload sealed with the record's nonce: flags, the
+ * size (minimal little-endian), payload, padding, signature; ciphertext,
+ * tag, nonce. */
+static int seal(EVP_CIPHER_CTX *ctx, const record *r, uint8_t *out)
+{
+    uint8_t head[9];
+    Py_ssize_t size = r->bytes[F_PAYLOAD].len;
+    int count = size_field_length(size), written = 0, total = 0;
+    head[0] = (uint8_t)(count | (r->bytes[F_SIGNATURE].len ? FLAG_SIGNED : 0));
+    for (int i = 0; i < count; i++)
+        head[1 + i] = (uint8_t)((uint64_t)size >> (8 * i));
+    if (!EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, r->bytes[F_NONCE].ptr))
+        return -1;
+    const span parts[4] = {{head, 1 + count}, r->bytes[F_PAYLOAD], r->bytes[F_PADDING], r->bytes[F_SIGNATURE]};
+    for (int i = 0; i < 4; i++) {
+        if (!parts[i].len)
+            continue;
+        if (!EVP_EncryptUpdate(ctx, out + total, &written, parts[i].ptr, (int)parts[i].len))
+            return -1;
+        total += written;
+    }
+    if (!EVP_EncryptFinal_ex(ctx, out + total, &written))
+        return -1;
+    total += written;
+    if (!EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_SIZE, out + total))
+        return -1;
+    memcpy(out + total + TAG_SIZE, r->bytes[F_NONCE].ptr, NONCE_SIZE);
+    return 0;
+}
+
+static void sha256_parts(uint8_t *out, const span *parts, int count)
+{
+    SHA256_CTX ctx;
+    SHA256_Init(&ctx);
+    for (int i = 0; i < count; i++)
+        if (parts[i].len)
+            SHA256_Update(&ctx, parts[i].ptr, (size_t)parts[i].len);
+    SHA256_Final(out, &ctx);
+}
+
+static const EVP_CIPHER *gcm_for(Py_ssize_t key_len)
+{
+    switch (key_len) {
+    case 16: return EVP_aes_128_gcm();
+    case 24: return EVP_aes_192_gcm();
+    case 32: return EVP_aes_256_gcm();
+    default: return NULL;
+    }
+}
+
+enum {
+    O_PUBSUB_INDEX, O_TOPIC_INDEX, O_PAYLOAD_OFF, O_PAYLOAD, O_META_OFF, O_META, O_PROOF_OFF, O_PROOF,
+    O_VERSION, O_SENDER, O_ARRIVAL, O_HASH, O_MUID_OFF, O_MUID, O_DIGEST = O_MUID + 1
+};
+
+static PyObject *decode_status_go(PyObject *self, PyObject *args)
+{
+    Py_buffer body;
+    PyObject *topic_keys, *default_pubsub;
+    if (!PyArg_ParseTuple(args, "y*O!S", &body, &PyDict_Type, &topic_keys, &default_pubsub))
+        return NULL;
+    PyObject *result = NULL;
+    record *records = NULL;
+    unique *topics = NULL, *pubsubs = NULL;
+    PyObject *objects[16] = {NULL};
+    int topic_count = 0, pubsub_count = 0, failed = 0;
+    Py_ssize_t count = 0, capacity = 0;
+    const uint8_t *p = body.buf, *end = p + body.len, *metadata = NULL;
+    Py_ssize_t metadata_len = 0;
+
+    topics = PyMem_Calloc(MAX_UNIQUE, sizeof(unique));
+    pubsubs = PyMem_Calloc(MAX_UNIQUE, sizeof(unique));
+    if (!topics || !pubsubs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The archive's fields, as archive._split_archive walks them. */
+    while (p < end && !failed) {
+        uint64_t key, value;
+        if (read_varint(&p, end, &key) || key >> 3 == 0) {
+            failed = 1;
+            break;
+        }
+        switch (key & 7) {
+        case WIRE_VARINT:
+            failed = read_varint(&p, end, &value) != 0;
+            break;
+        case WIRE_I64:
+        case WIRE_I32:
+            value = (key & 7) == WIRE_I64 ? 8 : 4;
+            if (value > (uint64_t)(end - p))
+                failed = 1;
+            else
+                p += value;
+            break;
+        case WIRE_LEN:
+            if (read_varint(&p, end, &value) || value > (uint64_t)(end - p)) {
+                failed = 1;
+                break;
+            }
+            if (key >> 3 == 2) {
+                metadata = p;
+                metadata_len = (Py_ssize_t)value;
+            } else if (key >> 3 == 3) {
+                if (count == capacity) {
+                    Py_ssize_t grown = capacity ? capacity * 2 : 1024;
+                    record *more = PyMem_Realloc(records, (size_t)grown * sizeof(record));
+                    if (!more) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    records = more;
+                    capacity = grown;
+                }
+                record *r = &records[count++];
+                if (parse_record(p, p + value, r) || check_record(r, topics, &topic_count, pubsubs, &pubsub_count))
+                    failed = 1;
+            }
+            p += value;
+            break;
+        default:
+            failed = 1;
+        }
+    }
+    if (failed || !metadata) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* A key for each topic that has a sealed record. */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        record *r = &records[i];
+        unique *t = &topics[r->topic];
+        if (!HAS(r, F_ARRIVAL) || !HAS(r, F_NONCE) || t->cipher)
+            continue;
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)t->value.ptr, t->value.len);
+        if (!raw)
+            goto done;
+        PyObject *key = PyDict_GetItemWithError(topic_keys, raw);
+        Py_DECREF(raw);
+        if (!key) {
+            if (PyErr_Occurred())
+                goto done;
+            result = Py_NewRef(Py_None);  /* no key: the reference decoder says so */
+            goto done;
+        }
+        const EVP_CIPHER *gcm = PyBytes_Check(key) ? gcm_for(PyBytes_GET_SIZE(key)) : NULL;
+        if (!gcm) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        t->cipher = EVP_CIPHER_CTX_new();
+        if (!t->cipher || !EVP_EncryptInit_ex(t->cipher, gcm, NULL, (const uint8_t *)PyBytes_AS_STRING(key), NULL)) {
+            PyErr_SetString(PyExc_RuntimeError, "OpenSSL could not set up AES-GCM");
+            goto done;
+        }
+    }
+    for (int i = 0; i < topic_count; i++) {
+        const uint8_t *v = topics[i].value.ptr;
+        topics[i].content_len = snprintf(topics[i].content, sizeof(topics[i].content),
+                                         "/waku/1/0x%02x%02x%02x%02x/rfc26", v[0], v[1], v[2], v[3]);
+    }
+    /* Sizes, then the output buffers. */
+    Py_ssize_t payload_bytes = 0, meta_bytes = 0, proof_bytes = 0, muid_bytes = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        record *r = &records[i];
+        payload_bytes += r->payload_len;
+        meta_bytes += r->bytes[F_META].len;
+        proof_bytes += r->bytes[F_PROOF].len;
+        muid_bytes += SHA256_DIGEST_LENGTH + (r->bytes[F_META].len < MUID_META_PART ? r->bytes[F_META].len
+                                                                                  : MUID_META_PART);
+    }
+    if (payload_bytes > INT32_MAX || meta_bytes > INT32_MAX || proof_bytes > INT32_MAX || muid_bytes > INT32_MAX) {
+        result = Py_NewRef(Py_None);  /* past a binary column's offsets */
+        goto done;
+    }
+    const Py_ssize_t sizes[15] = {
+        count * 4, count * 4, (count + 1) * 4, payload_bytes, (count + 1) * 4, meta_bytes, (count + 1) * 4,
+        proof_bytes, count * 4, count * 8, count * 8, count * SHA256_DIGEST_LENGTH, (count + 1) * 4, muid_bytes,
+        count * SHA256_DIGEST_LENGTH};
+    char *out[15];
+    for (int i = 0; i < 15; i++) {
+        objects[i] = PyBytes_FromStringAndSize(NULL, sizes[i]);
+        if (!objects[i])
+            goto done;
+        out[i] = PyBytes_AS_STRING(objects[i]);
+    }
+    const span default_span = {(const uint8_t *)PyBytes_AS_STRING(default_pubsub), PyBytes_GET_SIZE(default_pubsub)};
+    int32_t payload_at = 0, meta_at = 0, proof_at = 0, muid_at = 0;
+    int sealing_failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    ((int32_t *)out[O_PAYLOAD_OFF])[0] = ((int32_t *)out[O_META_OFF])[0] = ((int32_t *)out[O_PROOF_OFF])[0] =
+        ((int32_t *)out[O_MUID_OFF])[0] = 0;
+    for (Py_ssize_t i = 0; i < count && !sealing_failed; i++) {
+        record *r = &records[i];
+        unique *t = &topics[r->topic];
+        span pubsub = r->pubsub < 0 ? default_span : pubsubs[r->pubsub].value;
+        span content = {(const uint8_t *)t->content, t->content_len};
+        span meta = r->bytes[F_META];
+        uint8_t *payload_out = (uint8_t *)out[O_PAYLOAD] + payload_at;
+        if (HAS(r, F_ARRIVAL) && HAS(r, F_NONCE)) {
+            if (seal(t->cipher, r, payload_out)) {
+                sealing_failed = 1;
+                break;
+            }
+        } else if (r->payload_len) {
+            memcpy(payload_out, r->bytes[F_PAYLOAD].ptr, (size_t)r->payload_len);
+        }
+        span payload = {payload_out, r->payload_len};
+        uint8_t stamp[8];
+        for (int b = 0; b < 8; b++)
+            stamp[b] = (uint8_t)((uint64_t)r->sender >> (56 - 8 * b));
+        uint8_t *hash = (uint8_t *)out[O_HASH] + i * SHA256_DIGEST_LENGTH;
+        const span hashed[5] = {pubsub, payload, content, meta, {stamp, 8}};
+        sha256_parts(hash, hashed, 5);
+        if (HAS(r, F_ARRIVAL) && memcmp(hash, r->bytes[F_HASH].ptr, SHA256_DIGEST_LENGTH) != 0) {
+            sealing_failed = 1;  /* the reference decoder reports the mismatch */
+            break;
+        }
+        const span identified[4] = {pubsub, content, meta, payload};
+        uint8_t *muid = (uint8_t *)out[O_MUID] + muid_at;
+        sha256_parts(muid, identified, 4);
+        Py_ssize_t meta_part = meta.len < MUID_META_PART ? meta.len : MUID_META_PART;
+        if (meta_part)
+            memcpy(muid + SHA256_DIGEST_LENGTH, meta.ptr, (size_t)meta_part);
+        const span digested[2] = {content, payload};
+        sha256_parts((uint8_t *)out[O_DIGEST] + i * SHA256_DIGEST_LENGTH, digested, 2);
+        if (meta.len)
+            memcpy(out[O_META] + meta_at, meta.ptr, (size_t)meta.len);
+        if (r->bytes[F_PROOF].len)
+            memcpy(out[O_PROOF] + proof_at, r->bytes[F_PROOF].ptr, (size_t)r->bytes[F_PROOF].len);
+        payload_at += (int32_t)r->payload_len;
+        meta_at += (int32_t)meta.len;
+        proof_at += (int32_t)r->bytes[F_PROOF].len;
+        muid_at += (int32_t)(SHA256_DIGEST_LENGTH + meta_part);
+        ((int32_t *)out[O_PAYLOAD_OFF])[i + 1] = payload_at;
+        ((int32_t *)out[O_META_OFF])[i + 1] = meta_at;
+        ((int32_t *)out[O_PROOF_OFF])[i + 1] = proof_at;
+        ((int32_t *)out[O_MUID_OFF])[i + 1] = muid_at;
+        ((int32_t *)out[O_PUBSUB_INDEX])[i] = r->pubsub;
+        ((int32_t *)out[O_TOPIC_INDEX])[i] = r->topic;
+        ((int32_t *)out[O_VERSION])[i] = (int32_t)r->ints[F_VERSION];
+        ((int64_t *)out[O_SENDER])[i] = r->sender;
+        ((int64_t *)out[O_ARRIVAL])[i] = r->arrival;
+    }
+    Py_END_ALLOW_THREADS
+    if (sealing_failed) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *topic_list = PyList_New(topic_count), *pubsub_list = PyList_New(pubsub_count);
+    objects[15] = PyTuple_Pack(2, topic_list ? topic_list : Py_None, pubsub_list ? pubsub_list : Py_None);
+    Py_XDECREF(topic_list);
+    Py_XDECREF(pubsub_list);
+    if (!topic_list || !pubsub_list || !objects[15])
+        goto done;
+    for (int i = 0; i < topic_count; i++) {
+        PyObject *v = PyBytes_FromStringAndSize((const char *)topics[i].value.ptr, topics[i].value.len);
+        if (!v)
+            goto done;
+        PyList_SET_ITEM(topic_list, i, v);
+    }
+    for (int i = 0; i < pubsub_count; i++) {
+        PyObject *v = PyBytes_FromStringAndSize((const char *)pubsubs[i].value.ptr, pubsubs[i].value.len);
+        if (!v)
+            goto done;
+        PyList_SET_ITEM(pubsub_list, i, v);
+    }
+    PyObject *meta_object = PyBytes_FromStringAndSize((const char *)metadata, metadata_len);
+    if (!meta_object)
+        goto done;
+    /* (count, metadata, topics, pubsub topics, then the 15 buffers in enum order) */
+    result = Py_BuildValue("(nNOO" "OOOOOOOOOOOOOOO)", count, meta_object, topic_list, pubsub_list,
+                           objects[0], objects[1], objects[2], objects[3], objects[4], objects[5], objects[6],
+                           objects[7], objects[8], objects[9], objects[10], objects[11], objects[12],
+                           objects[13], objects[14]);
+done:
+    for (int i = 0; i < 16; i++)
+        Py_XDECREF(objects[i]);
+    if (topics)
+        for (int i = 0; i < topic_count; i++)
+            if (topics[i].cipher)
+                EVP_CIPHER_CTX_free(topics[i].cipher);
+    PyMem_Free(topics);
+    PyMem_Free(pubsubs);
+    PyMem_Free(records);
+    PyBuffer_Release(&body);
+    return result;
+}
+
+/* storage.key_filter: probe j of a key whose first 16 bytes are the
+ * little-endian words (h1, h2) is (h1 + j * (h2 | 1)) mod 2^64, masked to
+ * the array's bit count (a power of two). */
+static inline void key_words(const uint8_t *key, uint64_t *h1, uint64_t *h2)
+{
+    memcpy(h1, key, 8);
+    memcpy(h2, key + 8, 8);
+    *h2 |= 1;
+}
+
+static int bloom_args(PyObject *args, Py_buffer *bits, Py_buffer *words, unsigned *probes, int writable)
+{
+    if (!PyArg_ParseTuple(args, writable ? "w*y*I" : "y*y*I", bits, words, probes))
+        return -1;
+    Py_ssize_t size = bits->len;
+    if (size < 8 || (size & (size - 1)) || words->len % 16 || *probes == 0 || *probes > 64) {
+        PyBuffer_Release(bits);
+        PyBuffer_Release(words);
+        PyErr_SetString(PyExc_ValueError, "bits must be a power of two bytes (>= 8), words 16 bytes a key, "
+                                          "probes 1 to 64");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *bloom_add(PyObject *self, PyObject *args)
+{
+    Py_buffer bits, words;
+    unsigned probes;
+    if (bloom_args(args, &bits, &words, &probes, 1))
+        return NULL;
+    uint8_t *array = bits.buf;
+    const uint8_t *keys = words.buf;
+    uint64_t mask = (uint64_t)bits.len * 8 - 1;
+    Py_ssize_t count = words.len / 16;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t h1, h2;
+        key_words(keys + 16 * i, &h1, &h2);
+        for (unsigned j = 0; j < probes; j++) {
+            uint64_t at = (h1 + (uint64_t)j * h2) & mask;
+            array[at >> 3] |= (uint8_t)(1u << (at & 7));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bits);
+    PyBuffer_Release(&words);
+    Py_RETURN_NONE;
+}
+
+static PyObject *bloom_test(PyObject *self, PyObject *args)
+{
+    Py_buffer bits, words;
+    unsigned probes;
+    if (bloom_args(args, &bits, &words, &probes, 0))
+        return NULL;
+    Py_ssize_t count = words.len / 16;
+    PyObject *found = PyBytes_FromStringAndSize(NULL, count);
+    if (found) {
+        const uint8_t *array = bits.buf, *keys = words.buf;
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(found);
+        uint64_t mask = (uint64_t)bits.len * 8 - 1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint64_t h1, h2;
+            key_words(keys + 16 * i, &h1, &h2);
+            uint8_t all = 1;
+            for (unsigned j = 0; j < probes && all; j++) {
+                uint64_t at = (h1 + (uint64_t)j * h2) & mask;
+                all = (array[at >> 3] >> (at & 7)) & 1;
+            }
+            out[i] = all;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&bits);
+    PyBuffer_Release(&words);
+    return found;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_status_go", decode_status_go, METH_VARARGS,
+     "decode_status_go(body, topic_keys, default_pubsub) -> tuple | None\n\n"
+     "A status-go archive body's records as table columns (see the module source), or None\n"
+     "when the body is not in the plain form this decoder reads."},
+    {"bloom_add", bloom_add, METH_VARARGS, "bloom_add(bits, words, probes): set each key's probe bits."},
+    {"bloom_test", bloom_test, METH_VARARGS,
+     "bloom_test(bits, words, probes) -> bytes: 1 where every probe bit of the key is set."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wakustore._native",
+                                    "The per-message loops of a hydrating member, in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModule_Create(&module);
+}
