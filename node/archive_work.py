@@ -24,6 +24,7 @@ from wakustore.node import allocator
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
 from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
+from wakustore.storage import window_files
 from wakustore.storage.rows import archive_columns_to_arrow, records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
@@ -105,7 +106,7 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
             if out is None:
                 return table
             with RowsFile(str(out)) as rows:
-                rows.write(table, DECODE_BATCH)
+                rows.write(table, window_files.ROW_GROUP_ROWS)  # a batch a row group of the staged files
             return out
         # Not held here: the decoder drops the archive once it has parsed it.
         records = archive.iter_archive_records(entry, data, decoder, allowed_topics)

@@ -121,7 +121,10 @@ class DayKeyFilter:
             return
         words = leading_words(keys)
         self._all.add_words(words)
-        numbers = pa.chunked_array([days]).combine_chunks().cast(pa.int32()).to_numpy(zero_copy_only=False)
+        if isinstance(days, pa.ChunkedArray):
+            # (pa.chunked_array([days]) of a ChunkedArray reads it a value at a time)
+            days = days.combine_chunks()
+        numbers = days.cast(pa.int32()).to_numpy(zero_copy_only=False)
         for number in np.unique(numbers).tolist():
             day_filter = self._day(_EPOCH + dt.timedelta(days=number))
             day_filter.add_words(words[numbers == number])

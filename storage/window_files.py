@@ -60,6 +60,9 @@ _STATS_COLUMNS = ("pubsub_topic", "content_topic", "version", "timestamp", "send
 _STATS_STRING_MAX = 32
 _PHYSICAL = pa.schema([f for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION])
 _DICTIONARY_COLUMNS = ["pubsub_topic", "content_topic"]
+# Hashes are random bytes: snappy only spends time on them (a 250k-row
+# window file: ~0.1 s of ~0.7); the other columns stay compressed.
+_COMPRESSION = {f.name: "none" if f.name in ("muid", "message_hash", "digest") else "snappy" for f in _PHYSICAL}
 
 
 class StagedFiles:
@@ -271,7 +274,7 @@ class _File:
         self.relative = f"{schema.MESSAGES_PARTITION}={day}/part-{uuid.uuid4()}-c000.snappy.parquet"
         self.path = root / self.relative
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = pq.ParquetWriter(str(self.path), _PHYSICAL, compression="snappy",
+        self.writer = pq.ParquetWriter(str(self.path), _PHYSICAL, compression=_COMPRESSION,
                                        use_dictionary=_DICTIONARY_COLUMNS, write_statistics=list(_STATS_COLUMNS))
         self.rows = 0
         self.bytes = 0
