@@ -534,6 +534,28 @@ def _archive_data(data: bytes) -> None:
     archive.read_archive(layout, entry, raw, PUBSUB_TOPIC, None, _CHANNEL_KEYS)
 
 
+def _compiled_archive(data: bytes) -> None:
+    """The bytes as one status-go archive, read by the compiled decoder and
+    by the reference: the compiled one reads an archive the reference
+    refuses, or gives other rows, is a finding."""
+    from wakustore.storage.rows import archive_columns_to_arrow, records_to_arrow
+
+    body_size = len(data.rstrip(b"\x00"))
+    entry = archive.IndexEntry("0x00", _WINDOW.start_ns, _WINDOW.end_ns, (CONTENT_TOPIC,), 0,
+                               len(data), len(data) - body_size)
+    layout = archive.Layout.STATUS_GO
+    columns = archive.archive_columns(entry, data, archive.RecordDecoder(layout, PUBSUB_TOPIC, _CHANNEL_KEYS))
+    reference = archive.RecordDecoder(layout, PUBSUB_TOPIC, _CHANNEL_KEYS)
+    try:
+        rows = records_to_arrow(list(archive.iter_archive_records(entry, data, reference)))
+    except ArchiveError:
+        if columns is not None:
+            raise AssertionError("the compiled decoder read an archive the reference refuses") from None
+        raise
+    if columns is not None and not archive_columns_to_arrow(columns).equals(rows):
+        raise AssertionError("the compiled decoder's rows differ from the reference's")
+
+
 def _archived_message(data: bytes) -> None:
     layout, raw = _layout(data)
     archive.decode_archived_message(layout, raw, PUBSUB_TOPIC, _CHANNEL_KEYS)
@@ -547,6 +569,7 @@ def _archive_entries():
         # malformed fields beside ArchiveError; read_archive wraps them.
         EntryPoint("archived_message", _archived_message, (ArchiveError, MessageError, TopicError)),
         EntryPoint("magnet", archive.decode_magnet_message, (ArchiveError,)),
+        EntryPoint("compiled_archive", _compiled_archive, (ArchiveError,)),
     ]
 
 
@@ -565,6 +588,14 @@ def _archive_seeds():
         seeds += _seeded(entries, "index", [prefix + writer.index_bytes()])
         seeds += _seeded(entries, "archive", [prefix + data])
         seeds += _seeded(entries, "archived_message", [prefix + r for r in records])
+        if layout is archive.Layout.STATUS_GO:
+            sealed = encrypt_symmetric(b"sealed", _CHANNEL_KEYS[CONTENT_TOPIC], SIGNING_KEY)
+            m = WakuMessage(sealed, CONTENT_TOPIC, 1, NOW_NS - 30 * 10**9)
+            both = records + [archive.encode_archived_message(layout, PUBSUB_TOPIC, m, m.timestamp,
+                                                              _CHANNEL_KEYS[CONTENT_TOPIC]).data]
+            seeds += _seeded(entries, "compiled_archive",
+                             [archive.ArchiveWriter(layout, piece_length=FUZZ_PIECE_LENGTH).add(
+                                 _WINDOW, [CONTENT_TOPIC], both)])
     magnet = archive.encode_magnet_message(SIGNING_KEY, "magnet:?xt=urn:btih:" + "ab" * 20, 1234)
     return seeds + _seeded(entries, "magnet", [magnet])
 
