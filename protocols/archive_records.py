@@ -467,6 +467,8 @@ class RecordDecoder:
             content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
         if arrival is None:  # an archive status-go made: see the module docstring
             ts = seconds * NS_PER_S
+            if ts > _INT64_MAX:
+                raise ArchiveError(f"timestamp {seconds} s does not fit the wire format's nanoseconds")
             pubsub_topic = self.default_pubsub_topic
             return (pubsub_topic, content_topic, payload, b"", 0, ts, b"", ts,
                     _hash(pubsub_topic, payload, content_topic, b"", ts))

@@ -74,3 +74,11 @@ def test_archived_message_with_a_non_utf8_pubsub_topic_is_an_archive_error(layou
     raw = _archived_with_pubsub_topic(b"/waku/\x80\xff", layout)
     with pytest.raises(ArchiveError, match="pubsub topic is not UTF-8"):
         archive.decode_archived_message(layout, raw, fuzz_targets.PUBSUB_TOPIC)
+
+
+def test_a_status_go_record_whose_seconds_overflow_nanoseconds_is_an_archive_error():
+    # found by make fuzz: a record without the extra fields (as status-go
+    # writes them) whose seconds are past int64 nanoseconds
+    record = archive.field_varint(2, 2**63 // 10**9 + 1) + archive.field_bytes(3, b"\x01\x02\x03\x04")
+    with pytest.raises(ArchiveError, match="does not fit"):
+        archive.decode_archived_message(archive.Layout.STATUS_GO, record, fuzz_targets.PUBSUB_TOPIC)

@@ -245,6 +245,8 @@ def test_lightpush_outcomes_and_what_gets_stored(node, pushed):
         ("v3", None, msg(b"no topic"), 420),
         ("v3", PUBSUB_TOPIC, msg(bytes(200 * 1024)), 413),
         ("v3", PUBSUB_TOPIC, msg(b"x", meta=bytes(65)), 420),
+        ("v3", PUBSUB_TOPIC, msg(b"version", version=2**31), 420),  # the table's column is int32
+        ("v3", PUBSUB_TOPIC, msg(b"version ok", version=2**31 - 1), 200),
         ("v3", PUBSUB_TOPIC, WakuMessage(b"old", "/test/1/push/proto", timestamp=now - 60 * 10**9), 420),
     ]
 
@@ -256,14 +258,15 @@ def test_lightpush_outcomes_and_what_gets_stored(node, pushed):
         legacy_bad = await client.push_legacy(f"/waku/2/rs/{CLUSTER_ID}/1", stored)
         found = await client.query(HistoryQuery(message_hashes=(
             message_hash(PUBSUB_TOPIC, msg(b"ok")), message_hash(PUBSUB_TOPIC, stored),
-            message_hash(PUBSUB_TOPIC, ephemeral))))
+            message_hash(PUBSUB_TOPIC, ephemeral), message_hash(PUBSUB_TOPIC, msg(b"version ok", version=2**31 - 1)))))
         return statuses, legacy_ok, legacy_bad, found
 
     statuses, legacy_ok, legacy_bad, found = with_client(node.tcp_addr, run)
     assert statuses == [c[3] for c in cases]
     assert (legacy_ok.is_success, legacy_ok.info) == (True, "OK")
     assert legacy_bad.is_success is False and "not served" in legacy_bad.info
-    assert sorted(e.message.payload for e in found.messages) == [b"legacy-push", b"ok"]
+    assert sorted(e.message.payload for e in found.messages) == [b"legacy-push", b"ok", b"version ok"]
+    assert [e.message.version for e in found.messages if e.message.payload == b"version ok"] == [2**31 - 1]
 
 
 def test_metadata_answers_cluster_and_shards(node):
