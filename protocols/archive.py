@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
