@@ -52,4 +52,4 @@ protos: install
 	$(BIN)/python -m wakustore.protos.generate
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis wakustore/_native*.so
