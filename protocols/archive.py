@@ -404,14 +404,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     else:
         metadata, raw_messages = _split_archive(layout, entry, body)
         records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
-    if metadata is None:
-        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
-    start, end, content_topics = _window_of(layout, metadata)
-    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
-        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
-    listed = set(content_topics)
-    if allowed_topics is not None:
-        listed &= set(allowed_topics)
+    start, end, listed = _window_checked(layout, entry, metadata, allowed_topics)
     for i, raw in enumerate(records):
         try:
             record = decode(raw)
@@ -464,19 +457,13 @@ def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
         return None
     count, metadata_raw, raw_topics, raw_pubsub, *buffers = decoded
     metadata = message_codec.parse_protobuf(_metadata_class(Layout.STATUS_GO), metadata_raw)
-    if metadata is None:
-        return None
     try:
-        window = _window_of(Layout.STATUS_GO, metadata)
+        start, end, listed = _window_checked(Layout.STATUS_GO, entry, metadata, allowed_topics)
         content_topics = [topics.content_topic_from_bytes(t) for t in raw_topics]
         pubsub_topics = [t.decode("utf-8") for t in raw_pubsub] + [decoder.default_pubsub_topic]
     except (ProtocolError, UnicodeDecodeError):
         return None
-    start, end, listed = window
-    if window != (entry.start_ns, entry.end_ns, entry.content_topics):
-        return None
-    allowed = set(listed) if allowed_topics is None else set(listed) & set(allowed_topics)
-    if not allowed.issuperset(content_topics):
+    if not listed.issuperset(content_topics):
         return None
     (pubsub_index, topic_index, payload_offsets, payload, meta_offsets, meta, proof_offsets, proof, version,
      sender, arrival, hashes, muid_offsets, muids, digests) = buffers
@@ -491,6 +478,21 @@ def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
                           (payload_offsets, payload), (meta_offsets, meta), (proof_offsets, proof),
                           np.frombuffer(version, np.int32), sender_ns, arrival_ns, hashes, (muid_offsets, muids),
                           digests)
+
+
+def _window_checked(layout: Layout, entry: IndexEntry, metadata,
+                    allowed_topics: Iterable[str] | None) -> tuple[int, int, set[str]]:
+    """(start ns, end ns, the content topics its messages may have) of an
+    archive's metadata, which must name the window its index entry names."""
+    if metadata is None:
+        raise ArchiveError(f"archive {entry.archive_id} has no metadata")
+    start, end, content_topics = _window_of(layout, metadata)
+    if (start, end, content_topics) != (entry.start_ns, entry.end_ns, entry.content_topics):
+        raise ArchiveError(f"archive {entry.archive_id}: metadata differs from the index")
+    listed = set(content_topics)
+    if allowed_topics is not None:
+        listed &= set(allowed_topics)
+    return start, end, listed
 
 
 def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[object | None, list[memoryview]]:

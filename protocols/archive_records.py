@@ -387,11 +387,7 @@ class RecordDecoder:
         arrival = _ext_int(ext, EXT_ARRIVAL)
         if self.layout is Layout.SPEC:
             m = message_codec.decode_message(raw)
-            if m.version > MAX_STORED_VERSION:
-                raise ArchiveError(f"message version {m.version} is above {MAX_STORED_VERSION}, "
-                                   "the largest the store keeps")
-            if arrival is not None and arrival > _INT64_MAX:
-                raise ArchiveError(f"arrival time {arrival} ns does not fit the table")
+            _check_table_fit(m.version, arrival)
             pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else self.default_pubsub_topic
             return (pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof,
                     arrival if arrival is not None else m.timestamp, message_hash(pubsub_topic, m))
@@ -489,10 +485,7 @@ class RecordDecoder:
         # version (uint32) and timestamp (sint64, also the hash's 8 bytes).
         if not 0 <= version <= _UINT32_MAX or not _INT64_MIN <= timestamp <= _INT64_MAX:
             raise ArchiveError(f"message does not fit the wire format: version {version}, timestamp {timestamp}")
-        if version > MAX_STORED_VERSION:
-            raise ArchiveError(f"message version {version} is above {MAX_STORED_VERSION}, the largest the store keeps")
-        if arrival > _INT64_MAX:
-            raise ArchiveError(f"arrival time {arrival} ns does not fit the table")
+        _check_table_fit(version, arrival)
         if _hash(pubsub_topic, payload, content_topic, meta, timestamp) != hash_:
             raise ArchiveError("message hash does not match the rebuilt message")
         return pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival, hash_
@@ -506,6 +499,15 @@ class RecordDecoder:
                     f"a message on {content_topic} is archived decrypted: rebuilding it needs its channel key")
             cipher = self._ciphers[content_topic] = AESGCM(key)
         return cipher
+
+
+def _check_table_fit(version: int, arrival: int | None) -> None:
+    """What the messages table cannot hold: a version past its signed
+    32-bit column (ingest refuses those too), an arrival past int64."""
+    if version > MAX_STORED_VERSION:
+        raise ArchiveError(f"message version {version} is above {MAX_STORED_VERSION}, the largest the store keeps")
+    if arrival is not None and arrival > _INT64_MAX:
+        raise ArchiveError(f"arrival time {arrival} ns does not fit the table")
 
 
 def _hash(pubsub_topic: str, payload: bytes, content_topic: str, meta: bytes, timestamp: int) -> bytes:

@@ -213,33 +213,13 @@ def archive_columns_to_arrow(columns) -> pa.Table:
         offsets, values = pair
         return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
-    def fixed(values: bytes) -> pa.Array:
-        return pa.Array.from_buffers(pa.binary(32), count, [None, pa.py_buffer(values)]).cast(pa.binary())
-
     def strings(values: list[str], index) -> pa.Array:
         return pa.array(values, pa.string()).take(pa.array(index, pa.int32()))
 
-    sender_ns = pa.array(columns.sender_ns, pa.int64())
-    arrival_ns = pa.array(columns.arrival_ns, pa.int64())
-    ts = pc.if_else(pc.equal(sender_ns, 0), arrival_ns, sender_ns)
-    return pa.Table.from_arrays(
-        [
-            binary(columns.muids),
-            fixed(columns.hashes),
-            fixed(columns.digests),
-            strings(columns.pubsub_topics, columns.pubsub_index),
-            strings(columns.content_topics, columns.topic_index),
-            binary(columns.payload),
-            binary(columns.meta),
-            pa.array(columns.version, pa.int32()),
-            ts,
-            sender_ns,
-            binary(columns.proof),
-            arrival_ns,
-            _days(ts),
-        ],
-        schema=schema.MESSAGES,
-    )
+    return _table(binary(columns.muids), _fixed32(count, columns.hashes), _fixed32(count, columns.digests),
+                  strings(columns.pubsub_topics, columns.pubsub_index),
+                  strings(columns.content_topics, columns.topic_index), binary(columns.payload),
+                  binary(columns.meta), columns.version, columns.sender_ns, binary(columns.proof), columns.arrival_ns)
 
 
 def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, arrival, hashes=None,
@@ -272,23 +252,30 @@ def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, ar
             for p, c, m, pl in zip(pubsub_bytes, content_bytes, meta, payload)
         ]
         digests = [sha(c + pl).digest() for c, pl in zip(content_bytes, payload)]
+    return _table(muids, hashes, digests, pubsub, content, payload, meta, version, sender, proof, arrival)
+
+
+def _table(muids, hashes, digests, pubsub, content, payload, meta, version, sender, proof, arrival) -> pa.Table:
+    """The messages table from its stored columns: Arrow arrays, or values
+    Arrow converts to the column's type; the ordering time and the day
+    are derived here."""
     sender_ns = pa.array(sender, pa.int64())
     arrival_ns = pa.array(arrival, pa.int64())
     # The ordering time: the sender's timestamp, or the arrival when unset.
     ts = pc.if_else(pc.equal(sender_ns, 0), arrival_ns, sender_ns)
     return pa.Table.from_arrays(
         [
-            _binary(muids),
-            _binary(hashes),
-            _binary(digests),
-            pa.array(pubsub, pa.string()),
-            pa.array(content, pa.string()),
-            pa.array(payload, pa.binary()),
-            pa.array(meta, pa.binary()),
+            _typed(muids, pa.binary()),
+            _typed(hashes, pa.binary()),
+            _typed(digests, pa.binary()),
+            _typed(pubsub, pa.string()),
+            _typed(content, pa.string()),
+            _typed(payload, pa.binary()),
+            _typed(meta, pa.binary()),
             pa.array(version, pa.int32()),
             ts,
             sender_ns,
-            pa.array(proof, pa.binary()),
+            _typed(proof, pa.binary()),
             arrival_ns,
             _days(ts),
         ],
@@ -296,18 +283,21 @@ def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, ar
     )
 
 
-def _binary(values) -> pa.Array:
-    return values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+def _typed(values, type_: pa.DataType) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type_)
+
+
+def _fixed32(count: int, values: bytes) -> pa.Array:
+    """A binary column of 32-byte values laid end to end (hashes)."""
+    return pa.Array.from_buffers(pa.binary(32), count, [None, pa.py_buffer(values)]).cast(pa.binary())
 
 
 def _hashed_arrays(count: int, hashes: bytes, digests: bytes, muid_lengths, muids: bytes) -> tuple[pa.Array, ...]:
     """Binary columns from a hash worker's buffers (no object per value)."""
-    fixed = [pa.Array.from_buffers(pa.binary(32), count, [None, pa.py_buffer(b)]).cast(pa.binary())
-             for b in (hashes, digests)]
     offsets = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(np.frombuffer(muid_lengths, dtype=np.uint32), out=offsets[1:])
     muid = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(muids)])
-    return fixed[0], fixed[1], muid
+    return _fixed32(count, hashes), _fixed32(count, digests), muid
 
 
 def binary_prefixes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
