@@ -15,6 +15,12 @@
  * bloom_add(bits, words, probes) / bloom_test(bits, words, probes)
  *     storage.key_filter's double hashing over a bit array, a key at a time.
  *
+ * find_keys(runs, keys, width)
+ *     Where each of ``keys`` (sorted, ``width`` bytes each) stands in each
+ *     of ``runs`` (buffers of sorted ``width``-byte keys: the key sections
+ *     of storage.index_files, mapped from disk): one call for a lookup
+ *     over every data file, where numpy took ~10 us a file.
+ *
  * Python objects are made only at the start and the end of a call; the
  * loops over records run without the GIL.
  */
@@ -577,6 +583,68 @@ static PyObject *bloom_test(PyObject *self, PyObject *args)
     return found;
 }
 
+/* The first position in keys[lo, n) (each width bytes) not below key. */
+static Py_ssize_t lower_bound(const uint8_t *run, Py_ssize_t lo, Py_ssize_t n, const uint8_t *key, size_t width)
+{
+    Py_ssize_t hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (memcmp(run + (size_t)mid * width, key, width) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static PyObject *find_keys(PyObject *self, PyObject *args)
+{
+    PyObject *runs;
+    Py_buffer keys;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "Oy*n", &runs, &keys, &width))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(runs, "runs must be a sequence of buffers");
+    if (sequence == NULL || width <= 0 || keys.len % width) {
+        if (sequence != NULL)
+            PyErr_SetString(PyExc_ValueError, "keys must be a whole number of width-byte keys");
+        Py_XDECREF(sequence);
+        PyBuffer_Release(&keys);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), nkeys = keys.len / width;
+    PyObject *out = PyList_New(0);
+    Py_buffer run;
+    for (Py_ssize_t r = 0; out != NULL && r < count; r++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, r), &run, PyBUF_SIMPLE)) {
+            Py_CLEAR(out);
+            break;
+        }
+        Py_ssize_t n = run.len / width, lo = 0;
+        const uint8_t *base = run.buf, *wanted = keys.buf;
+        for (Py_ssize_t k = 0; k < nkeys && lo < n; k++) {
+            const uint8_t *key = wanted + (size_t)k * width;
+            lo = lower_bound(base, lo, n, key, (size_t)width);
+            /* Every copy of the key (a run may hold one twice). */
+            for (Py_ssize_t at = lo; at < n && memcmp(base + (size_t)at * width, key, width) == 0; at++) {
+                PyObject *hit = Py_BuildValue("(nnn)", r, at, k);
+                if (hit == NULL || PyList_Append(out, hit)) {
+                    Py_XDECREF(hit);
+                    Py_CLEAR(out);
+                    break;
+                }
+                Py_DECREF(hit);
+            }
+            if (out == NULL)
+                break;
+        }
+        PyBuffer_Release(&run);
+    }
+    Py_DECREF(sequence);
+    PyBuffer_Release(&keys);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"decode_status_go", decode_status_go, METH_VARARGS,
      "decode_status_go(body, topic_keys, default_pubsub) -> tuple | None\n\n"
@@ -585,6 +653,9 @@ static PyMethodDef methods[] = {
     {"bloom_add", bloom_add, METH_VARARGS, "bloom_add(bits, words, probes): set each key's probe bits."},
     {"bloom_test", bloom_test, METH_VARARGS,
      "bloom_test(bits, words, probes) -> bytes: 1 where every probe bit of the key is set."},
+    {"find_keys", find_keys, METH_VARARGS,
+     "find_keys(runs, keys, width) -> [(run, position, key)]: where each of the sorted keys\n"
+     "stands in each buffer of sorted width-byte keys."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wakustore._native",

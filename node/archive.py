@@ -46,6 +46,7 @@ from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
 from wakustore.storage import schema
+from wakustore.storage.durable import replace_durably
 from wakustore.storage.archive_window import SignerCache, export_batches, oldest_timestamp_ns
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ class ControlState:
         return cls(**json.loads(path.read_text()))
 
     def save(self, path: Path) -> None:
-        _write_atomic(path, json.dumps(asdict(self), indent=1).encode())
+        replace_durably(path, json.dumps(asdict(self), indent=1).encode())
 
 
 @dataclass
@@ -240,10 +241,10 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     if windows:
         state.last_end_s = windows[-1].end_s
     if result.archives:
-        _write_atomic(community_dir / "index", writer.index_bytes())
+        replace_durably(community_dir / "index", writer.index_bytes())
         torrent_bytes = torrent.create_torrent(settings.archive_dir, settings.community_id,
                                                archive.PIECE_LENGTH, settings.trackers)
-        _write_atomic(settings.torrent_path, torrent_bytes)
+        replace_durably(settings.torrent_path, torrent_bytes)
         state.magnet = torrent.magnet_uri(torrent_bytes)
         state.clock_ms = max(now_s * 1000, state.clock_ms + 1)
         result.message = magnet_waku_message(settings.community_key, state.magnet, state.clock_ms, now_s * archive.NS_PER_S)
@@ -641,15 +642,6 @@ def _oldest_second(store, content_topics: Sequence[str]) -> int | None:
     return None if oldest is None else oldest // archive.NS_PER_S
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 # --- member ----------------------------------------------------------------------------
 
 
@@ -665,7 +657,7 @@ class MemberRecord:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, json.dumps(asdict(self), indent=1).encode())
+        replace_durably(path, json.dumps(asdict(self), indent=1).encode())
 
 
 @dataclass(frozen=True)

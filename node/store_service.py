@@ -4,6 +4,7 @@ that flush, retain and compact, all owned by one trio nursery."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -199,6 +200,12 @@ class StoreService:
             "pending_messages": self.store.pending,
             "wal_depth": self.store.wal_depth,
             "hot_tier_messages": len(self.store.hot),
+            # Data files whose key index is being built (new files, or an
+            # index file missing or damaged: pages over them read through
+            # DataFusion meanwhile), and whether the key filter is full
+            # (a start fills it from the index files in the background).
+            "key_index": {**self.store.reader.index_state(),
+                          "key_filter_ready": self.store.writes.filter_ready.is_set()},
         }
 
     async def _supervise_loop(self) -> None:
@@ -288,6 +295,8 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
     caller's to close (tests share one engine between nodes).
     """
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    # Flat MUID copies of an earlier version, replaced by the key index files.
+    shutil.rmtree(config.data_dir / "muids", ignore_errors=True)
     if config.shared_table:
         # A fleet node's threads (commits, key index builds, compactions,
         # pages) share two malloc arenas: each MERGE's batch and each
@@ -307,7 +316,7 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
                 flush_max_messages=config.flush_max_messages,
                 shared_table=config.shared_table,
             ),
-            muid_copies=config.data_dir / "muids" / "messages",
+            index_directory=config.data_dir / "index" / "messages",
         )
         store.open()
     except BaseException:

@@ -129,6 +129,11 @@ class DayKeyFilter:
             day_filter = self._day(_EPOCH + dt.timedelta(days=number))
             day_filter.add_words(words[numbers == number])
 
+    def add_words_of_day(self, words: np.ndarray, day: dt.date) -> None:
+        """Keys of one day, given as :meth:`KeyFilter.add_words` takes them."""
+        self._all.add_words(words)
+        self._day(day).add_words(words)
+
     def _day(self, day: dt.date) -> KeyFilter:
         with self._lock:
             day_filter = self._days.get(day)

@@ -231,17 +231,18 @@ class MessageStore:
         wal_dir: Path | str,
         config: StoreConfig = StoreConfig(),
         reader: TableReader | None = None,
-        muid_copies: Path | str | None = None,
+        index_directory: Path | str | None = None,
     ):
         self.table = table
         self.config = config
         # Pages and lookups by hash; the engine behind ``table`` writes.
-        # ``muid_copies``: a directory of this node's where the reader keeps
-        # flat copies of the data files' MUIDs (owned tables: the puts'
-        # duplicate checks read them; see row_index.MuidCopies).
+        # ``index_directory``: a directory of this node's where the reader
+        # keeps the key index of every data file (storage.index_files).
         if reader is None:
-            reader = TableReader(table.uri, muid_copies=None if config.shared_table else muid_copies)
+            reader = TableReader(table.uri, index_directory=index_directory)
         self.reader = reader
+        self._closing = threading.Event()
+        self._filler: threading.Thread | None = None
         # A window of a table this node owns on this machine is written
         # (storage.window_files) and read for an export here rather than by
         # the engine.
@@ -310,9 +311,18 @@ class MessageStore:
         # first page (it reads every file's hash column once: 1.3 s for
         # 900k messages); never fails the open, the first page retries.
         self.reader.committed()
-        keys = self.writes.load_filter()
-        if keys:
-            log.info("key filter: %d MUIDs from the table", keys)
+        if self.writes.key_filter is not None and self.reader.can_list_keys():
+            # From the key index files, in the background: a start reads no
+            # data file; until the filter is full, puts look every new key
+            # up on every day (exact, slower).
+            self.writes.filter_ready.clear()
+            self.writes.table_days = self.reader.days
+            self._filler = threading.Thread(target=self._fill_filter, name="key-filter-fill", daemon=True)
+            self._filler.start()
+        else:
+            keys = self.writes.load_filter()
+            if keys:
+                log.info("key filter: %d MUIDs from the table", keys)
         replayed = self.writes.replay()
         if replayed:
             log.info("replayed %d messages from the write-ahead log", replayed)
@@ -348,13 +358,50 @@ class MessageStore:
             log.info("hot tier: %d messages, complete from %s", len(self.hot),
                      datetime.fromtimestamp(self.hot.start_ns / 1e9, timezone.utc).isoformat(timespec="seconds"))
 
+    def _fill_filter(self) -> None:
+        """Fill the key filter with the MUIDs of every data file, read from
+        the key index; passes until a pass finds no file left (a commit
+        meanwhile adds its own keys)."""
+        started = time.monotonic()
+        keys = 0
+        try:
+            done: set[str] = set()
+            while not self._closing.is_set():
+                todo = [(path, day) for path, day in self.reader.files() if path not in done]
+                if not todo:
+                    break
+                for path, day in todo:
+                    if self._closing.is_set():
+                        return
+                    words = self.reader.muid_words(path)
+                    if words is None or day is None:
+                        raise ValueError(f"no MUIDs in the key index of {path}")
+                    self.writes.key_filter.add_words_of_day(words, day)
+                    keys += len(words)
+                    done.add(path)
+            else:
+                return
+        except Exception as exc:
+            log.warning("key filter not filled from the key index (%s); reading the table's MUIDs", exc)
+            try:
+                keys = self.writes.load_filter()
+            except Exception as again:
+                log.error("key filter not filled (puts look every key up meanwhile): %s", again)
+                return
+        self.writes.filter_ready.set()
+        log.info("key filter: %d MUIDs in %.1f s", keys, time.monotonic() - started)
+
     def close(self) -> None:
-        """Commit what is buffered (best effort) and close the log."""
+        """Commit what is buffered (best effort) and close the log; the
+        filling of the key filter stops."""
+        self._closing.set()
         try:
             self.flush()
         finally:
             self.writes.close()
             self._hasher.close()
+            if self._filler is not None:
+                self._filler.join()
 
     # --- write path -------------------------------------------------------
 

@@ -253,13 +253,38 @@ class GroupFooters:
         size = int.from_bytes(framed[len(framed) - 8 : len(framed) - 4].to_pybytes(), "little")
         return cls(framed[len(framed) - 8 - size : len(framed) - 8].to_pybytes())
 
+    @classmethod
+    def presplit(cls, footer, head: int, bounds: np.ndarray) -> GroupFooters:
+        """A footer split before (:attr:`buffer`, :attr:`head`,
+        :attr:`bounds` as they were): any buffer, a map's included."""
+        self = cls.__new__(cls)
+        self._footer = footer
+        self._head = int(head)
+        self._bounds = bounds
+        return self
+
+    @property
+    def buffer(self):
+        """The footer's bytes."""
+        return self._footer
+
+    @property
+    def head(self) -> int:
+        """Bytes of the footer before its row groups."""
+        return self._head
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """Byte ranges of the row groups in the footer (row group i spans bounds[i]:bounds[i + 1])."""
+        return self._bounds
+
     @property
     def num_row_groups(self) -> int:
         return len(self._bounds) - 1
 
     @property
     def nbytes(self) -> int:
-        return len(self._footer) + self._bounds.nbytes
+        return memoryview(self._footer).nbytes + self._bounds.nbytes
 
     def metadata(self, group: int) -> pq.FileMetaData:
         """The footer of row group ``group`` alone (its row group 0)."""

@@ -63,7 +63,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,7 +71,7 @@ import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import row_index, schema
+from wakustore.storage import index_files, row_index, schema
 from wakustore.storage.staging import is_local
 
 log = logging.getLogger(__name__)
@@ -80,16 +79,13 @@ log = logging.getLogger(__name__)
 # Name of the table in the DataFusion catalog.
 _TABLE = "messages"
 
-# Columns a data page returns (everything but muid, day and arrival time),
-# and those of a page without data; as in the Spark path (table.py).
-DATA_COLUMNS = (
-    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
-    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
-)
-KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
+DATA_COLUMNS = schema.DATA_COLUMNS
 # What a cached row group holds: every column a page returns or tests.
 _FULL_COLUMNS = tuple(dict.fromkeys([*DATA_COLUMNS, *row_index.MATCH_COLUMNS]))
 _FULL_SET = frozenset(_FULL_COLUMNS)
+# Columns a lookup by hash can answer from the key index alone (see
+# row_index.hash_keys): a page without data, a cursor's timestamp.
+_INDEX_ANSWERS = frozenset(schema.LOOKUP_COLUMNS) | {"content_topic"}
 
 # Decoded row groups kept for the next pages (see TableReader._read_group):
 # ~0.3 MB each in bench store (256 rows of ~1 KB payloads), so ~200 row
@@ -166,7 +162,7 @@ class TableReader:
         key_index: bool = True,
         index_in_background: bool = True,
         row_group_cache_bytes: int = ROW_GROUP_CACHE_BYTES,
-        muid_copies: str | os.PathLike | None = None,
+        index_directory: str | os.PathLike | None = None,
     ):
         self.uri = uri
         options = {**({} if is_local(uri) else OBJECT_STORE_OPTIONS), **(storage_options or {})}
@@ -182,9 +178,12 @@ class TableReader:
         self._stale = True
         self.refreshes = 0
         # The key index of each data file (row_index), by its path in the
-        # log; a path names one immutable file. Built for every file of a
-        # new version by a background thread (or by index_now()); until
-        # then pages over those files read through DataFusion. Files that
+        # log; a path names one immutable file. With ``index_directory``
+        # (a directory of the node's own) each file's index is written
+        # there once and mapped (index_files): a start maps them and reads
+        # no data file. A file without one (new, or its index missing or
+        # damaged) is indexed by a background thread (or by index_now());
+        # until then pages over it read through DataFusion. Files that
         # leave the table leave the index when the version advances.
         self.key_index = key_index
         self.index_in_background = index_in_background
@@ -196,19 +195,17 @@ class TableReader:
         self._index_wanted = False  # a version with files not indexed arrived
         self._filesystem = None
         self._indexable = False  # key_index, and no file of the version has deletion vectors
-        self.index_builds = 0
+        self._files = None if index_directory is None else index_files.IndexDirectory(index_directory)
+        self._swept = False
+        self.index_builds = 0  # indexes built from their data file
+        self.index_loads = 0  # indexes mapped from the index directory
+        self.index_damaged = 0  # index files found damaged or stale, rebuilt
         self.indexed_answers = 0  # pages and lookups the key index answered
         self.row_group_cache_bytes = row_group_cache_bytes
         self._row_groups: collections.OrderedDict[tuple[str, int], pa.Table] = collections.OrderedDict()
         self._cache_size = 0
         self._cache_lock = threading.Lock()
         self._open = _OpenFiles(OPEN_FILES)
-        # MUID lookups (existing_muids): each day's prefixes merged, and
-        # with ``muid_copies`` (a directory of the node's own) a flat copy
-        # of every file's MUIDs that confirms a match with one read.
-        self._muid_days = row_index.MuidDays()
-        self._copies = None if muid_copies is None else row_index.MuidCopies(muid_copies)
-        self._copies_swept = False
 
     # --- versions -----------------------------------------------------------
 
@@ -289,7 +286,10 @@ class TableReader:
     # --- the key index ------------------------------------------------------
 
     def _prune_index(self, live: Sequence[str]) -> None:
-        """Drop the files no longer in the table; index the new ones in the background."""
+        """Drop the files no longer in the table (and their index files);
+        map the indexes kept on disk of the new ones now (no data file is
+        read: a restart serves from them at once); index the others, and
+        check the mapped ones, in the background."""
         live_set = set(live)
         gone = []
         with self._index_lock:
@@ -298,24 +298,67 @@ class TableReader:
                 self._indexes = {p: i for p, i in self._indexes.items() if p in live_set}
             # A removed file's space is freed only when no one holds it open.
             self._open.keep_only(live_set)
-            missing = any(path not in self._indexes for path in live)
-        if gone:
-            self._muid_days.keep_only({self._location(p)[0] for p in live_set})
-        if self._copies is not None:
-            if not self._copies_swept:
-                self._copies.keep_only(live_set)  # those of files gone while the node was down
-                self._copies_swept = True
-            self._copies.remove(gone)
-        if missing and self._indexable and self.index_in_background:
+        if self._files is not None:
+            first = not self._swept
+            if first:
+                removed = self._files.keep_only(live_set)  # those of files gone while the node was down
+                if removed:
+                    log.info("key index: removed %d index files of data files no longer in the table", removed)
+                self._swept = True
+            self._files.remove(gone)
+            if self._indexable:
+                self._map_kept(live)
+                if first:
+                    built = sum(1 for path in live if path not in self._indexes)
+                    log.info("key index: %d of %d data files mapped from %s%s", len(live) - built, len(live),
+                             self._files.directory, f", {built} to build in the background" if built else "")
+        missing = any(path not in self._indexes for path in live)
+        unverified = any(index.mapped is not None and not index.mapped.verified
+                         for index in list(self._indexes.values()))
+        if (missing or unverified) and self._indexable and self.index_in_background:
             with self._index_lock:
                 self._index_wanted = True
                 if self._indexer is None:
                     self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
                     self._indexer.start()
 
+    def _map_kept(self, paths: Sequence[str]) -> None:
+        """Map the index on disk of each of ``paths`` not indexed yet; one
+        that is damaged or stale is removed (the background thread builds
+        it again)."""
+        sizes = self._snapshot_sizes()
+        for path in paths:
+            if path in self._indexes or path in self._building:
+                continue
+            index = self._load(path, sizes.get(path))
+            if index is not None:
+                with self._index_lock:
+                    self._indexes.setdefault(path, index)
+
+    def _snapshot_sizes(self) -> dict[str, int]:
+        snapshot = self._snapshot
+        return {} if snapshot is None else dict(zip((p for p, _ in snapshot.files), snapshot.sizes))
+
+    def _load(self, path: str, size: int | None) -> row_index.FileIndex | None:
+        """The index of ``path`` from the index directory; None when there is none (or it was damaged)."""
+        try:
+            mapped = self._files.open(path, size)
+            if mapped is None:
+                return None
+            index = row_index.FileIndex(path, mapped.header.rows, mapped.header.pairs, mapped.header.footer_head,
+                                        mapped.arrays, self._pairs, mapped)
+        except (index_files.IndexDamaged, OSError, KeyError, ValueError) as exc:
+            self.index_damaged += 1
+            log.warning("key index of %s is damaged or stale, building it again: %s", path, _one_line(exc))
+            self._files.remove([path])
+            return None
+        self.index_loads += 1
+        return index
+
     def _index_all(self) -> None:
-        """Index every file of the latest version; again whenever a version
-        with new files arrived meanwhile (``_index_wanted``)."""
+        """Index every file of the latest version and check the body of
+        every mapped index once; again whenever a version with new files
+        arrived meanwhile (``_index_wanted``)."""
         while True:
             with self._index_lock:
                 if not self._index_wanted:
@@ -328,20 +371,33 @@ class TableReader:
             try:
                 for path, _ in snapshot.files:
                     if snapshot is not self._snapshot:
+                        self._index_wanted = True
                         break  # a newer version wants its own pass
-                    if path not in self._indexes:
+                    index = self._indexes.get(path)
+                    if index is None:
                         self._index_of(path)
+                    elif index.mapped is not None and not index.mapped.verify():
+                        self._rebuild_damaged(path)
             except Exception as exc:
                 # A file gone (compacted and vacuumed meanwhile) or not
                 # readable now: pages over it read through DataFusion; the
                 # next version tries again.
                 log.info("key index not built in the background: %s", _one_line(exc))
 
+    def _rebuild_damaged(self, path: str) -> None:
+        self.index_damaged += 1
+        log.warning("key index of %s failed its check (CRC), building it again", path)
+        with self._index_lock:
+            self._indexes.pop(path, None)
+        self._files.remove([path])
+        self._index_of(path)
+
     def _index_of(self, path: str) -> row_index.FileIndex | None:
-        """The index of the file at ``path``, built now unless another
-        thread is building it (then: wait for that one). Built outside the
-        lock: a refresh (and the pages waiting on it) never waits for a
-        build. None when the other thread's build failed."""
+        """The index of the file at ``path``: mapped from the index
+        directory, else built now from the data file (and written there),
+        unless another thread is building it (then: wait for that one).
+        Built outside the lock: a refresh (and the pages waiting on it)
+        never waits for a build. None when the other thread's build failed."""
         while True:
             index = self._indexes.get(path)
             if index is not None:
@@ -359,11 +415,8 @@ class TableReader:
                     return None
                 continue
             try:
-                location, filesystem = self._location(path)
-                index = row_index.build(location, self._pairs, filesystem,
-                                        None if self._copies is None else self._copies.keeper(path))
+                index = self._built(path)
                 with self._index_lock:
-                    self.index_builds += 1
                     # Only files still in the table stay (a version may
                     # have advanced during the build).
                     snapshot = self._snapshot
@@ -374,6 +427,29 @@ class TableReader:
                 with self._index_lock:
                     del self._building[path]
                 mine.set()
+
+    def _built(self, path: str) -> row_index.FileIndex:
+        """The index of ``path``: mapped from disk when kept there, else
+        read from the data file (and kept)."""
+        location, filesystem = self._location(path)
+        if self._files is None:
+            index = row_index.build(location, self._pairs, filesystem)
+            self.index_builds += 1
+            return index
+        size = self._snapshot_sizes().get(path)
+        index = self._load(path, size)
+        if index is not None:
+            return index
+        rows, pairs, head, sections = row_index.build_sections(location, filesystem)
+        if size is None:
+            size = (filesystem or _local_files()).get_file_info(location).size
+        self._files.write(path, size, rows, pairs, head, sections)
+        self.index_builds += 1
+        index = self._load(path, size)
+        if index is None:
+            raise TableUnreadable(f"the key index of {path} was written but cannot be mapped")
+        index.mapped.verified = True  # written just now from these arrays
+        return index
 
     def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
         """The indexes of the snapshot's files on ``days`` (None: all),
@@ -402,14 +478,56 @@ class TableReader:
             self._indexed(snapshot, None, build=True)
 
     def index_bytes(self) -> int:
-        """Memory held by the key index: its arrays and the files' footers
-        (serialized, as they are kept; not counting Python's overhead)."""
-        return (sum(index.nbytes + index.footers.nbytes for index in list(self._indexes.values()))
-                + self._muid_days.nbytes)
+        """Memory held by the key index: the arrays it holds (a mapped
+        index holds its topic pairs' ids alone; see :meth:`mapped_bytes`)."""
+        return sum(index.nbytes for index in list(self._indexes.values()))
+
+    @staticmethod
+    def mapped_bytes() -> int:
+        """Bytes of index files mapped (on disk; in memory only as read)."""
+        return index_files.mapped_bytes()
 
     def index_complete(self) -> bool:
         snapshot = self._snapshot
         return snapshot is not None and all(path in self._indexes for path, _ in snapshot.files)
+
+    def can_list_keys(self) -> bool:
+        """Can :meth:`muid_words` give every file's MUIDs (the index is on,
+        kept on disk, and the table partitioned by day)?"""
+        snapshot = self._snapshot
+        return (self._indexable and self._files is not None and snapshot is not None
+                and snapshot.days is not None)
+
+    def files(self) -> list[tuple[str, dt.date | None]]:
+        """(path, day) of each data file of the latest version known."""
+        return list(self._current().files)
+
+    def days(self) -> list[dt.date]:
+        """The days holding rows in the latest version known."""
+        return list(self._current().days or ())
+
+    def muid_words(self, path: str) -> np.ndarray | None:
+        """The first 16 bytes of each MUID of a data file as two 64-bit
+        words (what the key filter takes), from its key index (mapped, or
+        built now); None when the index has no MUIDs."""
+        index = self._indexes.get(path) or self._index_of(path)
+        if index is None or index.muids is None:
+            return None
+        words = np.ascontiguousarray(index.muids.reshape(-1, row_index.KEY_BYTES)[:, :16]).view("<u8").reshape(-1, 2)
+        if index.mapped is not None:
+            index.mapped.drop_resident()  # read once, in full
+        return words
+
+    def index_state(self) -> dict:
+        """What /health reports of the key index: files of the version held
+        not indexed yet (being built in the background), and counts."""
+        snapshot = self._snapshot
+        files = () if snapshot is None else snapshot.files
+        return {
+            "files": len(files),
+            "building": sum(1 for path, _ in files if path not in self._indexes) if self._indexable else 0,
+            "built": self.index_builds, "mapped": self.index_loads, "damaged": self.index_damaged,
+        }
 
     def _location(self, path: str):
         """(path or key, pyarrow file system or None) of a data file of the log."""
@@ -508,7 +626,7 @@ class TableReader:
     def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
         """Up to ``fetch`` rows after/before ``key`` in query order (not
         reversed), as :meth:`DeltaTableRef.page` answers them."""
-        columns = DATA_COLUMNS if query.include_data else KEY_COLUMNS
+        columns = schema.page_columns(query.include_data, bool(query.message_hashes))
         order_column = store_query.order_column(query.ordering)
         direction = "ASC" if query.forward else "DESC"
 
@@ -558,10 +676,17 @@ class TableReader:
         """The page through the key index; None when it cannot answer
         (a lookup while files are still being indexed; a page over every
         topic)."""
+        index_files.trim_resident()
         if query.message_hashes:
             indexes = self._indexed(snapshot, None, build=False)
             if indexes is None:
                 return None
+            if set(columns) <= _INDEX_ANSWERS:
+                # Presence checks (status-go: 50 hashes every 3 s per
+                # client) and cursors: the index alone, no data file read.
+                found = row_index.finish(row_index.hash_keys(indexes, query.message_hashes), query, key, fetch)
+                self.indexed_answers += 1
+                return _result_schema(columns).empty_table() if found is None else found
             candidates = row_index.hash_candidates(indexes, query.message_hashes)
         elif query.pubsub_topic is not None and query.content_topics:
             # Files not indexed yet (a new version; the background thread
@@ -596,7 +721,7 @@ class TableReader:
         """Which of ``keys`` (MUIDs) the table's files of ``days`` hold, in
         the latest version this process knows of; None when the key index
         cannot say (off, deletion vectors, a file unreadable now): then ask
-        the engine. Exact: a prefix match is confirmed by the row's MUID.
+        the engine. Exact: whole MUIDs, read from the key index alone.
         Raises :class:`TableUnreadable` when the log cannot be read."""
         if not keys or not days:
             return set()
@@ -605,17 +730,15 @@ class TableReader:
             if not self._indexable:
                 return None
             wanted = set(days)
-            by_day: dict[object, list[row_index.FileIndex]] = {}
+            indexes = []
             for path, day in snapshot.files:
                 if day in wanted:
                     index = self._indexes.get(path) or self._index_of(path)
                     if index is None:
                         return None
-                    by_day.setdefault(day, []).append(index)
-            candidates = self._muid_days.candidates(by_day, keys)
-            if candidates is None:
-                return None
-            return row_index.confirmed_muids(candidates, keys, self._read_group, _confirming_pool().map)
+                    indexes.append(index)
+            index_files.trim_resident()
+            return row_index.existing_keys(indexes, keys)
         except Exception as exc:
             log.info("key index could not look up MUIDs at version %d (asking the engine): %s",
                      snapshot.version, _one_line(exc))
@@ -673,24 +796,6 @@ class TableReader:
             except Exception as exc:
                 raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
         return result.select(list(columns)).cast(_result_schema(columns))
-
-
-# Row groups read to confirm MUID matches, side by side: a put's flagged
-# keys lie in as many files, each a whole MUID column to decode (an ingest
-# file is one row group of thousands of rows), and pyarrow decodes without
-# the GIL while the put thread waits. Pages read one row group after the
-# other (side by side they were slower on 2 cores).
-CONFIRMING_THREADS = 2
-_confirming: ThreadPoolExecutor | None = None
-_confirming_lock = threading.Lock()
-
-
-def _confirming_pool() -> ThreadPoolExecutor:
-    global _confirming
-    with _confirming_lock:
-        if _confirming is None:
-            _confirming = ThreadPoolExecutor(CONFIRMING_THREADS, thread_name_prefix="muid-confirm")
-        return _confirming
 
 
 @functools.cache

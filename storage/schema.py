@@ -66,6 +66,25 @@ ENVELOPES = pa.schema(
 # a table at that version to version + 1.
 MIGRATIONS: dict[int, list[str]] = {}
 
+# Columns a page returns: with data, everything but muid, day and arrival
+# time; without, the keys; a lookup by hash without data (presence checks,
+# answered from the key index alone) no digest: it orders by hash, and
+# only the legacy Store's cursors, which have no lookups by hash, use one.
+DATA_COLUMNS = (
+    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
+    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
+)
+KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
+LOOKUP_COLUMNS = ("message_hash", "pubsub_topic", "timestamp")
+
+
+def page_columns(include_data: bool, by_hash: bool) -> tuple[str, ...]:
+    """The columns of a page (see :data:`DATA_COLUMNS`)."""
+    if include_data:
+        return DATA_COLUMNS
+    return LOOKUP_COLUMNS if by_hash else KEY_COLUMNS
+
+
 _EPOCH = dt.date(1970, 1, 1)
 NS_PER_DAY = _NS_PER_DAY = 86_400 * 1_000_000_000
 

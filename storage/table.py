@@ -29,12 +29,6 @@ from wakustore.storage.staging import is_local, staging_dir
 if TYPE_CHECKING:
     from wakustore.storage.engine import Engine
 
-# Columns a data page returns (everything but muid, day and arrival time).
-_DATA_COLUMNS = [
-    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
-    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
-]
-_KEY_COLUMNS = ["message_hash", "digest", "pubsub_topic", "timestamp"]
 # The order of a window's rows (an export reads them in this order).
 _WINDOW_ORDER = ("timestamp", "message_hash")
 
@@ -356,7 +350,7 @@ class DeltaTableRef:
         from pyspark.sql import functions as F
 
         preds, after = store_query.predicates(query, key)
-        columns = _DATA_COLUMNS if query.include_data else _KEY_COLUMNS
+        columns = list(schema.page_columns(query.include_data, bool(query.message_hashes)))
         order_col = store_query.order_column(query.ordering)
 
         def run(spark):

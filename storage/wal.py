@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from wakustore.storage.durable import fsync_dir
+
 _FRAME = struct.Struct(">II")
 
 # A record holds a slice of a batch of rows, which the write path keeps
@@ -132,7 +134,7 @@ class WriteAheadLog:
                 self._segments.pop(0)
                 removed = True
             if removed:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
 
     def close(self) -> None:
         with self._lock:
@@ -152,7 +154,7 @@ class WriteAheadLog:
         self._file_size = self._file.tell()
         if not self._segments or self._segments[-1].path != path:
             self._segments.append(_Segment(self._next_seq, path))
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return self._file
 
     def _scan(self) -> list[_Segment]:
@@ -241,9 +243,3 @@ def _read_frames(path: Path, tolerate_tail: bool) -> Iterator[bytes]:
             yield body
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

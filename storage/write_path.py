@@ -363,6 +363,13 @@ class WritePath(Generic[R]):
         self._inflight: _Pending[R] = _Pending(codec)
         self._recent = BoundedSet(recent_keys)
         self.key_filter = key_filter
+        # Owned mode: set once the key filter holds every key of the table.
+        # Until then (a start fills it in the background: see
+        # MessageStore.open) every new key is looked up on every day of
+        # ``table_days()``.
+        self.filter_ready = threading.Event()
+        self.filter_ready.set()
+        self.table_days: Callable[[], list[object]] | None = None
         # Owned mode: keys of an append that failed after it may have landed,
         # keys accepted while the engine could not be asked whether they are
         # new, and such rows once a commit decided them.
@@ -529,6 +536,8 @@ class WritePath(Generic[R]):
 
     def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], list[object]]:
         """The keys some day's filter might hold, and those days."""
+        if not self.filter_ready.is_set() and self.table_days is not None:
+            return list(keys), list(self.table_days())
         candidates = self.key_filter.candidates(keys)
         maybe = [keys[i] for i in sorted(candidates)]
         return maybe, sorted(set().union(*candidates.values()))

@@ -118,17 +118,22 @@ def store(engine, tmp_path):
         store.close()
 
 
-def readers(uri: str) -> tuple[TableReader, TableReader]:
-    indexed = TableReader(uri, check_interval_s=None, index_in_background=False)
+def readers(uri: str, directory=None) -> tuple[TableReader, TableReader]:
+    indexed = TableReader(uri, check_interval_s=None, index_in_background=False, index_directory=directory)
     return indexed, TableReader(uri, check_interval_s=None, key_index=False)
 
 
-def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(store):
+@pytest.mark.parametrize("kept", [False, True], ids=["held", "mapped-from-disk"])
+def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(store, tmp_path, kept):
+    """Held in memory or written to an index directory and mapped from it
+    (and mapped again by a new reader: a restart), the index answers as
+    DataFusion does."""
     data = corpus()
     for start in range(0, len(data), 50):  # several files a day, topics interleaved in each
         store.put(data[start:start + 50])
         store.flush()
-    indexed, plain = readers(store.table.uri)
+    directory = tmp_path / "index" if kept else None
+    indexed, plain = readers(store.table.uri, directory)
     indexed.index_now()
     assert indexed.index_complete()
     assert any(index.row is not None for index in indexed._indexes.values())  # rows of a topic not contiguous
@@ -140,9 +145,17 @@ def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(
     indexed.index_now()
     assert all(index.row is None for index in indexed._indexes.values())  # sorted days: no row numbers kept
     assert_same_answers(indexed, plain, data)
-    # 8 bytes of timestamp, 8 of hash prefix and row, 8 of MUID prefix and
-    # row, and the topic groups (a few hundred bytes a file here).
-    assert sum(i.nbytes for i in indexed._indexes.values()) < 32 * len(data)
+    if not kept:
+        return
+    # Mapped, an index holds its topic pairs' ids alone (12 bytes a pair).
+    assert indexed.index_bytes() == sum(12 * len(i.pair_ids) for i in indexed._indexes.values())
+    assert sorted(os.listdir(directory)) == sorted(
+        os.path.basename(indexed._files.path_of(p)) for p, _ in indexed._snapshot.files)
+    restarted, _ = readers(store.table.uri, directory)
+    restarted.refresh()
+    assert restarted.index_complete() and restarted.index_builds == 0
+    assert restarted.index_loads == len(restarted._snapshot.files)
+    assert_same_answers(restarted, plain, data)
 
 
 def test_the_index_of_a_file_of_many_topics_is_the_size_it_reports(tmp_path):
@@ -258,19 +271,15 @@ def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
     assert codecs == {"SNAPPY"}
 
 
-@pytest.mark.parametrize("copies", [False, True], ids=["row-groups", "flat-copies"])
-def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp_path, monkeypatch, copies):
+@pytest.mark.parametrize("kept", [False, True], ids=["held", "mapped-from-disk"])
+def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp_path, kept):
     """The reader says which MUIDs a day's files hold exactly as the engine
-    does: keys sharing a stored key's prefix, keys of another day and
-    unknown keys are not held. Through each day's merged prefixes (a day
-    of more than two files merges them), confirming from the files' row
-    groups or from flat copies of their MUIDs, after compactions that
-    replace the files."""
+    does: keys sharing a stored key's first bytes, keys of another day and
+    unknown keys are not held; on ingest files, and after compactions that
+    replace the files (their index files replaced too)."""
     from wakustore.protocols.message import muid
-    from wakustore.storage import row_index
     from wakustore.storage.schema import day_of_ns
 
-    monkeypatch.setattr(row_index, "DAY_TAIL_FILES", 2)
     data = corpus(240, days=3)
     for start in range(0, len(data), 40):
         store.put(data[start:start + 40])
@@ -278,13 +287,13 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp
     stored = [muid(p, m) for p, m, _ in data]
     day_of = {k: day_of_ns(m.timestamp) for k, (p, m, _) in zip(stored, data)}
     days = sorted(set(day_of.values()))
-    # Same 4-byte prefix as a stored key, another rest: a prefix match to refute.
-    twins = [k[:4] + bytes(b ^ 0xFF for b in k[4:]) for k in stored[:30]]
+    # Same first 31 bytes as a stored key, another last byte: a near miss to refute.
+    twins = [k[:31] + bytes([k[31] ^ 0xFF]) for k in stored[:30]]
     unknown = [bytes(32 * [i]) for i in range(10)]
     asked = stored[::3] + twins + unknown
-    directory = tmp_path / "muids"
+    directory = tmp_path / "index"
     reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
-                         muid_copies=directory if copies else None)
+                         index_directory=directory if kept else None)
     for compacted in (False, True):
         reader.committed()
         for wanted in (days, days[:1], days[1:]):
@@ -292,42 +301,16 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp
             assert reader.existing_muids(asked, wanted) == engine
             assert engine == {k for k in stored[::3] if day_of[k] in wanted}
         live = [path for path, _ in reader._snapshot.files]
-        merged = reader._muid_days._days
-        assert {p for day in merged.values() for p in day.paths} <= {reader._location(p)[0] for p in live}
-        # Ingest files: a day of more than two merged; a compacted day is one file.
-        assert bool(merged) is not compacted
-        if copies:
-            assert sorted(os.listdir(directory)) == sorted(os.path.basename(reader._copies.path_of(p)) for p in live)
+        if kept:
+            reader.committed()  # the files a compaction removed leave the directory with their index
+            assert sorted(os.listdir(directory)) == sorted(os.path.basename(reader._files.path_of(p)) for p in live)
         maintenance.compact(store.table, today=dt.date(2030, 1, 1))
-    if copies:
-        # A copy torn by a crash (or gone) is rewritten when the next
-        # process indexes its file, before any lookup reads it.
-        reader.committed()
-        live = [path for path, _ in reader._snapshot.files]
-        first, second = (reader._copies.path_of(p) for p in live[:2])
-        with open(first, "r+b") as torn:
-            torn.truncate(64)
-        with open(second, "r+b") as torn:
-            torn.seek(-32, os.SEEK_END)
-            torn.write(bytes(32))
-        (directory / "stale.muid").write_bytes(b"x")
-        again = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
-                            muid_copies=directory)
-        again.refresh()
-        assert not (directory / "stale.muid").exists()
-        assert again.existing_muids(asked, days) == {k for k in stored[::3]}
-        for path in live:
-            index = again._indexes[path]
-            assert index.muid_copy == again._copies.path_of(path)
-            column = pq.read_table(os.path.join(store.table.uri, path), columns=["muid"]).column(0)
-            with open(index.muid_copy, "rb") as copy:
-                assert copy.read() == row_index._flat_muids(column)
 
 
-def test_a_nodes_puts_confirm_duplicates_from_flat_copies_without_reading_row_groups(engine, tmp_path, monkeypatch):
-    """A node (open_store) keeps the flat MUID copies in its data dir: a
-    re-send older than the recent set is found from them, no row group of
-    the table read to confirm it."""
+def test_a_nodes_puts_find_old_duplicates_from_the_index_files_without_reading_the_table(engine, tmp_path, monkeypatch):
+    """A node (open_store) keeps the key index in its data dir: a re-send
+    older than the recent set is found from it, no row group of the table
+    read."""
     config = node_config.NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60.0)
     _, node_store = open_store(config, engine)
     try:
@@ -338,15 +321,120 @@ def test_a_nodes_puts_confirm_duplicates_from_flat_copies_without_reading_row_gr
         node_store.reader.index_now()
 
         def no_row_groups(*args):
-            raise AssertionError("a row group read to confirm a MUID")
+            raise AssertionError("a row group read to find a MUID")
 
         monkeypatch.setattr(node_store.reader, "_read_group", no_row_groups)
         again = node_store.put(data[::10] + corpus(130, days=2)[120:])
         assert (again.accepted, again.duplicates) == (10, 12)
         assert node_store.writes.looked_up >= 12
-        assert os.listdir(tmp_path / "node" / "muids" / "messages")
+        assert os.listdir(tmp_path / "node" / "index" / "messages")
     finally:
         node_store.close()
+
+
+def _hide_data_files(uri: str, paths) -> list[tuple[str, str]]:
+    """Move the data files away (their log entries stay): any read of one fails."""
+    moved = []
+    for path in paths:
+        where = os.path.join(uri, path)
+        os.rename(where, where + ".away")
+        moved.append((where + ".away", where))
+    return moved
+
+
+def test_a_restarted_reader_maps_its_indexes_and_answers_presence_checks_without_any_data_file(store, tmp_path):
+    """A new reader (a restart) on a table whose indexes are on disk is
+    indexed at once, reading no data file: with every data file moved
+    away, lookups by hash without data are answered exactly, and
+    cursors resolved, from the index alone."""
+    data = corpus(200, days=3)
+    for start in range(0, len(data), 50):
+        store.put(data[start:start + 50])
+        store.flush()
+    directory = tmp_path / "index"
+    first, plain = readers(store.table.uri, directory)
+    first.index_now()
+    hashes = [message_hash(p, m) for p, m, _ in data]
+    asked = hashes[::7] + [bytes(32 * [9])]
+    query = HistoryQuery(message_hashes=tuple(asked), include_data=False, limit=100)
+    expected = plain.page(query, None, 101).to_pylist()
+    assert len(expected) == len(hashes[::7])
+
+    restarted = TableReader(store.table.uri, check_interval_s=None, index_directory=directory)
+    moved = _hide_data_files(store.table.uri, [p for p, _ in first._snapshot.files])
+    try:
+        restarted.refresh()
+        assert restarted.index_complete()
+        assert restarted.index_builds == 0 and restarted.index_state()["building"] == 0
+        assert restarted.page(query, None, 101).to_pylist() == expected
+        p, m, _ = data[11]
+        assert restarted.timestamp_of_hash(hashes[11], p) == m.timestamp
+        with pytest.raises(Exception):  # the bodies are in the data files, gone
+            restarted.page(HistoryQuery(message_hashes=(hashes[11],)), None, 2)
+    finally:
+        for away, back in moved:
+            os.rename(away, back)
+    with_data = HistoryQuery(message_hashes=tuple(asked), limit=100)
+    assert restarted.page(with_data, None, 101).to_pylist() == plain.page(with_data, None, 101).to_pylist()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "header", "body", "stale", "foreign"])
+def test_a_missing_damaged_or_stale_index_file_is_built_again_for_that_file_alone(store, tmp_path, damage, caplog):
+    """An index file that is gone, cut short, flipped in its header or
+    its body, of an older file of the same path, or of another data file is
+    never used: that file alone is indexed again from its data (the others
+    are mapped), the damage is logged and counted, and the answers stay
+    those of DataFusion."""
+    import logging
+
+    data = corpus(200, days=2)
+    for start in range(0, len(data), 50):
+        store.put(data[start:start + 50])
+        store.flush()
+    directory = tmp_path / "index"
+    first, plain = readers(store.table.uri, directory)
+    first.index_now()
+    paths = [p for p, _ in first._snapshot.files]
+    victim = first._files.path_of(paths[0])
+    if damage == "deleted":
+        os.unlink(victim)
+    elif damage == "truncated":
+        with open(victim, "r+b") as f:
+            f.truncate(os.path.getsize(victim) // 2)
+    elif damage in ("header", "body"):
+        at = 20 if damage == "header" else os.path.getsize(victim) - 100
+        with open(victim, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x55]))
+    elif damage == "stale":  # the index of an earlier file of this path (another size)
+        from wakustore.storage import index_files
+
+        mapped = first._files.open(paths[0], None)
+        header = mapped.header
+        sections = {name: mapped.arrays[name].copy() for name in header.sections}
+        first._files.write(paths[0], header.size + 1, header.rows, header.pairs, header.footer_head, sections)
+        del mapped
+        assert isinstance(index_files.IndexDirectory(directory).open(paths[0], None), index_files.Mapped)
+    else:  # another data file's index under this one's name
+        with open(first._files.path_of(paths[1]), "rb") as other, open(victim, "wb") as f:
+            f.write(other.read())
+    caplog.set_level(logging.WARNING, logger="wakustore.storage.reader")
+    restarted = TableReader(store.table.uri, check_interval_s=None, index_directory=directory,
+                            index_in_background=False)
+    restarted.refresh()
+    restarted.index_now()
+    # The body's CRC is checked by the background pass; run it here.
+    restarted._index_wanted = True
+    restarted._index_all()
+    assert restarted.index_complete()
+    assert restarted.index_builds == 1 and restarted.index_loads >= len(paths) - 1
+    if damage != "deleted":
+        assert restarted.index_damaged == 1
+        assert any(paths[0] in r.getMessage() for r in caplog.records)
+    assert all(i.mapped is not None and i.mapped.verify() for i in restarted._indexes.values())
+    assert_same_answers(restarted, plain, data)
 
 
 def test_an_indexed_reader_answers_without_datafusion(store, monkeypatch):
@@ -414,3 +502,43 @@ def test_candidates_keep_every_row_tied_at_the_cut_and_at_the_cursor():
     # Nothing beyond the range.
     assert _take(stamp, 2, 6, None, 10, True) == (2, 6)
     assert _take(stamp, 2, 6, None, 10, False) == (2, 6)
+
+
+@pytest.mark.parametrize("filled", [False, True], ids=["filter-filling", "filter-full"])
+def test_a_restarted_node_fills_its_key_filter_from_the_index_files_and_finds_old_duplicates(
+        engine, tmp_path, monkeypatch, filled):
+    """A node started again on its data dir reads no MUID through the
+    table: its key filter is filled from the key index files in the
+    background, and until it is full every new key is looked up on every
+    day, so old duplicates are found either way."""
+    from wakustore.storage import message_store as message_store_module
+    from wakustore.storage.table import DeltaTableRef as Ref
+
+    config = node_config.NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60.0)
+    _, first = open_store(config, engine)
+    data = corpus(120, days=2)
+    try:
+        first.put(data)
+        first.flush()
+        first.reader.index_now()
+    finally:
+        first.close()
+
+    def no_table_keys(*args, **kwargs):
+        raise AssertionError("the table's MUIDs read at start")
+
+    monkeypatch.setattr(Ref, "key_day_batches", no_table_keys)
+    if not filled:
+        monkeypatch.setattr(message_store_module.MessageStore, "_fill_filter", lambda self: None)
+    _, again = open_store(config, engine)
+    try:
+        if filled:
+            assert again.writes.filter_ready.wait(30)
+            assert again.reader.index_builds == 0
+        else:
+            assert not again.writes.filter_ready.is_set()
+        result = again.put(data[::10] + corpus(130, days=2)[120:])
+        assert (result.accepted, result.duplicates) == (10, 12)
+        assert again.writes.engine_lookups == 0
+    finally:
+        again.close()

@@ -1,0 +1,47 @@
+"""Files written whole and made durable before anything relies on them.
+
+A file is written under a temporary name beside its place, fsynced,
+renamed over its place, and its directory fsynced: after a crash or a
+power cut the path holds either the old file or the whole new one, and
+once this returns the new one survives both.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def replace_durably(path: str | os.PathLike, chunks: bytes | Iterable[bytes | memoryview]) -> None:
+    """Write ``chunks`` (bytes, or buffers back to back) as the file at
+    ``path``, durably (see the module). The temporary file is removed when
+    the write fails."""
+    path = Path(path)
+    if isinstance(chunks, (bytes, bytearray, memoryview)):
+        chunks = (chunks,)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(temporary, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make the entries of ``directory`` (a rename, a new or removed file) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
