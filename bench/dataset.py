@@ -284,14 +284,17 @@ def _hash_prefix(pubsub_topic: str, message: WakuMessage) -> bytes:
                                     message.meta, _TIMESTAMP.pack(message.timestamp)))).digest()[:8]
 
 
-def sample_originals(spec: DatasetSpec, rng: random.Random, count: int) -> list[tuple[str, WakuMessage]]:
-    """``count`` distinct stored messages picked at random (for lookups by hash)."""
+def sample_originals(spec: DatasetSpec, rng: random.Random, count: int,
+                     among: range | None = None) -> list[tuple[str, WakuMessage]]:
+    """``count`` distinct stored messages picked at random (for lookups by
+    hash), of the slots ``among`` (default all)."""
+    among = range(spec.messages) if among is None else among
     slots: set[int] = set()
     out = []
     attempts = 0
     while len(out) < count and attempts < count * 20:
         attempts += 1
-        slot = original_slot(spec, rng.randrange(spec.messages))
+        slot = original_slot(spec, among.start + rng.randrange(len(among)))
         if slot in slots:
             continue
         slots.add(slot)

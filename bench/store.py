@@ -72,9 +72,13 @@ from wakustore.protocols.store_query import HistoryQuery, Page, validate_v3
 BACKENDS = ("postgres", "sqlite")
 DEFAULT_MESSAGES = 1_000_000
 DEFAULT_QUERIES = 200
-# Lookups by hash: this many of 1 hash and as many of 20 hashes.
+# Lookups by hash: this many of each shape. Without data: status-go's
+# presence checks (message_sent_check.go: up to 50 sent hashes every 3 s
+# per client, include_data=false); with data: its hash-first backfill
+# fetching bodies by hash in batches of 50 (hash_first_backfill.go), and
+# the 20 of the earlier figures.
 DEFAULT_LOOKUPS = 20
-LOOKUP_SIZES = (1, 20)
+LOOKUP_SHAPES = ((1, False), (20, False), (50, False), (1, True), (20, True), (50, True))
 WARMUP_QUERIES = 5
 ROUND_TRIPS = 20
 PAGE_SIZE = 20
@@ -94,7 +98,7 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
     store.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                        help=f"Store v3 pages to time (default {DEFAULT_QUERIES})")
     store.add_argument("--lookups", type=positive_int, default=DEFAULT_LOOKUPS,
-                       help=f"lookups by 1 and by 20 hashes, each (default {DEFAULT_LOOKUPS})")
+                       help=f"lookups of each shape (1, 20, 50 hashes, with and without data; default {DEFAULT_LOOKUPS})")
     store.add_argument("--days", type=positive_int, default=DatasetSpec.days,
                        help=f"days the messages' timestamps spread over, ending now (default {DatasetSpec.days}; "
                             "10M over 30 days has the rows per day of 3M over 9)")
@@ -168,17 +172,21 @@ def hash_lookups(spec: DatasetSpec, seed: int, per_size: int) -> list[tuple[str,
 
     rng = random.Random(seed ^ 0x5EED)
     out = []
-    for size in LOOKUP_SIZES:
+    for size, data in LOOKUP_SHAPES:
         for _ in range(per_size):
             hashes = [message_hash(p, m) for p, m in bench_dataset.sample_originals(spec, rng, size)]
             query = validate_v3(pubsub_topic=None, content_topics=[], time_start=None, time_end=None,
-                                message_hashes=hashes, cursor=None, forward=False, limit=PAGE_SIZE,
-                                include_data=True)
-            out.append((f"hash/{size}", query))
+                                message_hashes=hashes, cursor=None, forward=False, limit=max(PAGE_SIZE, size),
+                                include_data=data)
+            out.append((_lookup_shape(size, data), query))
     return out
 
 
 # --- timing ------------------------------------------------------------------
+
+
+def _lookup_shape(size: int, data: bool) -> str:
+    return f"hash/{size}" if data else f"hash/{size}/keys"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -222,7 +230,7 @@ class Timings:
 
 
 def _shape_order(shape: str) -> tuple[int, str]:
-    order = [*(f"{r}/{k}" for r in RANGES for k in ("first", "cursor")), *(f"hash/{n}" for n in LOOKUP_SIZES)]
+    order = [*(f"{r}/{k}" for r in RANGES for k in ("first", "cursor")), *(_lookup_shape(n, d) for n, d in LOOKUP_SHAPES)]
     return (order.index(shape) if shape in order else len(order), shape)
 
 
@@ -292,6 +300,21 @@ class RssSampler:
             return self._pids()
         except Exception:
             return []
+
+    def next_phase(self) -> dict:
+        """The peaks of the phase that ends (:meth:`peaks`), then counting
+        afresh: the sampled peaks reset, and each process's high-water mark
+        (VmHWM) with them where the kernel allows (``clear_refs``)."""
+        peaks = self.peaks()
+        for pid in [os.getpid(), *self.engine_processes()]:
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as refs:
+                    refs.write("5")
+            except OSError:
+                pass
+        self.node_sampled_peak = self.engine_peak = self.sum_peak = 0
+        self.sample()
+        return peaks
 
     def peaks(self) -> dict:
         """Peaks sampled so far, MB: node, engine, and both at one sample."""
@@ -504,7 +527,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 # The node's other child processes (the put path's hash worker).
                 "workers": round(_cpu_seconds(_worker_processes(rss.engine_processes())) - workers_cpu, 2),
             }
-            ingest_rss = rss.peaks()
+            ingest_rss = rss.next_phase()
             # What the node holds for the table at the end of the ingest.
             ingest_rss["held_mb"] = {
                 "hot_tier": round(store.hot.bytes / MIB, 1),
@@ -532,16 +555,22 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             store.reader.index_now()
             index_s = time.perf_counter() - started
             _say(f"delta: key index of {after.files} files built in {index_s:.1f} s, "
-                 f"{store.reader.index_bytes() / max(after.rows, 1):.1f} bytes a message")
+                 f"{store.reader.index_bytes() / max(after.rows, 1):.2f} bytes a message held, "
+                 f"{store.reader.mapped_bytes() / max(after.rows, 1):.1f} on disk")
+            compaction_rss = rss.next_phase()
             # --- queries
             round_trips = []
             for _ in range(ROUND_TRIPS):
                 round_trips.append(_timed(engine.run, lambda spark: spark.sql("SELECT 1").collect())[1])
             engine_ms: list[float] = []
             timings, expected = _delta_queries(store, spec, args, engine_ms)
+            serving_rss = rss.next_phase()
             spark_path = _spark_path_queries(store, spec, args, expected)
             rows = maintenance.count_rows(store.table)
             integrity = check_integrity(store.table, spec)
+            rss.next_phase()
+            store, restart = _restart(config, engine, store, expected)
+            restart["rss_mb"] = rss.next_phase()
         report.update({
             "unique_messages": integrity["dataset"]["count"],
             "accepted": accepted,
@@ -585,6 +614,12 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
             },
             "ingest_peak_rss_mb": ingest_rss,
+            # Peaks of each phase (sampled every 0.25 s, and each process's
+            # high-water mark since the phase began).
+            "rss_phases_mb": {"ingest": {k: v for k, v in ingest_rss.items() if k != "held_mb"},
+                              "compaction": compaction_rss, "serving": serving_rss},
+            "key_index_mapped_bytes": store.reader.mapped_bytes(),
+            "restart": restart,
             "ingest_cpu_s": ingest_cpu,
             "engine_pids": sorted(rss.engine_pids),
             "engine_restarts": max(engine.generation - 1, 0),
@@ -603,6 +638,40 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             store.close()
         finally:
             engine.close()
+
+
+def _restart(config, engine, store, expected: Expected):
+    """Close the store and open it again on the same table (the engine
+    stays up: the node's own restart): seconds until it is ready, and the
+    first history page after it (a day-long page timed before, read
+    through the key index mapped from disk, and equal to the answer
+    before). Returns the new store."""
+    from wakustore.node.store_service import open_store
+
+    store.close()
+    started = time.perf_counter()
+    _, store = open_store(config, engine)
+    ready_s = time.perf_counter() - started
+    answered = store.reader.indexed_answers
+    page_spec, before = next(((p, first) for p, first, _ in expected.full_pages
+                              if p.range_name == "1d" and first.messages),
+                             next(((p, first) for p, first, _ in expected.full_pages), (None, None)))
+    page, first_ms = _timed(store.query, page_spec.query())
+    started = time.perf_counter()
+    filled = store.writes.filter_ready.wait(600)
+    restart = {
+        "ready_s": round(ready_s, 3),
+        "first_page_ms": _round(first_ms),
+        "first_page_messages": len(page.messages),
+        "first_page_from_index": store.reader.indexed_answers > answered,
+        "first_page_equal": page == before,
+        "indexes_mapped": store.reader.index_loads,
+        "indexes_built": store.reader.index_builds,
+        "key_filter_filled_s": round(ready_s + time.perf_counter() - started, 3) if filled else None,
+    }
+    _say(f"delta: restarted, ready in {ready_s:.2f} s, first page {first_ms:.1f} ms "
+         f"({restart['indexes_mapped']} indexes mapped, {restart['indexes_built']} built)")
+    return store, restart
 
 
 def check_integrity(table, spec: DatasetSpec) -> dict:

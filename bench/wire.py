@@ -24,8 +24,12 @@ What it measures:
    and backward; each first page is followed by the page at its cursor
    when there is one (js-waku's paging); ``--shapes`` keeps some time ranges
    only (``now-1h`` alone: every page from the hot tier, so what is left is
-   the cost of the wire). A level runs about ``--queries``
-   timed queries (split between its clients) after a warm-up.
+   the cost of the wire). ``--mix status-go`` replays status-go's Store
+   traffic instead (:mod:`wakustore.bench.status_go_mix`: presence checks
+   of 50 hashes without data, hash-first backfill, 24-hour history pages
+   of 50, community descriptions; its proportions and their sources are
+   there). A level runs about ``--queries`` timed queries (split between
+   its clients) after a warm-up.
 4. The same first pages straight on the store service (no wire), to show
    what the protocol stack adds.
 5. With ``--hostile``: each level runs a second time while a hostile
@@ -47,8 +51,8 @@ of the node's process, every thread, over the timed interval, divided by
 the timed queries; the engine's server process is not counted, pages do
 not go through it), ``client_cpu_ms_per_query`` (the same for the client
 process: both share the machine's cores), ``p50_ms``, ``p99_ms`` and
-``per_shape`` (``{n, p50_ms, p99_ms}`` for ``1h/first``, ``7d/cursor``,
-...). Under ``--hostile`` the node's CPU also pays for the hostile load.
+``per_shape`` (``{n, qps, p50_ms, p99_ms}`` for ``1h/first``, ``7d/cursor``,
+``presence/50/first``, ...). Under ``--hostile`` the node's CPU also pays for the hostile load.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ CLIENT_TIMEOUT_S = 1800
 MIB = 1024 * 1024
 # The hostile load starts first, so the clients meet it at full strength.
 HOSTILE_HEAD_START_S = 3.0
+MIXES = ("pages", "status-go")
 CLIENT_MODE = ("one libp2p host per client (own key, TCP connection, Noise, yamux), "
                "all clients in one process apart from the node's, closed loop")
 
@@ -97,11 +102,17 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                       help="concurrent clients, comma-separated levels run in turn (default 1,4)")
     verb.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
                       help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
+    verb.add_argument("--days", type=positive_int, default=bench_dataset.DatasetSpec.days,
+                      help=f"days the dataset spans, ending now (default {bench_dataset.DatasetSpec.days})")
     verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
                       help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
     verb.add_argument("--shapes", type=_shapes, default=None,
                       help="only these time ranges, comma-separated, of " + ", ".join(_range_names())
                       + " (default all; now-1h alone is answered from the hot tier: the wire's own cost)")
+    verb.add_argument("--mix", choices=MIXES, default="pages",
+                      help="pages: the storage benchmark's pages of 20 (default); status-go: the Store traffic "
+                      "of status-go clients (presence checks by hash, backfill, 24-hour history, community "
+                      "descriptions; see wakustore.bench.status_go_mix)")
     verb.add_argument("--hostile", action="store_true",
                       help="run each level again alongside a hostile load and report both")
     verb.add_argument("--hostile-hosts", type=positive_int, default=4,
@@ -143,8 +154,11 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
 
     if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
         raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
+    if getattr(args, "mix", "pages") != "pages" and getattr(args, "shapes", None) is not None:
+        raise UsageError("--shapes chooses among the pages mix's time ranges; it does not apply to --mix status-go")
     config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
-    spec = bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed)
+    spec = bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed,
+                                     days=getattr(args, "days", bench_dataset.DatasetSpec.days))
     # The node: loopback, system-chosen ports, the dataset's shards, no
     # listeners besides libp2p, commits only when the load asks for them.
     config.tcp_port = config.ws_port = config.metrics_port = config.mailserver_port = 0
@@ -161,6 +175,7 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
         config.data_dir = temporary
     report: dict = {
         "messages": spec.messages,
+        "mix": getattr(args, "mix", "pages"),
         "dataset": {"seed": spec.seed, "topics": spec.topics, "shards": spec.shards, "days": spec.days,
                     "duplicate_ratio": spec.duplicate_ratio, "start_ns": spec.start_ns, "end_ns": spec.end_ns},
         "client_mode": CLIENT_MODE,
@@ -244,6 +259,10 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
         report["levels"] = []
         for index, clients in enumerate(args.clients):
             specs = page_specs(spec, args.seed + 100 * (index + 1))
+            if getattr(args, "mix", "pages") == "status-go":
+                from wakustore.bench.status_go_mix import mix_specs
+
+                specs = mix_specs(spec, args.seed + 100 * (index + 1))
             shapes = getattr(args, "shapes", None)
             if shapes is not None:
                 specs = (page for page in specs if page.range_name in shapes)
@@ -335,7 +354,8 @@ def _level_summary(clients: int, timing: Timing, samples: list[list[tuple[str, f
         "client_cpu_ms_per_query": _per_query_ms(timing.client_cpu_s, len(flat)),
         "p50_ms": _round(percentile(latencies, 50)),
         "p99_ms": _round(percentile(latencies, 99)),
-        "per_shape": {shape: {"n": len(v), "p50_ms": _round(percentile(v, 50)), "p99_ms": _round(percentile(v, 99))}
+        "per_shape": {shape: {"n": len(v), "qps": round(len(v) / wall_s, 1) if wall_s > 0 else None,
+                              "p50_ms": _round(percentile(v, 50)), "p99_ms": _round(percentile(v, 99))}
                       for shape, v in sorted(by_shape.items())},
     }
 

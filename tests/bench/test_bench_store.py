@@ -112,9 +112,19 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
     assert 0 < report["query_p50_ms"] <= report["query_p99_ms"]
     assert report["queries"] == 40
     assert report["hash_lookup_p50_ms"] > 0
-    for shape in ("1h/first", "1d/first", "7d/first", "hash/1", "hash/20"):
+    for shape in ("1h/first", "1d/first", "7d/first", "hash/1", "hash/20", "hash/50",
+                  "hash/1/keys", "hash/20/keys", "hash/50/keys"):
         figures = report["per_shape"][shape]
         assert figures["n"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+    # The node opened again on its table: its indexes mapped, none built,
+    # the first history page read through them.
+    restart = report["restart"]
+    assert restart["ready_s"] > 0 and restart["first_page_from_index"] and restart["first_page_messages"] > 0
+    assert restart["first_page_equal"]
+    assert restart["indexes_mapped"] == report["table"]["files_after_compact"] and restart["indexes_built"] == 0
+    assert restart["key_filter_filled_s"] is not None
+    for phase in ("ingest", "compaction", "serving"):
+        assert report["rss_phases_mb"][phase]["node"] > 0
     assert report["peak_rss_mb"]["node"] > 0
     assert report["peak_rss_mb"]["engine"] > 0
     assert report["reader_page_p50_ms"] > 0

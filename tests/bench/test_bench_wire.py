@@ -66,6 +66,55 @@ def test_small_run_reports_queries_per_second_and_latency_per_level(engine, tmp_
     assert "queries/s" in printed and "ms/query" in printed
 
 
+def test_status_go_mix_replays_every_shape_of_its_traffic_without_errors(engine, tmp_path, capsys):
+    """``--mix status-go``: presence checks (some hashes not stored),
+    backfill by keys then bodies, history pages, community descriptions,
+    each answered 200 over the wire, in about the stated proportions."""
+    from wakustore.bench.status_go_mix import SHARES
+
+    out = tmp_path / "wire.json"
+    args = parse("--messages", "1500", "--clients", "2", "--queries", "80", "--mix", "status-go",
+                 "--json", str(out))
+    assert bench_wire.run_wire_bench(args, engine=engine) == 0
+    report = json.loads(out.read_text())
+    assert report["mix"] == "status-go"
+    (level,) = report["levels"]
+    assert level["queries"] == 80 and level["errors"] == 0
+    firsts = {name.rsplit("/", 1)[0]: shape["n"] for name, shape in level["per_shape"].items()
+              if name.endswith("/first")}
+    assert set(firsts) == {name for name, _ in SHARES}
+    assert firsts["presence/50"] > firsts["community/31d"]
+    assert all(shape["qps"] > 0 for shape in level["per_shape"].values())
+
+
+def test_status_go_mix_queries_are_the_shapes_status_go_sends():
+    import itertools
+    import time
+
+    from wakustore.bench.dataset import DatasetSpec
+    from wakustore.bench.status_go_mix import mix_specs
+
+    spec = DatasetSpec(messages=20_000, end_ns=time.time_ns())
+    for mix in itertools.islice(mix_specs(spec, 3), 200):
+        query = mix.query()
+        if mix.range_name == "presence/50":
+            assert len(query.message_hashes) == 50 and not query.include_data and query.limit == 50
+        elif mix.range_name == "backfill-bodies/50":
+            assert len(query.message_hashes) == 50 and query.include_data
+        elif mix.range_name == "community/31d":
+            assert query.limit == 1 and len(query.content_topics) == 1
+            assert query.time_end - query.time_start == 31 * 86_400 * 10**9
+        else:
+            assert 1 <= len(query.content_topics) <= 10 and not query.forward
+            assert query.time_end - query.time_start == 86_400 * 10**9
+            assert query.limit == (100 if mix.range_name == "backfill-keys/100" else 50)
+
+
+def test_shapes_do_not_apply_to_the_status_go_mix(tmp_path):
+    with pytest.raises(UsageError):
+        bench_wire.run_wire_bench(parse("--messages", "10", "--mix", "status-go", "--shapes", "1d"))
+
+
 @pytest.mark.slow
 def test_hostile_run_reports_the_clients_figures_under_the_hostile_load(engine, tmp_path, capsys):
     out = tmp_path / "wire.json"
