@@ -583,10 +583,18 @@ static PyObject *bloom_test(PyObject *self, PyObject *args)
     return found;
 }
 
-/* The first position in keys[lo, n) (each width bytes) not below key. */
-static Py_ssize_t lower_bound(const uint8_t *run, Py_ssize_t lo, Py_ssize_t n, const uint8_t *key, size_t width)
+static inline uint64_t be64(const uint8_t *p)
 {
-    Py_ssize_t hi = n;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* The first position in run[lo, hi) (each width bytes) not below key, by
+ * binary search. */
+static Py_ssize_t bisect(const uint8_t *run, Py_ssize_t lo, Py_ssize_t hi, const uint8_t *key, size_t width)
+{
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
         if (memcmp(run + (size_t)mid * width, key, width) < 0)
@@ -595,6 +603,44 @@ static Py_ssize_t lower_bound(const uint8_t *run, Py_ssize_t lo, Py_ssize_t n, c
             hi = mid;
     }
     return lo;
+}
+
+/* The first position in run[lo, n) not below key. The keys are hashes,
+ * uniform: a guess from the first 8 bytes lands within ~sqrt(n) places of
+ * it, then a gallop brackets it, so a search touches a page or two of a
+ * mapped run instead of one per halving. */
+static Py_ssize_t lower_bound(const uint8_t *run, Py_ssize_t lo, Py_ssize_t n, const uint8_t *key, size_t width)
+{
+    Py_ssize_t hi = n;
+    if (hi - lo <= 64 || width < 8)
+        return bisect(run, lo, hi, key, width);
+    uint64_t a = be64(run + (size_t)lo * width), b = be64(run + (size_t)(hi - 1) * width), k = be64(key);
+    if (k < a)
+        return lo;
+    if (k > b)
+        return hi;
+    if (b == a)
+        return bisect(run, lo, hi, key, width);
+    Py_ssize_t g = lo + (Py_ssize_t)((double)(k - a) / (double)(b - a) * (double)(hi - 1 - lo));
+    if (g < lo)
+        g = lo;
+    if (g > hi - 1)
+        g = hi - 1;
+    Py_ssize_t step = 1;
+    if (memcmp(run + (size_t)g * width, key, width) < 0) {
+        Py_ssize_t from = g + 1; /* the bound lies at from or after */
+        while (from + step <= hi && memcmp(run + (size_t)(from + step - 1) * width, key, width) < 0) {
+            from += step;
+            step <<= 1;
+        }
+        return bisect(run, from, from + step < hi ? from + step : hi, key, width);
+    }
+    Py_ssize_t to = g; /* run[to] is not below key */
+    while (to - step >= lo && memcmp(run + (size_t)(to - step) * width, key, width) >= 0) {
+        to -= step;
+        step <<= 1;
+    }
+    return bisect(run, to - step + 1 > lo ? to - step + 1 : lo, to, key, width);
 }
 
 static PyObject *find_keys(PyObject *self, PyObject *args)

@@ -402,6 +402,7 @@ class MessageStore:
             self._hasher.close()
             if self._filler is not None:
                 self._filler.join()
+            self.reader.close()
 
     # --- write path -------------------------------------------------------
 

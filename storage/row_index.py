@@ -165,20 +165,6 @@ class FileIndex:
         bounds = self.pair_bounds[local].astype(np.int64)
         return bounds[:, 2] + positions - bounds[:, 0]
 
-    def keys_at(self, positions: np.ndarray) -> pa.Table:
-        """What the index alone says of the rows at ``positions`` in ``ts``:
-        their hash, pubsub topic, content topic and timestamp (the columns a
-        page without data returns and the exact test reads; no digest: a
-        lookup by hash orders by hash)."""
-        positions = np.asarray(positions, dtype=np.int64)
-        local = np.searchsorted(self.pair_bounds[:, 0], positions, "right") - 1
-        names = self._pairs.names(self.pair_ids[local].tolist())
-        return pa.table({
-            "pubsub_topic": pa.array([n[0] for n in names], pa.string()),
-            "content_topic": pa.array([n[1] for n in names], pa.string()),
-            "timestamp": pa.array(self.ts[positions], pa.int64()),
-        })
-
 
 def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str]], int, dict[str, np.ndarray]]:
     """Read the key columns of the data file at ``path``: (rows, topic
@@ -423,12 +409,15 @@ def hash_hits(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> list[tup
     """Where ``hashes`` stand in the files: per file holding some, their
     positions in its ``ts`` and the hashes found. Exact (whole hashes)."""
     wanted, found = find_keys([index.hashes for index in indexes], hashes)
-    by_file: dict[int, tuple[list[int], list[bytes]]] = {}
-    for run, at, key in found:
-        positions, keys = by_file.setdefault(run, ([], []))
-        positions.append(int(indexes[run].hash_pos[at]))
-        keys.append(wanted[key])
-    return [(indexes[run], np.array(p, dtype=np.int64), k) for run, (p, k) in by_file.items()]
+    if not found:
+        return []
+    hits = np.array(found, dtype=np.int64).reshape(-1, 3)
+    out = []
+    for run in np.unique(hits[:, 0]).tolist():
+        mine = hits[hits[:, 0] == run]
+        index = indexes[run]
+        out.append((index, index.hash_pos[mine[:, 1]].astype(np.int64), [wanted[k] for k in mine[:, 2].tolist()]))
+    return out
 
 
 def hash_candidates(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> Candidates:
@@ -440,18 +429,27 @@ def hash_candidates(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> Ca
     return Candidates(files, rows)
 
 
-def hash_keys(indexes: Sequence[FileIndex], hashes: Sequence[bytes]) -> pa.Table | None:
-    """The rows of ``hashes`` as the index alone describes them
-    (:meth:`FileIndex.keys_at` with the hash and an empty digest): a lookup
-    without data reads no data file. None when none is found."""
-    pieces = []
-    for index, positions, keys in hash_hits(indexes, hashes):
-        table = index.keys_at(positions)
-        pieces.append(table.append_column("message_hash", pa.array(keys, pa.binary()))
-                      .append_column("digest", pa.array([b""] * len(keys), pa.binary())))
-    if not pieces:
+def hash_keys(indexes: Sequence[FileIndex], hashes: Sequence[bytes], pairs: TopicPairs) -> pa.Table | None:
+    """The rows of ``hashes`` as the index alone describes them: hash,
+    pubsub topic, content topic, timestamp and an empty digest (a lookup
+    by hash orders by hash). A lookup without data reads no data file.
+    None when none is found."""
+    ids, stamps, keys = [], [], []
+    for index, positions, found in hash_hits(indexes, hashes):
+        local = np.searchsorted(index.pair_bounds[:, 0], positions, "right") - 1
+        ids.append(index.pair_ids[local])
+        stamps.append(index.ts[positions])
+        keys.extend(found)
+    if not keys:
         return None
-    return pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+    names = pairs.names(np.concatenate(ids).tolist())
+    return pa.table({
+        "pubsub_topic": pa.array([n[0] for n in names], pa.string()),
+        "content_topic": pa.array([n[1] for n in names], pa.string()),
+        "timestamp": pa.array(np.concatenate(stamps), pa.int64()),
+        "message_hash": pa.array(keys, pa.binary()),
+        "digest": pa.array([b""] * len(keys), pa.binary()),
+    })
 
 
 def existing_keys(indexes: Sequence[FileIndex], keys: Sequence[bytes]) -> set[bytes] | None:
