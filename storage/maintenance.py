@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from wakustore.storage import schema
+from wakustore.storage import day_rewrite, schema
 from wakustore.storage.staging import is_local
 from wakustore.storage.table import DeltaTableRef
 
@@ -254,8 +254,10 @@ def _writer_properties():
 
 
 def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = True) -> dict[str, int]:
-    """Rewrite finished days with more than one file into one sorted file
-    with bloom filters; bin-pack today once it has many files."""
+    """Rewrite finished days with more than one file into sorted files
+    (streamed, :mod:`day_rewrite`, on a table of this machine; else read
+    whole, with bloom filters on the keys); bin-pack today once it has
+    many files."""
     if not table.engine.is_embedded:
         table.engine.run(lambda spark: spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect())
         return {"optimized": 1}
@@ -267,8 +269,12 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
         day = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
         files_per_day[day] = files_per_day.get(day, 0) + 1
     rewritten = 0
+    local = is_local(table.uri)
     for day, files in sorted(files_per_day.items()):
-        if day < today and files > 1 and rewrite_finished_days:
+        if day < today and files > 1 and rewrite_finished_days and local \
+                and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS):
+            rewritten += 1  # streamed: the node never holds the day
+        elif day < today and files > 1 and rewrite_finished_days:
             dtable = DeltaTable(table.uri)
             data = dtable.to_pyarrow_table(filters=[("day", "=", day)])
             data = data.sort_by([("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")])

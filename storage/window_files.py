@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -41,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wakustore.storage import schema
+from wakustore.storage.durable import fsync_dir
 from wakustore.storage.engine import CommitConflict, commit_conflict
 
 # A new file is closed once it holds this many bytes of rows (Arrow size,
@@ -63,6 +66,20 @@ _DICTIONARY_COLUMNS = ["pubsub_topic", "content_topic"]
 # Hashes are random bytes: snappy only spends time on them (a 250k-row
 # window file: ~0.1 s of ~0.7); the other columns stay compressed.
 _COMPRESSION = {f.name: "none" if f.name in ("muid", "message_hash", "digest") else "snappy" for f in _PHYSICAL}
+
+
+@dataclass(frozen=True, slots=True)
+class FileLayout:
+    """How the files are written: row groups of ``row_group_rows``, a file
+    closed past ``target_bytes`` (None: :data:`TARGET_FILE_BYTES`), and
+    fsynced (with its directory) when ``durable``, before a commit names it."""
+
+    row_group_rows: int = ROW_GROUP_ROWS
+    target_bytes: int | None = None
+    durable: bool = False
+
+
+WINDOW_LAYOUT = FileLayout()
 
 
 class StagedFiles:
@@ -134,7 +151,7 @@ def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int
         if isinstance(source, StagedFiles):
             adds += [AddAction(*action) for action in source.source().actions]
         else:
-            adds += [AddAction(*action) for action in _write_days(root, _batches(source), written)]
+            adds += [AddAction(*action) for action in write_days(root, _batches(source), written)]
         if not removes and not adds:
             return
         table.create_write_transaction(removes + adds, "append", table.schema(),
@@ -214,10 +231,13 @@ def _file_batches(source: pq.ParquetFile, columns: list[str] | None = None) -> I
         del group
 
 
-def _write_days(root: Path, batches: Iterator[pa.RecordBatch], written: list[Path]) -> list[tuple]:
+def write_days(root: Path, batches: Iterator[pa.RecordBatch], written: list[Path],
+               layout: FileLayout = WINDOW_LAYOUT) -> list[tuple]:
     """The rows of ``batches`` (with their day column) written into their
-    days' partitions; the add actions of the files."""
-    with _DayFiles(root, written) as files:
+    days' partitions under ``root`` (every file's path is added to
+    ``written`` as it is opened); the add actions of the files, as
+    ``deltalake.transaction.AddAction`` takes them."""
+    with _DayFiles(root, written, layout) as files:
         for batch in batches:
             _write_batch(files, batch)
     return files.actions
@@ -240,8 +260,9 @@ class _DayFiles:
     """Open Parquet files, one a day, each closed (and its add action made)
     once it passes :data:`TARGET_FILE_BYTES` or at the end."""
 
-    def __init__(self, root: Path, written: list[Path]):
+    def __init__(self, root: Path, written: list[Path], layout: FileLayout = WINDOW_LAYOUT):
         self.root = root
+        self.layout = layout
         self.written = written
         self.actions: list[tuple] = []
         self._open: dict[str, _File] = {}
@@ -251,7 +272,7 @@ class _DayFiles:
 
     def __exit__(self, exc_type, *_exc) -> None:
         for file in self._open.values():
-            file.writer.close()
+            file.close()
             if exc_type is None:
                 self.actions.append(file.action())
         self._open.clear()
@@ -259,18 +280,19 @@ class _DayFiles:
     def write(self, day: str, batch: pa.RecordBatch) -> None:
         file = self._open.get(day)
         if file is None:
-            file = self._open[day] = _File(self.root, day)
+            file = self._open[day] = _File(self.root, day, self.layout)
             self.written.append(file.path)
         file.write(batch)
-        if file.bytes >= TARGET_FILE_BYTES:
-            file.writer.close()
+        if file.bytes >= (self.layout.target_bytes or TARGET_FILE_BYTES):
+            file.close()
             self.actions.append(file.action())
             del self._open[day]
 
 
 class _File:
-    def __init__(self, root: Path, day: str):
+    def __init__(self, root: Path, day: str, layout: FileLayout):
         self.day = day
+        self.layout = layout
         self.relative = f"{schema.MESSAGES_PARTITION}={day}/part-{uuid.uuid4()}-c000.snappy.parquet"
         self.path = root / self.relative
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,9 +302,19 @@ class _File:
         self.bytes = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self.writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+        self.writer.write_batch(batch, row_group_size=self.layout.row_group_rows)
         self.rows += batch.num_rows
         self.bytes += batch.nbytes
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.layout.durable:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.path.parent)
 
     def action(self) -> tuple:
         """(path, size, partition values, modification time, data change,
