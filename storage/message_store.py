@@ -340,7 +340,11 @@ class MessageStore:
         now = time.time_ns()
         since = now - self.hot.window_ns
         budget_rows = max(1, self.hot.max_bytes // WARM_ROW_BYTES)
-        recent = self.table.recent(since, budget_rows)
+        # In process from the key index's timestamps (the row groups of the
+        # newest rows alone); through the engine when the index cannot say.
+        recent = self.reader.recent_rows(since, budget_rows)
+        if recent is None:
+            recent = self.table.recent(since, budget_rows)
         start = since
         if recent.num_rows >= budget_rows:
             # Cut at a timestamp boundary so the tier is complete from start.

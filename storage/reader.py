@@ -780,6 +780,42 @@ class TableReader:
                      snapshot.version, _one_line(exc))
             return None
 
+    def recent_rows(self, since_ns: int, limit: int) -> pa.Table | None:
+        """Full rows with timestamp >= ``since_ns``, newest first (timestamp,
+        then hash, descending), at most ``limit``, as
+        :meth:`DeltaTableRef.recent` gives them, read in process: the key
+        index names the rows (their timestamps are in it), and only the
+        row groups holding them are read. None when the index cannot say
+        (off, or a file of those days not indexed yet)."""
+        snapshot = self._current()
+        if not self._indexable or snapshot.days is None:
+            return None
+        first_day = schema.day_of_ns(since_ns)
+        indexes = self._indexed(snapshot, [d for d in snapshot.days if d >= first_day], build=True)
+        if indexes is None:
+            return None
+        stamps = [index.ts[index.ts >= since_ns] for index in indexes]
+        total = sum(len(ts) for ts in stamps)
+        if total == 0:
+            return pa.table({c: [] for c in schema.MESSAGES.names}, schema=schema.MESSAGES)
+        cut = since_ns
+        if total > limit:  # the limit-th newest timestamp: rows tied with it are read too
+            cut = int(np.partition(np.concatenate(stamps), total - limit)[total - limit])
+        files, rows = [], []
+        for index in indexes:
+            positions = np.flatnonzero(index.ts >= cut)
+            if len(positions):
+                files.append(index)
+                rows.append(np.sort(index.rows_at(positions)))
+        columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
+        table = row_index.read_rows(row_index.Candidates(files, rows), columns,
+                                    functools.partial(self._read_group, cache=False))
+        table = table.filter(pc.greater_equal(table.column("timestamp"), cut))
+        order = pc.sort_indices(table, sort_keys=[("timestamp", "descending"), ("message_hash", "descending")])
+        table = table.take(order[:limit])
+        days = pc.cast(pc.divide(table.column("timestamp"), schema.NS_PER_DAY), pa.int32())
+        return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32()))
+
     def day_rows(self, day: dt.date, start_ns: int, end_ns: int, content_topics: Sequence[str] | None) -> pa.Table | None:
         """The rows of the day partition ``day`` with start <= timestamp <
         end on ``content_topics`` (None: all), with the ``day`` column, in

@@ -548,3 +548,22 @@ def test_a_restarted_node_fills_its_key_filter_from_the_index_files_and_finds_ol
         assert again.writes.engine_lookups == 0
     finally:
         again.close()
+
+
+def test_recent_rows_read_in_process_equal_the_engines(store, tmp_path):
+    """The hot tier's warm-up reads the newest rows through the key index
+    (their timestamps are in it) exactly as the engine gives them: newest
+    first, ties by hash, at most the limit, rows tied at the cut included."""
+    data = corpus(300, days=3)
+    for start in range(0, len(data), 60):
+        store.put(data[start:start + 60])
+        store.flush()
+    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
+                         index_directory=tmp_path / "index")
+    reader.index_now()
+    times = sorted({m.timestamp for _, m, _ in data})
+    for since, limit in ((times[0], 1000), (times[len(times) // 2], 1000), (times[0], 37), (times[-1], 5),
+                         (times[-1] + 1, 10)):
+        mine = reader.recent_rows(since, limit)
+        engine = store.table.recent(since, limit)
+        assert mine.select(engine.column_names).to_pylist() == engine.to_pylist(), (since, limit)
