@@ -194,9 +194,10 @@ class HotTier:
         table = rows if isinstance(rows, pa.Table) else to_arrow(rows)
         if table.num_rows:
             seen: set[bytes] = set()
-            keep = [k not in seen and not seen.add(k) for k in table.column("muid").to_pylist()]
-            keep = pc.and_(pa.array(keep), pc.greater_equal(table.column("timestamp"), start_ns))
-            table = table.filter(keep)
+            keep = np.array([k not in seen and not seen.add(k) for k in table.column("muid").to_pylist()], dtype=bool)
+            keep &= table.column("timestamp").to_numpy() >= start_ns
+            if not keep.all():  # (a copy of up to the whole tier otherwise)
+                table = table.filter(pa.array(keep))
         with self._lock:
             self._chunks = []
             self.start_ns = start_ns

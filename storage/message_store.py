@@ -341,15 +341,19 @@ class MessageStore:
         since = now - self.hot.window_ns
         budget_rows = max(1, self.hot.max_bytes // WARM_ROW_BYTES)
         # In process from the key index's timestamps (the row groups of the
-        # newest rows alone); through the engine when the index cannot say.
-        recent = self.reader.recent_rows(since, budget_rows)
-        if recent is None:
-            recent = self.table.recent(since, budget_rows)
-        start = since
-        if recent.num_rows >= budget_rows:
-            # Cut at a timestamp boundary so the tier is complete from start.
-            start = pc.min(recent.column("timestamp")).as_py() + 1
+        # newest rows alone, in no order); through the engine when the
+        # index cannot say.
+        found = self.reader.newest_rows(since, budget_rows)
+        if found is not None:
+            recent, cut = found
+            start = cut
         else:
+            recent = self.table.recent(since, budget_rows)
+            start = since
+            if recent.num_rows >= budget_rows:
+                # Cut at a timestamp boundary so the tier is complete from start.
+                start = pc.min(recent.column("timestamp")).as_py() + 1
+        if start == since:
             oldest = self.table.oldest_timestamp()
             if oldest is None or oldest >= since:
                 start = ALL_TIME

@@ -780,13 +780,14 @@ class TableReader:
                      snapshot.version, _one_line(exc))
             return None
 
-    def recent_rows(self, since_ns: int, limit: int) -> pa.Table | None:
-        """Full rows with timestamp >= ``since_ns``, newest first (timestamp,
-        then hash, descending), at most ``limit``, as
-        :meth:`DeltaTableRef.recent` gives them, read in process: the key
-        index names the rows (their timestamps are in it), and only the
-        row groups holding them are read. None when the index cannot say
-        (off, or a file of those days not indexed yet)."""
+    def newest_rows(self, since_ns: int, limit: int) -> tuple[pa.Table, int] | None:
+        """(rows, cut): every full row with timestamp >= cut, in no order,
+        where cut is ``since_ns``, or the timestamp of the ``limit``-th
+        newest row when more than ``limit`` rows are newer than
+        ``since_ns`` (rows tied with it included: the rows are complete
+        from cut on). Read in process: the key index holds the timestamps,
+        and only the row groups of those rows are read. None when the index
+        cannot say (off, or a file of those days not indexed yet)."""
         snapshot = self._current()
         if not self._indexable or snapshot.days is None:
             return None
@@ -796,11 +797,10 @@ class TableReader:
             return None
         stamps = [index.ts[index.ts >= since_ns] for index in indexes]
         total = sum(len(ts) for ts in stamps)
-        if total == 0:
-            return pa.table({c: [] for c in schema.MESSAGES.names}, schema=schema.MESSAGES)
         cut = since_ns
-        if total > limit:  # the limit-th newest timestamp: rows tied with it are read too
+        if total > limit:
             cut = int(np.partition(np.concatenate(stamps), total - limit)[total - limit])
+        del stamps
         files, rows = [], []
         for index in indexes:
             positions = np.flatnonzero(index.ts >= cut)
@@ -810,11 +810,10 @@ class TableReader:
         columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
         table = row_index.read_rows(row_index.Candidates(files, rows), columns,
                                     functools.partial(self._read_group, cache=False))
-        table = table.filter(pc.greater_equal(table.column("timestamp"), cut))
-        order = pc.sort_indices(table, sort_keys=[("timestamp", "descending"), ("message_hash", "descending")])
-        table = table.take(order[:limit])
+        if table is None:
+            table = _result_schema(columns).empty_table()
         days = pc.cast(pc.divide(table.column("timestamp"), schema.NS_PER_DAY), pa.int32())
-        return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32()))
+        return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32())), cut
 
     def day_rows(self, day: dt.date, start_ns: int, end_ns: int, content_topics: Sequence[str] | None) -> pa.Table | None:
         """The rows of the day partition ``day`` with start <= timestamp <
