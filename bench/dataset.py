@@ -28,10 +28,12 @@ message hashes, which the table must match.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -282,6 +284,25 @@ def _hash_prefix(pubsub_topic: str, message: WakuMessage) -> bytes:
     # protocols.message.message_hash, first 8 bytes.
     return hashlib.sha256(b"".join((pubsub_topic.encode(), message.payload, message.content_topic.encode(),
                                     message.meta, _TIMESTAMP.pack(message.timestamp)))).digest()[:8]
+
+
+SPEC_FILE = "bench-dataset.json"
+
+
+def save_spec(spec: DatasetSpec, data_dir: Path) -> None:
+    """Record the dataset a benchmark loads into ``data_dir`` (beside its table)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fields = {"messages": spec.messages, "end_ns": spec.end_ns, "seed": spec.seed, "topics": spec.topics,
+              "shards": spec.shards, "days": spec.days, "duplicate_ratio": spec.duplicate_ratio}
+    (data_dir / SPEC_FILE).write_text(json.dumps(fields) + "\n")
+
+
+def load_spec(data_dir: Path) -> DatasetSpec | None:
+    """The dataset :func:`save_spec` recorded in ``data_dir``; None when there is none."""
+    try:
+        return DatasetSpec(**json.loads((data_dir / SPEC_FILE).read_text()))
+    except FileNotFoundError:
+        return None
 
 
 def sample_originals(spec: DatasetSpec, rng: random.Random, count: int,

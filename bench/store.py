@@ -413,6 +413,9 @@ def run_store_bench(args: argparse.Namespace) -> int:
     if args.data_dir is None:
         temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-"))
         config.data_dir = temporary
+    else:
+        # What `bench wire --table-of DIR` needs to query this table again.
+        bench_dataset.save_spec(spec, Path(args.data_dir))
     try:
         expected = _run_delta(config, spec, args, report)
         failed = False
@@ -663,8 +666,10 @@ def _restart(config, engine, expected: Expected):
     _, store = open_store(config, engine)
     ready_s = time.perf_counter() - started
     answered = store.reader.indexed_answers
-    page_spec, before = next(((p, first) for p, first, _ in expected.full_pages
-                              if p.range_name == "1d" and first.messages),
+    # A page of history the hot tier does not hold: the table's, through the index.
+    hot_from = store.hot.start_ns if store.hot.start_ns is not None else 2**63
+    older = [(p, first) for p, first, _ in expected.full_pages if first.messages and p.time_end <= hot_from]
+    page_spec, before = next((c for c in older if c[0].range_name == "1d"), older[0] if older else
                              next(((p, first) for p, first, _ in expected.full_pages), (None, None)))
     page, first_ms = _timed(store.query, page_spec.query())
     started = time.perf_counter()

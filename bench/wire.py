@@ -113,6 +113,9 @@ def register_verb(verbs: argparse._SubParsersAction) -> None:
                       help="pages: the storage benchmark's pages of 20 (default); status-go: the Store traffic "
                       "of status-go clients (presence checks by hash, backfill, 24-hour history, community "
                       "descriptions; see wakustore.bench.status_go_mix)")
+    verb.add_argument("--table-of", type=Path, default=None,
+                      help="query the table of this data dir, which bench store --data-dir filled, as it is "
+                      "(its dataset from there; nothing loaded)")
     verb.add_argument("--hostile", action="store_true",
                       help="run each level again alongside a hostile load and report both")
     verb.add_argument("--hostile-hosts", type=positive_int, default=4,
@@ -152,13 +155,22 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     else on a new engine as configured."""
     from wakustore.storage.engine import Engine
 
+    table_of = getattr(args, "table_of", None)
+    if table_of is not None and args.data_dir is not None:
+        raise UsageError("--table-of and --data-dir: give one")
     if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
         raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
+    kept = None
+    if table_of is not None:
+        kept = bench_dataset.load_spec(table_of)
+        if kept is None:
+            raise UsageError(f"--table-of {table_of}: no {bench_dataset.SPEC_FILE} there "
+                             "(a data dir that bench store --data-dir filled)")
     if getattr(args, "mix", "pages") != "pages" and getattr(args, "shapes", None) is not None:
         raise UsageError("--shapes chooses among the pages mix's time ranges; it does not apply to --mix status-go")
-    config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
-    spec = bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed,
-                                     days=getattr(args, "days", bench_dataset.DatasetSpec.days))
+    config = node_config.load(args.config, {"engine": args.engine, "data_dir": table_of or args.data_dir})
+    spec = kept or bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed,
+                                             days=getattr(args, "days", bench_dataset.DatasetSpec.days))
     # The node: loopback, system-chosen ports, the dataset's shards, no
     # listeners besides libp2p, commits only when the load asks for them.
     config.tcp_port = config.ws_port = config.metrics_port = config.mailserver_port = 0
@@ -170,7 +182,7 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     # The well-behaved clients all dial from 127.0.0.1.
     config.ip_colocation_limit = max(config.ip_colocation_limit, max(args.clients))
     temporary = None
-    if args.data_dir is None:
+    if args.data_dir is None and table_of is None:
         temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-wire-"))
         config.data_dir = temporary
     report: dict = {
@@ -188,7 +200,11 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
             engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * MIB)
             engine.start()
         try:
-            _load(config, engine, spec, report)
+            if kept is None:
+                _load(config, engine, spec, report)
+            else:
+                report.update({"unique_messages": None, "ingest_msgs_per_s": None, "table_of": str(table_of)})
+                _say(f"wire bench: the table of {table_of} ({spec.messages:,} messages loaded by bench store)")
             trio.run(_serve_and_query, config, engine, spec, args, report)
         finally:
             if owned:
@@ -438,8 +454,10 @@ async def _timed_query(client, query, shape: str, out: list):
 
 
 def _print_report(report: dict) -> None:
-    print(f"\nwire benchmark: {report['unique_messages']:,} messages in the table "
-          f"({report['messages']:,} loaded at {report['ingest_msgs_per_s']:,.0f} msg/s), "
+    loaded = (f"{report['unique_messages']:,} messages in the table ({report['messages']:,} loaded at "
+              f"{report['ingest_msgs_per_s']:,.0f} msg/s)" if report.get("unique_messages") is not None
+              else f"the table of {report['table_of']} ({report['messages']:,} messages)")
+    print(f"\nwire benchmark: {loaded}, "
           f"{report['machine']['cpus']} CPUs; {report['client_mode']}")
     print(f"  store service, no wire: p50 {report['direct_p50_ms']} ms, p99 {report['direct_p99_ms']} ms")
     for level in report["levels"]:

@@ -780,14 +780,17 @@ class TableReader:
                      snapshot.version, _one_line(exc))
             return None
 
-    def newest_rows(self, since_ns: int, limit: int) -> tuple[pa.Table, int] | None:
+    def newest_rows(self, since_ns: int, max_bytes: int) -> tuple[pa.Table, int] | None:
         """(rows, cut): every full row with timestamp >= cut, in no order,
-        where cut is ``since_ns``, or the timestamp of the ``limit``-th
-        newest row when more than ``limit`` rows are newer than
-        ``since_ns`` (rows tied with it included: the rows are complete
-        from cut on). Read in process: the key index holds the timestamps,
-        and only the row groups of those rows are read. None when the index
-        cannot say (off, or a file of those days not indexed yet)."""
+        where cut is ``since_ns``, or later when the rows newer than
+        ``since_ns`` hold more than ``max_bytes``: the oldest timestamp
+        whose rows, with all newer ones, fit (the rows tied at it
+        included: the rows are complete from cut on). A row's size is its
+        file's bytes per row (payloads are ciphertext: Arrow holds about
+        what the file does). Read in process: the key index holds the
+        timestamps, and only the row groups of those rows are read. None
+        when the index cannot say (off, or a file of those days not
+        indexed yet)."""
         snapshot = self._current()
         if not self._indexable or snapshot.days is None:
             return None
@@ -795,12 +798,17 @@ class TableReader:
         indexes = self._indexed(snapshot, [d for d in snapshot.days if d >= first_day], build=True)
         if indexes is None:
             return None
+        sizes = self._snapshot_sizes()
         stamps = [index.ts[index.ts >= since_ns] for index in indexes]
-        total = sum(len(ts) for ts in stamps)
+        weights = [np.full(len(ts), sizes.get(index.path, 0) / max(index.rows, 1)) for ts, index in zip(stamps, indexes)]
         cut = since_ns
-        if total > limit:
-            cut = int(np.partition(np.concatenate(stamps), total - limit)[total - limit])
-        del stamps
+        if sum(float(w.sum()) for w in weights) > max_bytes:
+            ts = np.concatenate(stamps)
+            newest_first = np.argsort(ts)[::-1]
+            held = np.cumsum(np.concatenate(weights)[newest_first])
+            fits = int(np.searchsorted(held, max_bytes, "right"))  # rows that fit, newest first
+            cut = int(ts[newest_first[fits]]) + 1 if fits < len(ts) else since_ns
+        del stamps, weights
         files, rows = [], []
         for index in indexes:
             positions = np.flatnonzero(index.ts >= cut)

@@ -1,6 +1,7 @@
 """`wakustore bench wire` runs end to end on a tiny dataset and reports every figure."""
 
 import json
+import os
 
 import pytest
 
@@ -108,6 +109,33 @@ def test_status_go_mix_queries_are_the_shapes_status_go_sends():
             assert 1 <= len(query.content_topics) <= 10 and not query.forward
             assert query.time_end - query.time_start == 86_400 * 10**9
             assert query.limit == (100 if mix.range_name == "backfill-keys/100" else 50)
+
+
+def test_the_table_bench_store_filled_is_queried_as_it_is(engine, tmp_path):
+    """``--table-of DIR``: the table and the dataset bench store left in
+    DIR, queried without loading anything (the presence checks find the
+    dataset's own hashes there)."""
+    from wakustore.bench import store as bench_store
+
+    kept = tmp_path / "kept"
+    store_args = build_parser().parse_args(["bench", "store", "--messages", "1500", "--queries", "10",
+                                            "--lookups", "1", "--data-dir", str(kept)])
+    assert bench_store.run_store_bench(store_args) == 0
+    rows = sorted(os.listdir(kept / "tables" / "messages"))
+    out = tmp_path / "wire.json"
+    args = parse("--table-of", str(kept), "--clients", "1", "--queries", "30", "--mix", "status-go",
+                 "--json", str(out))
+    assert bench_wire.run_wire_bench(args, engine=engine) == 0
+    report = json.loads(out.read_text())
+    assert report["table_of"] == str(kept) and report["messages"] == 1500
+    (level,) = report["levels"]
+    assert level["queries"] == 30 and level["errors"] == 0
+    assert sorted(os.listdir(kept / "tables" / "messages")) == rows  # nothing loaded
+
+
+def test_table_of_a_dir_without_a_dataset_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        bench_wire.run_wire_bench(parse("--table-of", str(tmp_path)))
 
 
 def test_shapes_do_not_apply_to_the_status_go_mix(tmp_path):

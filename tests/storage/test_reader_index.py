@@ -552,9 +552,9 @@ def test_a_restarted_node_fills_its_key_filter_from_the_index_files_and_finds_ol
 
 def test_the_newest_rows_read_in_process_are_every_row_from_the_cut_as_the_engine_has_them(store, tmp_path):
     """The hot tier's warm-up reads the newest rows through the key index
-    (their timestamps are in it): every row from the cut on, the cut
-    being the limit-th newest timestamp (rows tied with it included), the
-    rows as the engine gives them."""
+    (their timestamps are in it): every row from the cut on, the cut the
+    oldest timestamp whose rows and all newer fit the budget (rows tied
+    with it included), the rows as the engine gives them."""
     data = corpus(300, days=3)
     for start in range(0, len(data), 60):
         store.put(data[start:start + 60])
@@ -562,12 +562,18 @@ def test_the_newest_rows_read_in_process_are_every_row_from_the_cut_as_the_engin
     reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
                          index_directory=tmp_path / "index")
     reader.index_now()
+    size = sum(s for sizes in reader.file_sizes_by_day().values() for s in sizes)
+    per_row = size / len(data)  # about: each file's own bytes a row weigh its rows
     times = sorted(m.timestamp for _, m, _ in data)
-    for since, limit in ((times[0], 1000), (times[len(times) // 2], 1000), (times[0], 37), (times[-1], 5),
-                         (times[-1] + 1, 10)):
-        rows, cut = reader.newest_rows(since, limit)
-        newer = [t for t in times if t >= since]
-        assert cut == (since if len(newer) <= limit else newer[-limit])
+    for since, budget in ((times[0], 10 * size), (times[len(times) // 2], 10 * size), (times[0], 37 * per_row),
+                          (times[-1], 5 * per_row), (times[-1] + 1, 10 * per_row), (times[0], 0)):
+        rows, cut = reader.newest_rows(since, int(budget))
+        assert cut >= since
+        if budget >= size:
+            assert cut == since
+        else:
+            # Complete from the cut; what is older would not have fitted.
+            assert rows.num_rows * per_row <= budget * 1.5 + per_row * 12
         engine = store.table.recent(cut, 10_000)
         key = lambda r: r["message_hash"]
         assert sorted(rows.select(engine.column_names).to_pylist(), key=key) == sorted(engine.to_pylist(), key=key)
