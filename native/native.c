@@ -661,31 +661,61 @@ static PyObject *find_keys(PyObject *self, PyObject *args)
     Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), nkeys = keys.len / width;
     PyObject *out = PyList_New(0);
     Py_buffer run;
+    /* Hits of one run, gathered without the GIL: (position, key) pairs. */
+    Py_ssize_t capacity = 64, found;
+    Py_ssize_t *hits = PyMem_RawMalloc(sizeof(Py_ssize_t) * 2 * capacity);
+    if (hits == NULL) {
+        Py_XDECREF(out);
+        out = PyErr_NoMemory();
+    }
     for (Py_ssize_t r = 0; out != NULL && r < count; r++) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, r), &run, PyBUF_SIMPLE)) {
             Py_CLEAR(out);
             break;
         }
-        Py_ssize_t n = run.len / width, lo = 0;
+        Py_ssize_t n = run.len / width;
         const uint8_t *base = run.buf, *wanted = keys.buf;
-        for (Py_ssize_t k = 0; k < nkeys && lo < n; k++) {
+        int full = 0;
+        found = 0;
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t lo = 0;
+        for (Py_ssize_t k = 0; k < nkeys && lo < n && !full; k++) {
             const uint8_t *key = wanted + (size_t)k * width;
             lo = lower_bound(base, lo, n, key, (size_t)width);
             /* Every copy of the key (a run may hold one twice). */
             for (Py_ssize_t at = lo; at < n && memcmp(base + (size_t)at * width, key, width) == 0; at++) {
-                PyObject *hit = Py_BuildValue("(nnn)", r, at, k);
-                if (hit == NULL || PyList_Append(out, hit)) {
-                    Py_XDECREF(hit);
-                    Py_CLEAR(out);
-                    break;
+                if (found == capacity) {
+                    Py_ssize_t *more = PyMem_RawRealloc(hits, sizeof(Py_ssize_t) * 4 * capacity);
+                    if (more == NULL) {
+                        full = 1;
+                        break;
+                    }
+                    hits = more;
+                    capacity *= 2;
                 }
-                Py_DECREF(hit);
+                hits[2 * found] = at;
+                hits[2 * found + 1] = k;
+                found++;
             }
-            if (out == NULL)
-                break;
         }
+        Py_END_ALLOW_THREADS
         PyBuffer_Release(&run);
+        if (full) {
+            Py_CLEAR(out);
+            PyErr_NoMemory();
+            break;
+        }
+        for (Py_ssize_t i = 0; i < found; i++) {
+            PyObject *hit = Py_BuildValue("(nnn)", r, hits[2 * i], hits[2 * i + 1]);
+            if (hit == NULL || PyList_Append(out, hit)) {
+                Py_XDECREF(hit);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(hit);
+        }
     }
+    PyMem_RawFree(hits);
     Py_DECREF(sequence);
     PyBuffer_Release(&keys);
     return out;

@@ -150,8 +150,9 @@ class _Snapshot:
     # The day partitions holding rows in this version, ascending; None when
     # the table is not partitioned by day.
     days: tuple[dt.date, ...] | None = field(default=None)
-    # The size in bytes of each file of ``files``, in the same order.
+    # The size in bytes of each file of ``files``, in the same order, and by path.
     sizes: tuple[int, ...] = ()
+    size_of: Mapping[str, int] = field(default_factory=dict)
 
 
 class TableReader:
@@ -263,9 +264,10 @@ class TableReader:
                             for d in pc.struct_field(partition, schema.MESSAGES_PARTITION).to_pylist()]
                 paths = actions.column("path").to_pylist()
                 files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
+                sizes = tuple(actions.column("size_bytes").to_pylist())
                 self._snapshot = _Snapshot(version, builder, files,
                                            None if days is None else tuple(sorted(set(days))),
-                                           tuple(actions.column("size_bytes").to_pylist()))
+                                           sizes, dict(zip(paths, sizes)))
                 self.refreshes += 1
                 deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
                 # Deletion vectors only where the protocol allows them; the
@@ -341,9 +343,9 @@ class TableReader:
                 with self._index_lock:
                     self._indexes.setdefault(path, index)
 
-    def _snapshot_sizes(self) -> dict[str, int]:
+    def _snapshot_sizes(self) -> Mapping[str, int]:
         snapshot = self._snapshot
-        return {} if snapshot is None else dict(zip((p for p, _ in snapshot.files), snapshot.sizes))
+        return {} if snapshot is None else snapshot.size_of
 
     def _load(self, path: str, size: int | None) -> row_index.FileIndex | None:
         """The index of ``path`` from the index directory; None when there is none (or it was damaged)."""

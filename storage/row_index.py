@@ -47,7 +47,6 @@ from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import index_files
 from wakustore.storage.parquet_footer import GroupFooters
-from wakustore.storage.rows import binary_prefixes
 
 # Columns the exact test of a row needs (store_query.matcher).
 MATCH_COLUMNS = ("pubsub_topic", "content_topic", "message_hash", "timestamp", "digest")
@@ -280,16 +279,6 @@ def _dictionary(column: pa.ChunkedArray) -> pa.DictionaryArray:
     return array
 
 
-def _prefixes(column, width: int) -> np.ndarray:
-    """The first ``width`` (4 or 8) bytes of each key of a column, big-endian
-    (a null or short value, never written by this node, reads as padded)."""
-    try:
-        return binary_prefixes(column, width)
-    except ValueError:
-        values = column.cast(pa.binary()).to_pylist()
-        return key_prefixes([v or b"" for v in values], width)
-
-
 def matching(sorted_prefixes: np.ndarray, prefixes: np.ndarray) -> np.ndarray:
     """Positions of the entries of ``sorted_prefixes`` equal to one of
     ``prefixes`` (sorted, unique): one binary search per prefix, a second
@@ -312,7 +301,8 @@ _NO_POSITIONS = np.empty(0, dtype=np.int64)
 
 
 def key_prefixes(keys: Sequence[bytes], width: int) -> np.ndarray:
-    """:func:`_prefixes` of keys given as bytes."""
+    """The first ``width`` (4 or 8) bytes of each key, big-endian, as
+    unsigned integers (a short key padded)."""
     padded = b"".join(bytes(k)[:width].ljust(width, b"\0") for k in keys)
     return np.frombuffer(padded, dtype=f">u{width}").astype(f"u{width}")
 

@@ -466,10 +466,10 @@ class WritePath(Generic[R]):
                 fresh = self._unseen(_first_copies(keys))
             unresolved: list[bytes] = []
             if self.key_filter is not None and fresh:
-                maybe, days = self._maybe(list(fresh))
+                maybe, by_day = self._maybe(list(fresh))
                 started = time.perf_counter()
                 try:
-                    known = self._lookup(maybe, days)
+                    known = self._lookup(maybe, by_day)
                 except Exception as exc:
                     # The table cannot be read (the engine is down and the
                     # key index cannot answer): writes pause, they do not
@@ -534,23 +534,36 @@ class WritePath(Generic[R]):
         """Owned mode: the keys the table holds (exact)."""
         return self._lookup(*self._maybe(keys))
 
-    def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], list[object]]:
-        """The keys some day's filter might hold, and those days."""
+    def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], dict[object, list[bytes]]]:
+        """The keys some day's filter might hold, and per day those keys."""
         if not self.filter_ready.is_set() and self.table_days is not None:
-            return list(keys), list(self.table_days())
+            return list(keys), {day: list(keys) for day in self.table_days()}
         candidates = self.key_filter.candidates(keys)
-        maybe = [keys[i] for i in sorted(candidates)]
-        return maybe, sorted(set().union(*candidates.values()))
+        by_day: dict[object, list[bytes]] = {}
+        for index in sorted(candidates):
+            for day in candidates[index]:
+                by_day.setdefault(day, []).append(keys[index])
+        return [keys[i] for i in sorted(candidates)], by_day
 
-    def _lookup(self, keys: list[bytes], days: list[object]) -> set[bytes]:
-        if not keys or not days:
+    def _lookup(self, keys: list[bytes], by_day: dict[object, list[bytes]]) -> set[bytes]:
+        """Which of ``keys`` the table holds, each looked for on its own
+        days (``by_day``): in process a day at a time (a key flagged on 2
+        of 30 days is not searched in the other 28 days' files), else one
+        engine query over the days of all."""
+        if not keys or not by_day:
             return set()
         if self.key_lookup is not None:
-            known = self.key_lookup(keys, days)
-            if known is not None:
-                return known
+            found: set[bytes] = set()
+            for day, day_keys in by_day.items():
+                known = self.key_lookup(day_keys, [day])
+                if known is None:
+                    break
+                found |= known
+            else:
+                return found
         self.engine_lookups += 1
-        found: set[bytes] = set()
+        days = sorted(by_day)
+        found = set()
         # A replay after a crash may ask about a whole buffer at once: keep
         # each IN list a small request.
         for start in range(0, len(keys), LOOKUP_CHUNK):

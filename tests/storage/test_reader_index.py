@@ -5,6 +5,7 @@ follows the table's files as versions advance."""
 import datetime as dt
 import os
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -577,3 +578,28 @@ def test_the_newest_rows_read_in_process_are_every_row_from_the_cut_as_the_engin
         engine = store.table.recent(cut, 10_000)
         key = lambda r: r["message_hash"]
         assert sorted(rows.select(engine.column_names).to_pylist(), key=key) == sorted(engine.to_pylist(), key=key)
+
+
+def test_the_compiled_key_finder_finds_every_copy_of_every_key_in_every_run():
+    """row_index.find_keys (compiled: interpolation, then a gallop and a
+    binary search) against a scan: runs empty, tiny, of repeated keys, of
+    keys sharing their first 8 bytes, keys before and after every run."""
+    import random
+
+    from wakustore.storage import row_index
+
+    rng = random.Random(7)
+    for _ in range(150):
+        n = rng.choice([0, 1, 2, 63, 64, 65, 300, 3000])
+        keys = [os.urandom(32) if rng.random() < 0.8 else bytes(8) + os.urandom(24) if rng.random() < 0.5
+                else bytes(31) + bytes([rng.randrange(3)]) for _ in range(n)]
+        if n and rng.random() < 0.3:
+            keys += keys[: n // 3] * rng.randrange(1, 40)  # copies: more hits than the finder's first buffer
+        runs_keys = [sorted(keys), [], sorted(os.urandom(32) for _ in range(70))]
+        runs = [np.frombuffer(b"".join(run), dtype=np.uint8) for run in runs_keys]
+        asked = rng.sample(keys, min(len(keys), 25)) + [os.urandom(32) for _ in range(5)] + [bytes(32), b"\xff" * 32]
+        wanted, found = row_index.find_keys(runs, asked)
+        assert wanted == sorted(set(asked))
+        expected = sorted((r, i, wanted.index(k)) for r, run in enumerate(runs_keys) for i, k in enumerate(run)
+                          if k in set(wanted))
+        assert sorted(found) == expected
