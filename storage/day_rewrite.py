@@ -15,8 +15,9 @@ node holds. Here the day is sorted as an external merge sort:
    rows are read back from the runs a chunk of :data:`CHUNK_ROWS` at a
    time (within a chunk, each run's rows are one contiguous range: the
    merge keeps each run's order) and written in order into the day's
-   partition (:func:`window_files.write_days`: 256-row row groups, files
-   of :data:`TARGET_FILE_BYTES`, fsynced). One Delta transaction (delta-rs)
+   partition (:func:`window_files.write_days`: 256-row row groups with
+   Bloom filters on the MUID and the hash, files of
+   :data:`TARGET_FILE_BYTES`, fsynced). One Delta transaction (delta-rs)
    then removes the files read and adds the files written: a file another
    writer added to the day meanwhile stays, and a writer that removed one
    of ours makes the commit fail (the new files are removed again).
@@ -80,7 +81,8 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
     staging.mkdir(parents=True)
     written: list[Path] = []
     committed = False
-    layout = window_files.FileLayout(row_group_rows=row_group_rows, target_bytes=TARGET_FILE_BYTES, durable=True)
+    layout = window_files.FileLayout(row_group_rows=row_group_rows, target_bytes=TARGET_FILE_BYTES, durable=True,
+                                     bloom_columns=("muid", "message_hash"))
     try:
         runs, pairs, stamps = _write_runs(uri, files, str(staging))
         # Chunks of whole row groups (a batch is written as row groups of its own).

@@ -77,6 +77,11 @@ class FileLayout:
     row_group_rows: int = ROW_GROUP_ROWS
     target_bytes: int | None = None
     durable: bool = False
+    # Columns with a Parquet Bloom filter in each row group (at this rate):
+    # what an engine or DataFusion reads to skip row groups in a lookup by
+    # key (the node's own lookups use the key index).
+    bloom_columns: tuple[str, ...] = ()
+    bloom_fpp: float = 0.01
 
 
 WINDOW_LAYOUT = FileLayout()
@@ -296,8 +301,10 @@ class _File:
         self.relative = f"{schema.MESSAGES_PARTITION}={day}/part-{uuid.uuid4()}-c000.snappy.parquet"
         self.path = root / self.relative
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        blooms = {name: {"ndv": layout.row_group_rows, "fpp": layout.bloom_fpp} for name in layout.bloom_columns}
         self.writer = pq.ParquetWriter(str(self.path), _PHYSICAL, compression=_COMPRESSION,
-                                       use_dictionary=_DICTIONARY_COLUMNS, write_statistics=list(_STATS_COLUMNS))
+                                       use_dictionary=_DICTIONARY_COLUMNS, write_statistics=list(_STATS_COLUMNS),
+                                       bloom_filter_options=blooms or None)
         self.rows = 0
         self.bytes = 0
 
