@@ -339,6 +339,19 @@ def test_a_nodes_puts_find_old_duplicates_from_the_index_files_without_reading_t
         node_store.close()
 
 
+def indexed_on_disk(store, tmp_path, data):
+    """``data`` committed 50 messages a file, indexed by a reader keeping
+    its indexes in ``tmp_path/index``: (that reader, a reader without the
+    index, the directory)."""
+    for start in range(0, len(data), 50):
+        store.put(data[start:start + 50])
+        store.flush()
+    directory = tmp_path / "index"
+    first, plain = readers(store.table.uri, directory)
+    first.index_now()
+    return first, plain, directory
+
+
 def _hide_data_files(uri: str, paths) -> list[tuple[str, str]]:
     """Move the data files away (their log entries stay): any read of one fails."""
     moved = []
@@ -355,12 +368,7 @@ def test_a_restarted_reader_maps_its_indexes_and_answers_presence_checks_without
     away, lookups by hash without data are answered exactly, and
     cursors resolved, from the index alone."""
     data = corpus(200, days=3)
-    for start in range(0, len(data), 50):
-        store.put(data[start:start + 50])
-        store.flush()
-    directory = tmp_path / "index"
-    first, plain = readers(store.table.uri, directory)
-    first.index_now()
+    first, plain, directory = indexed_on_disk(store, tmp_path, data)
     hashes = [message_hash(p, m) for p, m, _ in data]
     asked = hashes[::7] + [bytes(32 * [9])]
     query = HistoryQuery(message_hashes=tuple(asked), include_data=False, limit=100)
@@ -395,12 +403,7 @@ def test_a_missing_damaged_or_stale_index_file_is_built_again_for_that_file_alon
     import logging
 
     data = corpus(200, days=2)
-    for start in range(0, len(data), 50):
-        store.put(data[start:start + 50])
-        store.flush()
-    directory = tmp_path / "index"
-    first, plain = readers(store.table.uri, directory)
-    first.index_now()
+    first, plain, directory = indexed_on_disk(store, tmp_path, data)
     paths = [p for p, _ in first._snapshot.files]
     victim = first._files.path_of(paths[0])
     if damage == "deleted":
