@@ -4,5 +4,13 @@ compiler against OpenSSL's libcrypto. Everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("wakustore._native", sources=["native/native.c"], libraries=["crypto"],
-                             extra_compile_args=["-O2", "-Wall", "-Werror"])])
+setup(
+    ext_modules=[
+        Extension(
+            "wakustore._native",
+            sources=["native/native.c"],
+            libraries=["crypto"],
+            extra_compile_args=["-O2", "-Wall", "-Werror"],
+        )
+    ]
+)

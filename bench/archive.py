@@ -62,17 +62,28 @@ NS = 1_000_000_000
 
 def register_verb(verbs: argparse._SubParsersAction) -> None:
     bench = verbs.add_parser("archive", help="community history archive export, fetch and hydrate benchmark")
-    bench.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
-                       help=f"messages in the community (default {DEFAULT_MESSAGES})")
+    bench.add_argument(
+        "--messages",
+        type=positive_int,
+        default=DEFAULT_MESSAGES,
+        help=f"messages in the community (default {DEFAULT_MESSAGES})",
+    )
     bench.add_argument("--days", type=positive_int, default=DEFAULT_DAYS)
     bench.add_argument("--channels", type=positive_int, default=DEFAULT_CHANNELS)
     bench.add_argument("--layout", choices=[layout.value for layout in Layout], default=archive.DEFAULT_LAYOUT.value)
-    bench.add_argument("--sealed-share", type=float, default=DEFAULT_SEALED_SHARE,
-                       help="share of payloads sealed with the channel key and signed, as Status sends them "
-                            f"(default {DEFAULT_SEALED_SHARE}); the rest are opaque bytes")
-    bench.add_argument("--cold-export", action="store_true",
-                       help="export without the signers a control node works out as messages come in "
-                            "(every signer recovered during the export)")
+    bench.add_argument(
+        "--sealed-share",
+        type=float,
+        default=DEFAULT_SEALED_SHARE,
+        help="share of payloads sealed with the channel key and signed, as Status sends them "
+        f"(default {DEFAULT_SEALED_SHARE}); the rest are opaque bytes",
+    )
+    bench.add_argument(
+        "--cold-export",
+        action="store_true",
+        help="export without the signers a control node works out as messages come in "
+        "(every signer recovered during the export)",
+    )
     add_common_arguments(bench, "where the tables and archives go (default: a temporary directory)")
     bench.set_defaults(handler=run_archive_bench)
 
@@ -124,8 +135,13 @@ class PeakMemory:
         except psutil.Error:
             children = []
         workers = sum(_status(c.pid).get("VmRSS", 0) for c in children if c.pid not in engine_pids)
-        for name, value in (("node", anon + file + workers), ("node_anon", anon), ("node_file", file),
-                            ("workers", workers), ("engine", engine)):
+        for name, value in (
+            ("node", anon + file + workers),
+            ("node_anon", anon),
+            ("node_file", file),
+            ("workers", workers),
+            ("engine", engine),
+        ):
             self.peaks[name] = max(self.peaks[name], value)
 
     def figures(self) -> dict:
@@ -156,12 +172,23 @@ def run_archive_bench(args: argparse.Namespace) -> int:
     chat_ids = tuple(f"channel-{i}" for i in range(args.channels))
     now_s = int(time.time())
     settings = node_archive.ArchiveSettings(
-        community_key=key, chat_ids=chat_ids, archive_dir=base / "archives", pubsub_topic=PUBSUB_TOPIC,
-        layout=Layout(args.layout), trackers=(), listen="127.0.0.1:0", isolated=True,
+        community_key=key,
+        chat_ids=chat_ids,
+        archive_dir=base / "archives",
+        pubsub_topic=PUBSUB_TOPIC,
+        layout=Layout(args.layout),
+        trackers=(),
+        listen="127.0.0.1:0",
+        isolated=True,
     )
-    report: dict = {"messages": args.messages, "days": args.days, "channels": args.channels, "layout": args.layout,
-                    "sealed_share": args.sealed_share,
-                    "machine": {"cpus": os.cpu_count(), "load_before": _load()}}
+    report: dict = {
+        "messages": args.messages,
+        "days": args.days,
+        "channels": args.channels,
+        "layout": args.layout,
+        "sealed_share": args.sealed_share,
+        "machine": {"cpus": os.cpu_count(), "load_before": _load()},
+    }
     engine, control = open_store(config)
     try:
         _, member = open_store(member_config, engine)
@@ -185,9 +212,13 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                 export_s = time.monotonic() - started
             data_size = (settings.archive_dir / settings.community_id / "data").stat().st_size
             report["export"] = {
-                "seconds": round(export_s, 2), "msgs_per_s": round(exported.messages / export_s),
-                "messages": exported.messages, "archives": len(exported.archives), "windows": len(exported.windows),
-                "data_mb": round(data_size / MIB, 1), "peak_rss_mb": memory.figures(),
+                "seconds": round(export_s, 2),
+                "msgs_per_s": round(exported.messages / export_s),
+                "messages": exported.messages,
+                "archives": len(exported.archives),
+                "windows": len(exported.windows),
+                "data_mb": round(data_size / MIB, 1),
+                "peak_rss_mb": memory.figures(),
             }
 
             # The member is measured as a member node: the control node's
@@ -202,10 +233,16 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                 node_archive.seed_latest(seeder, settings)
                 with PeakMemory(engine) as memory:
                     fetched = node_archive.fetch_archives(
-                        member, member_config.data_dir, settings.public_key, exported.magnet,
-                        layout=Layout(args.layout), peers=[("127.0.0.1", seeder.port)],
+                        member,
+                        member_config.data_dir,
+                        settings.public_key,
+                        exported.magnet,
+                        layout=Layout(args.layout),
+                        peers=[("127.0.0.1", seeder.port)],
                         session=torrent.open_session("127.0.0.1:0", isolated=True),
-                        default_pubsub_topic=PUBSUB_TOPIC, chat_ids=chat_ids, report=_say,
+                        default_pubsub_topic=PUBSUB_TOPIC,
+                        chat_ids=chat_ids,
+                        report=_say,
                         import_processes=member_config.archive_import_workers,
                     )
             finally:
@@ -215,12 +252,12 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                 "download_mb_per_s": round(data_size / MIB / fetched.download_s, 1) if fetched.download_s else None,
                 "hydrate_s": round(fetched.hydrate_s, 2),
                 "hydrate_msgs_per_s": round(fetched.messages / fetched.hydrate_s) if fetched.hydrate_s else None,
-                "messages": fetched.messages, "archives": len(fetched.imported), "rejected": len(fetched.rejected),
+                "messages": fetched.messages,
+                "archives": len(fetched.imported),
+                "rejected": len(fetched.rejected),
                 "peak_rss_mb": memory.figures(),
             }
-            report["member_matches_control"] = (
-                fetched.messages == exported.messages and not fetched.rejected
-            )
+            report["member_matches_control"] = fetched.messages == exported.messages and not fetched.rejected
         finally:
             member.close()
     finally:
@@ -283,22 +320,30 @@ def _seal(rng: random.Random, payload: bytes, key: bytes, sender: bytes) -> byte
 
 def _print(report: dict) -> None:
     export, fetch = report["export"], report["fetch"]
-    print(f"{report['messages']} messages, {report['days']} days, {report['channels']} channels, "
-          f"{report['layout']} layout, {report['sealed_share']:.0%} sealed (ingest {report['ingest_s']} s)")
+    print(
+        f"{report['messages']} messages, {report['days']} days, {report['channels']} channels, "
+        f"{report['layout']} layout, {report['sealed_share']:.0%} sealed (ingest {report['ingest_s']} s)"
+    )
     if "signers_s" in report:
         print(f"signers: {report['signers_s']} s, worked out ahead of the export (as messages come in)")
     else:
         print("signers: recovered during the export (--cold-export)")
-    print(f"export : {export['seconds']} s, {export['msgs_per_s']} msg/s, {export['archives']} archives in "
-          f"{export['windows']} windows, {export['data_mb']} MB; {_memory(export['peak_rss_mb'])}")
-    print(f"fetch  : download {fetch['download_s']} s ({fetch['download_mb_per_s']} MB/s), hydrate "
-          f"{fetch['hydrate_s']} s ({fetch['hydrate_msgs_per_s']} msg/s); {_memory(fetch['peak_rss_mb'])}")
+    print(
+        f"export : {export['seconds']} s, {export['msgs_per_s']} msg/s, {export['archives']} archives in "
+        f"{export['windows']} windows, {export['data_mb']} MB; {_memory(export['peak_rss_mb'])}"
+    )
+    print(
+        f"fetch  : download {fetch['download_s']} s ({fetch['download_mb_per_s']} MB/s), hydrate "
+        f"{fetch['hydrate_s']} s ({fetch['hydrate_msgs_per_s']} msg/s); {_memory(fetch['peak_rss_mb'])}"
+    )
     print(f"member table matches the control node: {report['member_matches_control']}")
     load = report["machine"].get("load_before"), report["machine"].get("load_after")
     print(f"load average (1, 5, 15 min) before {load[0]}, after {load[1]} on {report['machine']['cpus']} CPUs")
 
 
 def _memory(peaks: dict) -> str:
-    return (f"peak RSS node {peaks['node']} MB (anonymous {peaks['node_anon']}, file-backed {peaks['node_file']}, "
-            f"workers {peaks['workers']}), engine {peaks['engine']} MB, "
-            f"node + engine {round(peaks['node'] + peaks['engine'], 1)} MB")
+    return (
+        f"peak RSS node {peaks['node']} MB (anonymous {peaks['node_anon']}, file-backed {peaks['node_file']}, "
+        f"workers {peaks['workers']}), engine {peaks['engine']} MB, "
+        f"node + engine {round(peaks['node'] + peaks['engine'], 1)} MB"
+    )

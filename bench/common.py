@@ -34,7 +34,10 @@ def run_client_process(module: str, job: object, timeout_s: float) -> object:
     try:
         done = subprocess.run(
             [sys.executable, "-c", f"from {module} import client_main; client_main()"],
-            input=pickle.dumps(job), capture_output=True, timeout=timeout_s, check=False,
+            input=pickle.dumps(job),
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the client process did not finish within {timeout_s} s") from None
@@ -51,8 +54,7 @@ def add_common_arguments(verb: argparse.ArgumentParser, data_dir_help: str) -> N
     verb.add_argument("--engine", help="'embedded' or sc://host:port")
 
 
-def wait_for_node_info(process: subprocess.Popen, data_dir: Path, timeout_s: float, name: str,
-                       log_path: Path) -> dict:
+def wait_for_node_info(process: subprocess.Popen, data_dir: Path, timeout_s: float, name: str, log_path: Path) -> dict:
     """The ``node-info.json`` a ``wakustore serve`` child writes once it is
     ready (the file names its pid: an older one is not taken for it);
     RuntimeError when the child exits first or takes over ``timeout_s``."""

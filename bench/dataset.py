@@ -61,8 +61,9 @@ NS_PER_HOUR = 3_600 * 1_000_000_000
 NS_PER_DAY = 24 * NS_PER_HOUR
 
 # The draws of one slot, by index.
-_DUP, _FAR, _FAR_AT, _NEAR_BY, _TOPIC, _JITTER, _PAYLOAD_LEN, _PAYLOAD_AT, _HAS_META, _META_LEN, _META_AT, \
-    _VERSION = range(12)
+_DUP, _FAR, _FAR_AT, _NEAR_BY, _TOPIC, _JITTER, _PAYLOAD_LEN, _PAYLOAD_AT, _HAS_META, _META_LEN, _META_AT, _VERSION = (
+    range(12)
+)
 _DRAWS = 16
 
 _U64 = np.uint64
@@ -198,8 +199,11 @@ def _messages(spec: DatasetSpec, originals: np.ndarray) -> tuple[list[str], list
     timestamps = np.clip(spec._slot_times(originals) + jitter, spec.start_ns, spec.end_ns - 1)
     payload_len = PAYLOAD_MIN + np.floor(draws[:, _PAYLOAD_LEN] * (PAYLOAD_MAX - PAYLOAD_MIN + 1)).astype(np.int64)
     payload_at = np.floor(draws[:, _PAYLOAD_AT] * (POOL_BYTES - PAYLOAD_MAX)).astype(np.int64)
-    meta_len = np.where(draws[:, _HAS_META] < META_RATIO,
-                        META_MIN + np.floor(draws[:, _META_LEN] * (META_MAX - META_MIN + 1)).astype(np.int64), 0)
+    meta_len = np.where(
+        draws[:, _HAS_META] < META_RATIO,
+        META_MIN + np.floor(draws[:, _META_LEN] * (META_MAX - META_MIN + 1)).astype(np.int64),
+        0,
+    )
     meta_at = np.floor(draws[:, _META_AT] * (POOL_BYTES - META_MAX)).astype(np.int64)
     versions = (draws[:, _VERSION] < VERSION_1_RATIO).astype(np.int64)
     prefixes = originals.astype(">u8").tobytes()
@@ -208,11 +212,20 @@ def _messages(spec: DatasetSpec, originals: np.ndarray) -> tuple[list[str], list
     topic_list = topics.tolist()
     body_len = (payload_len - _SLOT_PREFIX).tolist()
     messages = [
-        WakuMessage(prefixes[8 * i:8 * i + 8] + pool[p:p + length], contents[t], v, ts,
-                    pool[m:m + ml] if ml else b"")
-        for i, (t, ts, p, length, m, ml, v) in enumerate(zip(
-            topic_list, timestamps.tolist(), payload_at.tolist(), body_len, meta_at.tolist(), meta_len.tolist(),
-            versions.tolist()))
+        WakuMessage(
+            prefixes[8 * i : 8 * i + 8] + pool[p : p + length], contents[t], v, ts, pool[m : m + ml] if ml else b""
+        )
+        for i, (t, ts, p, length, m, ml, v) in enumerate(
+            zip(
+                topic_list,
+                timestamps.tolist(),
+                payload_at.tolist(),
+                body_len,
+                meta_at.tolist(),
+                meta_len.tolist(),
+                versions.tolist(),
+            )
+        )
     ]
     return [pubsubs[t] for t in topic_list], messages
 
@@ -282,8 +295,17 @@ _TIMESTAMP = struct.Struct(">q")
 
 def _hash_prefix(pubsub_topic: str, message: WakuMessage) -> bytes:
     # protocols.message.message_hash, first 8 bytes.
-    return hashlib.sha256(b"".join((pubsub_topic.encode(), message.payload, message.content_topic.encode(),
-                                    message.meta, _TIMESTAMP.pack(message.timestamp)))).digest()[:8]
+    return hashlib.sha256(
+        b"".join(
+            (
+                pubsub_topic.encode(),
+                message.payload,
+                message.content_topic.encode(),
+                message.meta,
+                _TIMESTAMP.pack(message.timestamp),
+            )
+        )
+    ).digest()[:8]
 
 
 SPEC_FILE = "bench-dataset.json"
@@ -292,8 +314,15 @@ SPEC_FILE = "bench-dataset.json"
 def save_spec(spec: DatasetSpec, data_dir: Path) -> None:
     """Record the dataset a benchmark loads into ``data_dir`` (beside its table)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    fields = {"messages": spec.messages, "end_ns": spec.end_ns, "seed": spec.seed, "topics": spec.topics,
-              "shards": spec.shards, "days": spec.days, "duplicate_ratio": spec.duplicate_ratio}
+    fields = {
+        "messages": spec.messages,
+        "end_ns": spec.end_ns,
+        "seed": spec.seed,
+        "topics": spec.topics,
+        "shards": spec.shards,
+        "days": spec.days,
+        "duplicate_ratio": spec.duplicate_ratio,
+    }
     (data_dir / SPEC_FILE).write_text(json.dumps(fields) + "\n")
 
 
@@ -305,8 +334,9 @@ def load_spec(data_dir: Path) -> DatasetSpec | None:
         return None
 
 
-def sample_originals(spec: DatasetSpec, rng: random.Random, count: int,
-                     among: range | None = None) -> list[tuple[str, WakuMessage]]:
+def sample_originals(
+    spec: DatasetSpec, rng: random.Random, count: int, among: range | None = None
+) -> list[tuple[str, WakuMessage]]:
     """``count`` distinct stored messages picked at random (for lookups by
     hash), of the slots ``among`` (default all)."""
     among = range(spec.messages) if among is None else among

@@ -72,8 +72,15 @@ async def _hostile(peer: str, hosts: int, query, stop_path: Path) -> dict:
 
     from wakustore.protocols import store_v3
 
-    counts = {"connections": 0, "refused": 0, "queries": 0, "answered_200": 0, "answered_429": 0,
-              "other": 0, "stalled_sockets": 0}
+    counts = {
+        "connections": 0,
+        "refused": 0,
+        "queries": 0,
+        "answered_200": 0,
+        "answered_429": 0,
+        "other": 0,
+        "stalled_sockets": 0,
+    }
     port = int(peer.split("/tcp/", 1)[1].split("/", 1)[0])
     sockets: list[socket.socket] = []
 
@@ -85,8 +92,9 @@ async def _hostile(peer: str, hosts: int, query, stop_path: Path) -> dict:
                     hoarded = []
                     for _ in range(HOARDED_STREAMS):
                         try:
-                            hoarded.append(await client.host.new_stream(
-                                client.peer_id, [TProtocol(store_v3.PROTOCOL_ID)]))
+                            hoarded.append(
+                                await client.host.new_stream(client.peer_id, [TProtocol(store_v3.PROTOCOL_ID)])
+                            )
                         except Exception:
                             break
                     for _ in range(QUERIES_PER_CONNECTION):

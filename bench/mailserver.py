@@ -56,11 +56,18 @@ MIB = 1024 * 1024
 
 def register_verb(verbs: argparse._SubParsersAction) -> None:
     verb = verbs.add_parser("mailserver", help="Waku v1 mailserver: envelopes/s served over RLPx")
-    verb.add_argument("--envelopes", type=positive_int, default=DEFAULT_ENVELOPES,
-                      help=f"envelopes seeded (default {DEFAULT_ENVELOPES}; at least twice --page)")
-    verb.add_argument("--requests", type=positive_int, default=DEFAULT_REQUESTS,
-                      help=f"timed requests (default {DEFAULT_REQUESTS})")
-    verb.add_argument("--page", type=positive_int, default=1000, help="envelopes per request (default 1000, the maximum)")
+    verb.add_argument(
+        "--envelopes",
+        type=positive_int,
+        default=DEFAULT_ENVELOPES,
+        help=f"envelopes seeded (default {DEFAULT_ENVELOPES}; at least twice --page)",
+    )
+    verb.add_argument(
+        "--requests", type=positive_int, default=DEFAULT_REQUESTS, help=f"timed requests (default {DEFAULT_REQUESTS})"
+    )
+    verb.add_argument(
+        "--page", type=positive_int, default=1000, help="envelopes per request (default 1000, the maximum)"
+    )
     verb.add_argument("--topics", type=positive_int, default=DEFAULT_TOPICS)
     verb.add_argument("--payload-bytes", type=positive_int, default=DEFAULT_PAYLOAD_BYTES)
     add_common_arguments(verb, "where the table goes (must be empty; default: a temporary directory, removed)")
@@ -89,9 +96,14 @@ def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
     if args.data_dir is None:
         temporary = Path(tempfile.mkdtemp(prefix="wakustore-bench-mailserver-"))
         config.data_dir = temporary
-    report: dict = {"envelopes": args.envelopes, "page": args.page, "requests": args.requests,
-                    "topics": args.topics, "payload_bytes": args.payload_bytes,
-                    "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}}
+    report: dict = {
+        "envelopes": args.envelopes,
+        "page": args.page,
+        "requests": args.requests,
+        "topics": args.topics,
+        "payload_bytes": args.payload_bytes,
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+    }
     try:
         owned = engine is None
         if owned:
@@ -117,25 +129,34 @@ def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
     total_bytes = sum(b for _, _, b in timings["all"])
     total_s = sum(latencies) / 1000
     p50 = percentile(latencies, 50)
-    report.update({
-        "request_p50_ms": round(p50, 2),
-        "request_p90_ms": round(percentile(latencies, 90), 2),
-        "envelopes_per_s": round(args.page / (p50 / 1000), 1),
-        "envelopes_per_s_overall": round(envelopes / total_s, 1),
-        "mib_per_s": round(total_bytes / MIB / total_s, 2),
-        "per_shape": {shape: {"n": len(v), "p50_ms": round(percentile([ms for ms, _, _ in v], 50), 2)}
-                      for shape, v in timings.items() if shape != "all"},
-        "store_query_p50_ms": round(percentile(store_ms, 50), 2),
-    })
+    report.update(
+        {
+            "request_p50_ms": round(p50, 2),
+            "request_p90_ms": round(percentile(latencies, 90), 2),
+            "envelopes_per_s": round(args.page / (p50 / 1000), 1),
+            "envelopes_per_s_overall": round(envelopes / total_s, 1),
+            "mib_per_s": round(total_bytes / MIB / total_s, 2),
+            "per_shape": {
+                shape: {"n": len(v), "p50_ms": round(percentile([ms for ms, _, _ in v], 50), 2)}
+                for shape, v in timings.items()
+                if shape != "all"
+            },
+            "store_query_p50_ms": round(percentile(store_ms, 50), 2),
+        }
+    )
     report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    print(f"\nmailserver benchmark: {args.envelopes:,} envelopes seeded, {args.requests} requests "
-          f"of {args.page} over RLPx on loopback, {report['machine']['cpus']} CPUs")
+    print(
+        f"\nmailserver benchmark: {args.envelopes:,} envelopes seeded, {args.requests} requests "
+        f"of {args.page} over RLPx on loopback, {report['machine']['cpus']} CPUs"
+    )
     print(f"  ingest                {report['ingest_envelopes_per_s']:>12,.0f} envelopes/s")
     print(f"  request p50 / p90     {report['request_p50_ms']:>9.1f} / {report['request_p90_ms']:.1f} ms")
     for shape, figures in report["per_shape"].items():
         print(f"    {shape:<19} {figures['p50_ms']:>9.1f} ms p50 ({figures['n']})")
-    print(f"  served                {report['envelopes_per_s']:>12,.0f} envelopes/s at p50 "
-          f"({report['envelopes_per_s_overall']:,.0f} overall, {report['mib_per_s']} MiB/s)")
+    print(
+        f"  served                {report['envelopes_per_s']:>12,.0f} envelopes/s at p50 "
+        f"({report['envelopes_per_s_overall']:,.0f} overall, {report['mib_per_s']} MiB/s)"
+    )
     print(f"  store query p50       {report['store_query_p50_ms']:>9.1f} ms (the same pages without RLPx)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -155,12 +176,13 @@ def _seed(store, args, batch_size: int, report: dict) -> list:
     for i in range(args.envelopes):
         ttl = rng.choice((50, 120, 300))
         sent = now - 24 * 3600 + rng.randrange(24 * 3600 - 600)
-        raw = Envelope(expiry=sent + ttl, ttl=ttl, topic=rng.choice(topics),
-                       data=rng.randbytes(args.payload_bytes), nonce=i).encode()
+        raw = Envelope(
+            expiry=sent + ttl, ttl=ttl, topic=rng.choice(topics), data=rng.randbytes(args.payload_bytes), nonce=i
+        ).encode()
         rows.append(StoredEnvelope.from_raw(raw, time.time_ns()))
     started = time.perf_counter()
     for start in range(0, len(rows), batch_size):
-        store.put(rows[start:start + batch_size])
+        store.put(rows[start : start + batch_size])
         store.flush()
     elapsed = time.perf_counter() - started
     report["ingest_envelopes_per_s"] = round(len(rows) / elapsed, 1)
@@ -181,9 +203,16 @@ def _requests(rows: list, args):
     for i in range(WARMUP_REQUESTS + args.requests):
         shape = SHAPES[i % len(SHAPES)]
         before = rows[rng.randrange(len(rows) - args.page)]
-        yield shape, wms.MessagesRequest(
-            lower=lower, upper=upper, bloom=full_bloom(), topics=topics if shape == "topics" else (),
-            limit=args.page, cursor=wms.encode_cursor(before.sent, before.envelope_hash),
+        yield (
+            shape,
+            wms.MessagesRequest(
+                lower=lower,
+                upper=upper,
+                bloom=full_bloom(),
+                topics=topics if shape == "topics" else (),
+                limit=args.page,
+                cursor=wms.encode_cursor(before.sent, before.envelope_hash),
+            ),
         )
 
 
@@ -249,9 +278,14 @@ def _store_queries(store, rows: list, args) -> list[float]:
     for i, (_, request) in enumerate(_requests(rows, args)):
         cursor = wms.decode_cursor(request.cursor)
         started = time.perf_counter()
-        store.query(request.lower, request.upper, topics=list(request.topics),
-                    bloom=None if request.topics else request.bloom, limit=request.limit,
-                    cursor=(cursor.timestamp, cursor.envelope_hash))
+        store.query(
+            request.lower,
+            request.upper,
+            topics=list(request.topics),
+            bloom=None if request.topics else request.bloom,
+            limit=request.limit,
+            cursor=(cursor.timestamp, cursor.envelope_hash),
+        )
         if i >= WARMUP_REQUESTS:
             out.append((time.perf_counter() - started) * 1000)
     return out

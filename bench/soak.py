@@ -97,8 +97,12 @@ class Entry:
 
 
 def entry(pubsub_topic: str, message: WakuMessage) -> Entry:
-    return Entry(pubsub_topic, message, message_hash(pubsub_topic, message),
-                 hashlib.sha256(message.content_topic.encode() + message.payload).digest())
+    return Entry(
+        pubsub_topic,
+        message,
+        message_hash(pubsub_topic, message),
+        hashlib.sha256(message.content_topic.encode() + message.payload).digest(),
+    )
 
 
 @dataclass
@@ -112,8 +116,9 @@ class Model:
         self.rows = {k: e for k, e in self.rows.items() if e.timestamp >= cutoff_ns}
 
     def replace_window(self, start: int, end: int, topics: set[str], entries: list[Entry]) -> None:
-        self.rows = {k: e for k, e in self.rows.items()
-                     if not (start <= e.timestamp < end and e.message.content_topic in topics)}
+        self.rows = {
+            k: e for k, e in self.rows.items() if not (start <= e.timestamp < end and e.message.content_topic in topics)
+        }
         for e in entries:
             self.rows.setdefault(muid(e.pubsub_topic, e.message), e)
 
@@ -148,7 +153,7 @@ def _chunk(matches: list[Entry], query: HistoryQuery, key) -> list[list[Entry]]:
     """Pages of ``limit`` in query direction, each in ascending order."""
     matches.sort(key=key, reverse=not query.forward)
     limit = query.limit
-    pages = [sorted(matches[i:i + limit], key=key) for i in range(0, len(matches), limit)]
+    pages = [sorted(matches[i : i + limit], key=key) for i in range(0, len(matches), limit)]
     return pages or [[]]
 
 
@@ -184,9 +189,21 @@ class NodeProcess:
         info.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "wakustore", "serve", "--config", str(self.config_path),
-                 "--rate-limit", "store:0/1s", "--rate-limit", "lightpush:0/1s"],
-                stdout=log, stderr=log, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "wakustore",
+                    "serve",
+                    "--config",
+                    str(self.config_path),
+                    "--rate-limit",
+                    "store:0/1s",
+                    "--rate-limit",
+                    "lightpush:0/1s",
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
         data = wait_for_node_info(self.process, self.data_dir, START_TIMEOUT_S, "the node", self.log_path)
         self.peer = next(a for a in data["multiaddrs"] if "/ws" not in a)
@@ -255,9 +272,11 @@ class Totals:
     mismatches: int = 0
 
     def line(self) -> str:
-        return (f"soak: {self.steps} steps, {self.pushed} messages pushed, {self.node_kills} node kills, "
-                f"{self.engine_kills} engine kills, {self.restarts} restarts, {self.maintenance} maintenance runs, "
-                f"{self.pages} pages compared, {self.mismatches} mismatches")
+        return (
+            f"soak: {self.steps} steps, {self.pushed} messages pushed, {self.node_kills} node kills, "
+            f"{self.engine_kills} engine kills, {self.restarts} restarts, {self.maintenance} maintenance runs, "
+            f"{self.pages} pages compared, {self.mismatches} mismatches"
+        )
 
 
 class Soak:
@@ -277,16 +296,16 @@ class Soak:
 
     # -- driving ----------------------------------------------------------
 
-    def run(self, max_steps: int | None = None, deadline: float | None = None,
-            schedule: Sequence[str] = ()) -> Totals:
+    def run(self, max_steps: int | None = None, deadline: float | None = None, schedule: Sequence[str] = ()) -> Totals:
         """Steps until ``max_steps`` or the monotonic ``deadline``; the
         first ones as ``schedule`` names them (e.g. every kind once)."""
         self.report(f"soak: seed {self.seed}, data in {self.work_dir}")
         self.node.start()
         planned = list(schedule)
         try:
-            while (max_steps is None or self.totals.steps < max_steps) and \
-                    (deadline is None or time.monotonic() < deadline):
+            while (max_steps is None or self.totals.steps < max_steps) and (
+                deadline is None or time.monotonic() < deadline
+            ):
                 self.step(planned.pop(0) if planned else None)
         finally:
             self.node.kill()
@@ -309,8 +328,10 @@ class Soak:
             self.report(f"soak: MISMATCH after step {self.totals.steps} ({choice}), seed {self.seed}: {exc}")
             raise
         if self.verbose:
-            self.report(f"soak: step {self.totals.steps} {choice} {stepped - started:.1f} s, "
-                        f"check {time.monotonic() - stepped:.1f} s, {len(self.model.rows)} messages")
+            self.report(
+                f"soak: step {self.totals.steps} {choice} {stepped - started:.1f} s, "
+                f"check {time.monotonic() - stepped:.1f} s, {len(self.model.rows)} messages"
+            )
 
     def _step_push(self) -> None:
         batch = self._messages(self.rng.randint(1, 25))
@@ -334,8 +355,9 @@ class Soak:
         """SIGKILL while a push stream runs, as an operator's kill -9 lands:
         what was acknowledged is there once; the message in flight may be."""
         in_flight: list = []
-        self._trio(self._push_until_killed, self._messages(self.rng.randint(20, 60)),
-                   self.rng.random() * 1.5, in_flight)
+        self._trio(
+            self._push_until_killed, self._messages(self.rng.randint(20, 60)), self.rng.random() * 1.5, in_flight
+        )
         self.node.kill()  # when the pushes ended before the kill
         self.totals.node_kills += 1
         self.node.start()
@@ -371,7 +393,9 @@ class Soak:
         pivot = self.rng.choice(list(self.model.rows.values()))
         start, end = pivot.timestamp - 2 * 10**9, pivot.timestamp + 2 * 10**9
         topic = pivot.message.content_topic
-        inside = [e for e in self.model.rows.values() if start <= e.timestamp < end and e.message.content_topic == topic]
+        inside = [
+            e for e in self.model.rows.values() if start <= e.timestamp < end and e.message.content_topic == topic
+        ]
         kept = [e for e in inside if self.rng.random() < 0.6]
         added = []
         for _ in range(self.rng.randint(0, 4)):
@@ -420,13 +444,24 @@ class Soak:
             hashes = tuple(dict.fromkeys(rng.choice(entries).hash for _ in range(rng.randint(1, 8))))
             if rng.random() < 0.3:
                 hashes += (os.urandom(32),)
-            return HistoryQuery(pubsub_topic=pubsub if rng.random() < 0.5 else None, message_hashes=hashes,
-                                forward=forward, limit=limit,
-                                include_data=rng.random() < 0.7)
+            return HistoryQuery(
+                pubsub_topic=pubsub if rng.random() < 0.5 else None,
+                message_hashes=hashes,
+                forward=forward,
+                limit=limit,
+                include_data=rng.random() < 0.7,
+            )
         topics = tuple(rng.sample(CONTENT_TOPICS, rng.randint(1, len(CONTENT_TOPICS))))
-        return HistoryQuery(pubsub_topic=pubsub, content_topics=topics, time_start=start, time_end=end,
-                            forward=forward, limit=limit, include_data=v2 or rng.random() < 0.8,
-                            ordering=Ordering.DIGEST if v2 else Ordering.MESSAGE_HASH)
+        return HistoryQuery(
+            pubsub_topic=pubsub,
+            content_topics=topics,
+            time_start=start,
+            time_end=end,
+            forward=forward,
+            limit=limit,
+            include_data=v2 or rng.random() < 0.8,
+            ordering=Ordering.DIGEST if v2 else Ordering.MESSAGE_HASH,
+        )
 
     async def _compare_v3(self, query: HistoryQuery) -> None:
         from wakustore.clients.store import StoreClient
@@ -438,8 +473,10 @@ class Soak:
                 response = await self._answered(lambda: client.query(dataclasses.replace(query, cursor=cursor)))
                 self.totals.pages += 1
                 got = [(m.message_hash, m.pubsub_topic, m.message) for m in response.messages]
-                wanted = [(e.hash, e.pubsub_topic if query.include_data else None,
-                           e.message if query.include_data else None) for e in want]
+                wanted = [
+                    (e.hash, e.pubsub_topic if query.include_data else None, e.message if query.include_data else None)
+                    for e in want
+                ]
                 if got != wanted:
                     raise Mismatch(f"v3 {query} page {number}: got {_describe(got)}, expected {_describe(wanted)}")
                 last = number == len(expected) - 1
@@ -447,7 +484,9 @@ class Soak:
                     raise Mismatch(f"v3 {query} page {number}: a cursor after the last page")
                 if not last:
                     if response.cursor is None:
-                        raise Mismatch(f"v3 {query} page {number}: no cursor, {len(expected) - number - 1} pages missing")
+                        raise Mismatch(
+                            f"v3 {query} page {number}: no cursor, {len(expected) - number - 1} pages missing"
+                        )
                     cursor = response.cursor
 
     async def _compare_v2(self, query: HistoryQuery) -> None:
@@ -455,10 +494,14 @@ class Soak:
         from wakustore.protocols.store_v2 import HistoryError
 
         expected = self.model.v2_pages(query)
-        request = dict(pubsub_topic=query.pubsub_topic, content_topics=list(query.content_topics),
-                       start_time=query.time_start,
-                       end_time=query.time_end - 1 if query.time_end is not None else None,
-                       page_size=query.limit, forward=query.forward)
+        request = dict(
+            pubsub_topic=query.pubsub_topic,
+            content_topics=list(query.content_topics),
+            start_time=query.time_start,
+            end_time=query.time_end - 1 if query.time_end is not None else None,
+            page_size=query.limit,
+            forward=query.forward,
+        )
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
             for number, want in enumerate(expected):
                 result = await self._answered(lambda: client.query_legacy(**request), legacy=True)
@@ -468,8 +511,10 @@ class Soak:
                 got = [m for m in result.messages]
                 wanted = [e.message for e in want]
                 if got != wanted:
-                    raise Mismatch(f"v2 {query} page {number}: got {len(got)} messages "
-                                   f"{[m.payload[:12] for m in got]}, expected {[m.payload[:12] for m in wanted]}")
+                    raise Mismatch(
+                        f"v2 {query} page {number}: got {len(got)} messages "
+                        f"{[m.payload[:12] for m in got]}, expected {[m.payload[:12] for m in wanted]}"
+                    )
                 last = number == len(expected) - 1
                 if not last and result.cursor is None:
                     raise Mismatch(f"v2 {query} page {number}: no cursor, {len(expected) - number - 1} pages missing")
@@ -484,8 +529,11 @@ class Soak:
         deadline = trio.current_time() + RECOVERY_TIMEOUT_S
         while True:
             response = await ask()
-            busy = (response.error == HistoryError.SERVICE_UNAVAILABLE) if legacy else \
-                (response.status_code == StatusCode.SERVICE_UNAVAILABLE)
+            busy = (
+                (response.error == HistoryError.SERVICE_UNAVAILABLE)
+                if legacy
+                else (response.status_code == StatusCode.SERVICE_UNAVAILABLE)
+            )
             if not busy:
                 if not legacy and response.status_code != StatusCode.OK:
                     raise Mismatch(f"status {response.status_code} {response.status_desc}")
@@ -496,8 +544,7 @@ class Soak:
 
     # -- helpers ----------------------------------------------------------
 
-    async def _push(self, batch: list[tuple[str, WakuMessage]], legacy: bool,
-                    in_flight: list | None = None) -> None:
+    async def _push(self, batch: list[tuple[str, WakuMessage]], legacy: bool, in_flight: list | None = None) -> None:
         from wakustore.clients.store import StoreClient
         from wakustore.protocols.lightpush import LightpushStatus
 
@@ -525,8 +572,7 @@ class Soak:
                 if in_flight is not None:
                     in_flight.clear()
 
-    async def _push_until_killed(self, batch: list[tuple[str, WakuMessage]], delay_s: float,
-                                 in_flight: list) -> None:
+    async def _push_until_killed(self, batch: list[tuple[str, WakuMessage]], delay_s: float, in_flight: list) -> None:
         """Push ``batch`` while the node is SIGKILLed after ``delay_s``."""
         kill_sent = False
 
@@ -540,8 +586,11 @@ class Soak:
             try:
                 await self._push(batch, legacy=self.rng.random() < 0.3, in_flight=in_flight)
             except BaseException as exc:
-                mismatch, _ = exc.split(Mismatch) if isinstance(exc, BaseExceptionGroup) else (
-                    (exc, None) if isinstance(exc, Mismatch) else (None, exc))
+                mismatch, _ = (
+                    exc.split(Mismatch)
+                    if isinstance(exc, BaseExceptionGroup)
+                    else ((exc, None) if isinstance(exc, Mismatch) else (None, exc))
+                )
                 if mismatch is not None or not kill_sent or isinstance(exc, trio.Cancelled):
                     raise
 
@@ -556,7 +605,8 @@ class Soak:
         hashes = {message_hash(p, m): (p, m) for p, m in in_flight}
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
             response = await self._answered(
-                lambda: client.query(HistoryQuery(message_hashes=tuple(hashes), limit=100, include_data=False)))
+                lambda: client.query(HistoryQuery(message_hashes=tuple(hashes), limit=100, include_data=False))
+            )
         for found in response.messages:
             self.model.add(*hashes[found.message_hash])
 
@@ -568,8 +618,10 @@ class Soak:
         from wakustore.protocols.message_codec import encode_message
 
         awaited = {}
-        async with relay_publisher(self.node.peer, list(PUBSUB_TOPICS)) as (pubsub, _host, _peer), \
-                StoreClient.connect(self.node.peer, timeout_s=60) as client:
+        async with (
+            relay_publisher(self.node.peer, list(PUBSUB_TOPICS)) as (pubsub, _host, _peer),
+            StoreClient.connect(self.node.peer, timeout_s=60) as client,
+        ):
             for pubsub_topic, message in batch:
                 await pubsub.publish(pubsub_topic, encode_message(message))
                 key = muid(pubsub_topic, message)
@@ -617,7 +669,10 @@ class Soak:
         payload = f"soak {self.seed} #{self.counter} ".encode() + self.rng.randbytes(self.rng.randint(0, 64))
         meta = self.rng.randbytes(8) if self.rng.random() < 0.2 else b""
         return self.rng.choice(PUBSUB_TOPICS), WakuMessage(
-            payload=payload, content_topic=topic or self.rng.choice(CONTENT_TOPICS), meta=meta, timestamp=timestamp,
+            payload=payload,
+            content_topic=topic or self.rng.choice(CONTENT_TOPICS),
+            meta=meta,
+            timestamp=timestamp,
         )
 
     @staticmethod

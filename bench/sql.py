@@ -124,12 +124,21 @@ def _postgres_value(column: str, value: object) -> object:
     return value
 
 
-def _stored(hash_: bytes, pubsub: str, content: str, payload: bytes, version: int,
-            timestamp: int, meta: bytes | None, include_data: bool) -> StoredMessage:
+def _stored(
+    hash_: bytes,
+    pubsub: str,
+    content: str,
+    payload: bytes,
+    version: int,
+    timestamp: int,
+    meta: bytes | None,
+    include_data: bool,
+) -> StoredMessage:
     message = None
     if include_data:
-        message = WakuMessage(payload=payload, content_topic=content, version=version,
-                              timestamp=timestamp, meta=meta or b"")
+        message = WakuMessage(
+            payload=payload, content_topic=content, version=version, timestamp=timestamp, meta=meta or b""
+        )
     return StoredMessage(hash_, pubsub, message, timestamp)
 
 
@@ -212,8 +221,10 @@ class SqliteBackend:
                 raise unknown_cursor()
             key = (found[0], query.cursor)
         where, params = _filter_and_order(query, key, "?", _sqlite_value)
-        sql = ("SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM Message"
-               f"{where} LIMIT {query.limit + 1};")
+        sql = (
+            "SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM Message"
+            f"{where} LIMIT {query.limit + 1};"
+        )
         rows = [
             _stored(h, p.decode(), c.decode(), payload, v, ts, meta, query.include_data)
             for h, p, c, payload, v, ts, meta in db.execute(sql, params)
@@ -303,8 +314,7 @@ class PostgresServer:
         return ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(command)]
 
     def _run(self, command: list[str], timeout: float = 120) -> None:
-        done = subprocess.run(self._as_owner(command), capture_output=True, text=True, timeout=timeout,
-                              cwd=self.root)
+        done = subprocess.run(self._as_owner(command), capture_output=True, text=True, timeout=timeout, cwd=self.root)
         if done.returncode != 0:
             raise BackendError(f"{Path(command[0]).name} failed: {(done.stderr or done.stdout).strip()[-800:]}")
 
@@ -318,17 +328,42 @@ class PostgresServer:
             except KeyError:
                 raise BackendError("running as root but there is no `postgres` user") from None
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
-        self._run([str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
-                   "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+        self._run(
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         self.port = _free_port()
         # Hourly partitions: a query over many partitions locks each one and
         # its five indexes; the default lock table (64 per connection) is
         # too small for a 30-day window.
-        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} "
-                   "-c max_locks_per_transaction=1024")
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c max_locks_per_transaction=1024"
         self._started = True
-        self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.root / "server.log"),
-                   "-w", "-t", "60", "-o", options, "start"])
+        self._run(
+            [
+                str(self.bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                options,
+                "start",
+            ]
+        )
 
     def conninfo(self) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
@@ -343,8 +378,9 @@ class PostgresServer:
         try:
             if self._started:
                 try:
-                    self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast",
-                               "-w", "-t", "60", "stop"])
+                    self._run(
+                        [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop"]
+                    )
                 except (BackendError, subprocess.TimeoutExpired):
                     self._kill_postmaster()
                 self._started = False
@@ -402,8 +438,9 @@ class PostgresBackend:
             ") PARTITION BY RANGE (timestamp)"
         )
         cur.execute("CREATE TABLE messages_lookup (timestamp BIGINT NOT NULL, messageHash VARCHAR NOT NULL)")
-        cur.execute("ALTER TABLE messages_lookup ADD CONSTRAINT messageIndexLookupTable "
-                    "PRIMARY KEY (messageHash, timestamp)")
+        cur.execute(
+            "ALTER TABLE messages_lookup ADD CONSTRAINT messageIndexLookupTable PRIMARY KEY (messageHash, timestamp)"
+        )
         for statement in (
             "CREATE INDEX idx_messages_messagehash ON messages (messagehash)",
             "CREATE INDEX idx_messages_timestamp ON messages (timestamp)",
@@ -433,13 +470,17 @@ class PostgresBackend:
         for h, pubsub, m in rows:
             hx = h.hex()
             meta = m.meta.hex() if m.meta else "\\N"
-            messages.write(f"0\t{hx}\t{_copy_text(pubsub)}\t{_copy_text(m.content_topic)}\t"
-                           f"{m.payload.hex()}\t{m.version}\t{m.timestamp}\t{meta}\n")
+            messages.write(
+                f"0\t{hx}\t{_copy_text(pubsub)}\t{_copy_text(m.content_topic)}\t"
+                f"{m.payload.hex()}\t{m.version}\t{m.timestamp}\t{meta}\n"
+            )
             lookup.write(f"{hx}\t{m.timestamp}\n")
         cur = self._conn.cursor()
         with self._conn.transaction():
-            with cur.copy("COPY messages (id, messageHash, pubsubTopic, contentTopic, payload, version,"
-                          " timestamp, meta) FROM STDIN") as copy:
+            with cur.copy(
+                "COPY messages (id, messageHash, pubsubTopic, contentTopic, payload, version,"
+                " timestamp, meta) FROM STDIN"
+            ) as copy:
                 copy.write(messages.getvalue())
             with cur.copy("COPY messages_lookup (messageHash, timestamp) FROM STDIN") as copy:
                 copy.write(lookup.getvalue())
@@ -464,14 +505,17 @@ class PostgresBackend:
         cur = self._conn.cursor()
         key = None
         if query.cursor is not None:
-            found = cur.execute("SELECT timestamp FROM messages_lookup WHERE messageHash = %s",
-                                (query.cursor.hex(),)).fetchone()
+            found = cur.execute(
+                "SELECT timestamp FROM messages_lookup WHERE messageHash = %s", (query.cursor.hex(),)
+            ).fetchone()
             if found is None:
                 raise unknown_cursor()
             key = (found[0], query.cursor)
         where, args = _filter_and_order(query, key, "%s", _postgres_value)
-        sql = ("SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM messages"
-               f"{where} LIMIT %s")
+        sql = (
+            "SELECT messageHash, pubsubTopic, contentTopic, payload, version, timestamp, meta FROM messages"
+            f"{where} LIMIT %s"
+        )
         args.append(query.limit + 1)
         return store_query.finish_page(query, self._decode(cur.execute(sql, args).fetchall(), query))
 
@@ -495,8 +539,16 @@ class PostgresBackend:
     @staticmethod
     def _decode(rows, query: HistoryQuery) -> list[StoredMessage]:
         return [
-            _stored(bytes.fromhex(h), pubsub, content, bytes.fromhex(payload or ""), version, ts,
-                    bytes.fromhex(meta) if meta else None, query.include_data)
+            _stored(
+                bytes.fromhex(h),
+                pubsub,
+                content,
+                bytes.fromhex(payload or ""),
+                version,
+                ts,
+                bytes.fromhex(meta) if meta else None,
+                query.include_data,
+            )
             for h, pubsub, content, payload, version, ts, meta in rows
         ]
 

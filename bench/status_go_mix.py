@@ -72,9 +72,15 @@ class MixQuery:
 
     def query(self, cursor: bytes | None = None) -> HistoryQuery:
         return validate_v3(
-            pubsub_topic=self.pubsub_topic, content_topics=list(self.content_topics),
-            time_start=self.time_start, time_end=self.time_end, message_hashes=list(self.message_hashes),
-            cursor=cursor, forward=self.forward, limit=self.limit, include_data=self.include_data,
+            pubsub_topic=self.pubsub_topic,
+            content_topics=list(self.content_topics),
+            time_start=self.time_start,
+            time_end=self.time_end,
+            message_hashes=list(self.message_hashes),
+            cursor=cursor,
+            forward=self.forward,
+            limit=self.limit,
+            include_data=self.include_data,
         )
 
 

@@ -91,18 +91,35 @@ MIB = 1024 * 1024
 
 
 def register_verb(verbs: argparse._SubParsersAction) -> None:
-    store = verbs.add_parser("store", help="ingest and Store v3 query benchmark, optionally against nwaku's SQL archives")
-    store.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
-                       help=f"messages offered, duplicates included (default {DEFAULT_MESSAGES})")
-    store.add_argument("--compare", type=_backends, default=(),
-                       help="comma-separated: " + ",".join(BACKENDS))
-    store.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
-                       help=f"Store v3 pages to time (default {DEFAULT_QUERIES})")
-    store.add_argument("--lookups", type=positive_int, default=DEFAULT_LOOKUPS,
-                       help=f"lookups of each shape (1, 20, 50 hashes, with and without data; default {DEFAULT_LOOKUPS})")
-    store.add_argument("--days", type=positive_int, default=DatasetSpec.days,
-                       help=f"days the messages' timestamps spread over, ending now (default {DatasetSpec.days}; "
-                            "10M over 30 days has the rows per day of 3M over 9)")
+    store = verbs.add_parser(
+        "store", help="ingest and Store v3 query benchmark, optionally against nwaku's SQL archives"
+    )
+    store.add_argument(
+        "--messages",
+        type=positive_int,
+        default=DEFAULT_MESSAGES,
+        help=f"messages offered, duplicates included (default {DEFAULT_MESSAGES})",
+    )
+    store.add_argument("--compare", type=_backends, default=(), help="comma-separated: " + ",".join(BACKENDS))
+    store.add_argument(
+        "--queries",
+        type=positive_int,
+        default=DEFAULT_QUERIES,
+        help=f"Store v3 pages to time (default {DEFAULT_QUERIES})",
+    )
+    store.add_argument(
+        "--lookups",
+        type=positive_int,
+        default=DEFAULT_LOOKUPS,
+        help=f"lookups of each shape (1, 20, 50 hashes, with and without data; default {DEFAULT_LOOKUPS})",
+    )
+    store.add_argument(
+        "--days",
+        type=positive_int,
+        default=DatasetSpec.days,
+        help=f"days the messages' timestamps spread over, ending now (default {DatasetSpec.days}; "
+        "10M over 30 days has the rows per day of 3M over 9)",
+    )
     add_common_arguments(store, "where the Delta table goes (must be empty; default: a temporary directory, removed)")
     store.set_defaults(handler=run_store_bench)
 
@@ -135,9 +152,15 @@ class PageSpec:
 
     def query(self, cursor: bytes | None = None) -> HistoryQuery:
         return validate_v3(
-            pubsub_topic=self.pubsub_topic, content_topics=list(self.content_topics),
-            time_start=self.time_start, time_end=self.time_end, message_hashes=[],
-            cursor=cursor, forward=self.forward, limit=PAGE_SIZE, include_data=True,
+            pubsub_topic=self.pubsub_topic,
+            content_topics=list(self.content_topics),
+            time_start=self.time_start,
+            time_end=self.time_end,
+            message_hashes=[],
+            cursor=cursor,
+            forward=self.forward,
+            limit=PAGE_SIZE,
+            include_data=True,
         )
 
 
@@ -164,8 +187,14 @@ def page_specs(spec: DatasetSpec, seed: int) -> Iterator[PageSpec]:
         # A range longer than the data (7 days of a --days 1 set) ends anywhere in it.
         earliest = min(spec.start_ns + length, spec.end_ns)
         end = spec.end_ns if name.startswith("now-") else rng.randint(earliest, spec.end_ns)
-        yield PageSpec(name, spec.pubsub_topic(shard), tuple(spec.content_topic(t) for t in topics),
-                       end - length, end, rng.random() < 0.5)
+        yield PageSpec(
+            name,
+            spec.pubsub_topic(shard),
+            tuple(spec.content_topic(t) for t in topics),
+            end - length,
+            end,
+            rng.random() < 0.5,
+        )
 
 
 def hash_lookups(spec: DatasetSpec, seed: int, per_size: int) -> list[tuple[str, HistoryQuery]]:
@@ -176,9 +205,17 @@ def hash_lookups(spec: DatasetSpec, seed: int, per_size: int) -> list[tuple[str,
     for size, data in LOOKUP_SHAPES:
         for _ in range(per_size):
             hashes = [message_hash(p, m) for p, m in bench_dataset.sample_originals(spec, rng, size)]
-            query = validate_v3(pubsub_topic=None, content_topics=[], time_start=None, time_end=None,
-                                message_hashes=hashes, cursor=None, forward=False, limit=max(PAGE_SIZE, size),
-                                include_data=data)
+            query = validate_v3(
+                pubsub_topic=None,
+                content_topics=[],
+                time_start=None,
+                time_end=None,
+                message_hashes=hashes,
+                cursor=None,
+                forward=False,
+                limit=max(PAGE_SIZE, size),
+                include_data=data,
+            )
             out.append((_lookup_shape(size, data), query))
     return out
 
@@ -231,7 +268,10 @@ class Timings:
 
 
 def _shape_order(shape: str) -> tuple[int, str]:
-    order = [*(f"{r}/{k}" for r in RANGES for k in ("first", "cursor")), *(_lookup_shape(n, d) for n, d in LOOKUP_SHAPES)]
+    order = [
+        *(f"{r}/{k}" for r in RANGES for k in ("first", "cursor")),
+        *(_lookup_shape(n, d) for n, d in LOOKUP_SHAPES),
+    ]
     return (order.index(shape) if shape in order else len(order), shape)
 
 
@@ -321,8 +361,12 @@ class RssSampler:
     def peaks(self) -> dict:
         """Peaks sampled so far, MB: node, engine, and both at one sample."""
         self.sample()
-        return {"node": round(self.node_sampled_peak / MIB, 1), "engine": round(self.engine_peak / MIB, 1),
-                "sum": round(self.sum_peak / MIB, 1), "node_mapped_files": round(self.node_file_peak / MIB, 1)}
+        return {
+            "node": round(self.node_sampled_peak / MIB, 1),
+            "engine": round(self.engine_peak / MIB, 1),
+            "sum": round(self.sum_peak / MIB, 1),
+            "node_mapped_files": round(self.node_file_peak / MIB, 1),
+        }
 
     def sample(self) -> None:
         node, _ = _proc_memory(os.getpid())
@@ -418,9 +462,14 @@ def run_store_bench(args: argparse.Namespace) -> int:
     report: dict = {
         "messages": spec.messages,
         "dataset": {
-            "seed": spec.seed, "topics": spec.topics, "shards": spec.shards, "days": spec.days,
-            "duplicate_ratio": spec.duplicate_ratio, "payload_bytes": [bench_dataset.PAYLOAD_MIN, bench_dataset.PAYLOAD_MAX],
-            "start_ns": spec.start_ns, "end_ns": spec.end_ns,
+            "seed": spec.seed,
+            "topics": spec.topics,
+            "shards": spec.shards,
+            "days": spec.days,
+            "duplicate_ratio": spec.duplicate_ratio,
+            "payload_bytes": [bench_dataset.PAYLOAD_MIN, bench_dataset.PAYLOAD_MAX],
+            "start_ns": spec.start_ns,
+            "end_ns": spec.end_ns,
         },
         "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
         "compare": list(args.compare),
@@ -441,8 +490,9 @@ def run_store_bench(args: argparse.Namespace) -> int:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
     report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["crosscheck_ok"] = all(report.get(n, {}).get("crosscheck", {}).get("mismatches", 1) == 0
-                                  for n in [*args.compare, "spark_path"])
+    report["crosscheck_ok"] = all(
+        report.get(n, {}).get("crosscheck", {}).get("mismatches", 1) == 0 for n in [*args.compare, "spark_path"]
+    )
     _print_table(report)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -450,7 +500,9 @@ def run_store_bench(args: argparse.Namespace) -> int:
     if not report["crosscheck_ok"]:
         _say("\n!!! CROSS-CHECK FAILED: backends returned different messages for the same query; see 'crosscheck' !!!")
     if not report.get("integrity", {}).get("ok", False):
-        _say("\n!!! INTEGRITY CHECK FAILED: the table does not hold the dataset's distinct messages; see 'integrity' !!!")
+        _say(
+            "\n!!! INTEGRITY CHECK FAILED: the table does not hold the dataset's distinct messages; see 'integrity' !!!"
+        )
     return 1 if failed or not report["crosscheck_ok"] or not report.get("integrity", {}).get("ok", False) else 0
 
 
@@ -574,9 +626,11 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             store.reader.committed()
             store.reader.index_now()
             index_s = time.perf_counter() - started
-            _say(f"delta: key index of {after.files} files built in {index_s:.1f} s, "
-                 f"{store.reader.index_bytes() / max(after.rows, 1):.2f} bytes a message held, "
-                 f"{store.reader.mapped_bytes() / max(after.rows, 1):.1f} on disk")
+            _say(
+                f"delta: key index of {after.files} files built in {index_s:.1f} s, "
+                f"{store.reader.index_bytes() / max(after.rows, 1):.2f} bytes a message held, "
+                f"{store.reader.mapped_bytes() / max(after.rows, 1):.1f} on disk"
+            )
             compaction_rss = rss.next_phase()
             # --- queries
             round_trips = []
@@ -600,62 +654,80 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             rss.next_phase()
             store, restart = _restart(config, engine, expected)
             restart["rss_mb"] = rss.next_phase()
-        report.update({
-            "unique_messages": integrity["dataset"]["count"],
-            "accepted": accepted,
-            "duplicates": offered - integrity["dataset"]["count"],
-            "rows_in_table": rows,
-            "integrity": integrity,
-            "ingest_msgs_per_s": round(offered / ingest_s, 1),
-            "ingest_s": round(ingest_s, 3),
-            "ingest_breakdown_s": {
-                "generate": round(generation_s, 3),
-                "put": round(put_s, 3), "flush": round(flush_s, 3), "flushes": flushes,
-                # Keys the day filters flagged (a duplicate older than the
-                # recent set, or a false positive), decided in the puts.
-                "lookup": round(store.writes.lookup_seconds, 3), "looked_up": store.writes.looked_up,
-                # A shared table: rows of older days found in the table
-                # and left out of the MERGEs (re-sends of old messages).
-                "known_old_rows": store.writes.known_old_rows,
-                "flush_p50": _round(percentile(flush_times, 50), 3), "flush_max": _round(max(flush_times, default=0.0), 3),
-                "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
-                "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10):], 50), 3),
-                # Commit time a row, first and last tenth of the commits:
-                # flat when the per-commit work does not grow with the table.
-                "flush_us_per_row_first_tenth": _per_row_us(flush_times, flush_rows, slice(0, max(1, flushes // 10))),
-                "flush_us_per_row_last_tenth": _per_row_us(flush_times, flush_rows, slice(-max(1, flushes // 10), None)),
-            },
-            "compact_s": round(compact_s, 3),
-            "checkpoint_s": round(checkpoint_s, 3),
-            "key_index_s": round(index_s, 3),
-            "key_index_bytes": store.reader.index_bytes(),
-            "compact_result": compacted,
-            "table": {
-                "files_before_compact": before.files, "files_after_compact": after.files, "days": after.days,
-            },
-            "bytes": after.bytes,
-            **timings.summary(),
-            "round_trip_p50_ms": _round(percentile(round_trips, 50)),
-            "reader_page_p50_ms": _round(percentile(engine_ms, 50)),
-            "spark_path": spark_path,
-            "peak_rss_mb": {
-                "node": round(RssSampler.node_peak() / MIB, 1),
-                "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
-            },
-            "ingest_peak_rss_mb": ingest_rss,
-            # Peaks of each phase (sampled every 0.25 s, and each process's
-            # high-water mark since the phase began).
-            "rss_phases_mb": {"ingest": {k: v for k, v in ingest_rss.items() if k != "held_mb"},
-                              "compaction": compaction_rss, "serving": serving_rss, "benchmark_checks": checks_rss},
-            "key_index_mapped_bytes": store.reader.mapped_bytes(),
-            "restart": restart,
-            "ingest_cpu_s": ingest_cpu,
-            "engine_pids": sorted(rss.engine_pids),
-            "engine_restarts": max(engine.generation - 1, 0),
-        })
+        report.update(
+            {
+                "unique_messages": integrity["dataset"]["count"],
+                "accepted": accepted,
+                "duplicates": offered - integrity["dataset"]["count"],
+                "rows_in_table": rows,
+                "integrity": integrity,
+                "ingest_msgs_per_s": round(offered / ingest_s, 1),
+                "ingest_s": round(ingest_s, 3),
+                "ingest_breakdown_s": {
+                    "generate": round(generation_s, 3),
+                    "put": round(put_s, 3),
+                    "flush": round(flush_s, 3),
+                    "flushes": flushes,
+                    # Keys the day filters flagged (a duplicate older than the
+                    # recent set, or a false positive), decided in the puts.
+                    "lookup": round(store.writes.lookup_seconds, 3),
+                    "looked_up": store.writes.looked_up,
+                    # A shared table: rows of older days found in the table
+                    # and left out of the MERGEs (re-sends of old messages).
+                    "known_old_rows": store.writes.known_old_rows,
+                    "flush_p50": _round(percentile(flush_times, 50), 3),
+                    "flush_max": _round(max(flush_times, default=0.0), 3),
+                    "flush_first_tenth_p50": _round(percentile(flush_times[: max(1, flushes // 10)], 50), 3),
+                    "flush_last_tenth_p50": _round(percentile(flush_times[-max(1, flushes // 10) :], 50), 3),
+                    # Commit time a row, first and last tenth of the commits:
+                    # flat when the per-commit work does not grow with the table.
+                    "flush_us_per_row_first_tenth": _per_row_us(
+                        flush_times, flush_rows, slice(0, max(1, flushes // 10))
+                    ),
+                    "flush_us_per_row_last_tenth": _per_row_us(
+                        flush_times, flush_rows, slice(-max(1, flushes // 10), None)
+                    ),
+                },
+                "compact_s": round(compact_s, 3),
+                "checkpoint_s": round(checkpoint_s, 3),
+                "key_index_s": round(index_s, 3),
+                "key_index_bytes": store.reader.index_bytes(),
+                "compact_result": compacted,
+                "table": {
+                    "files_before_compact": before.files,
+                    "files_after_compact": after.files,
+                    "days": after.days,
+                },
+                "bytes": after.bytes,
+                **timings.summary(),
+                "round_trip_p50_ms": _round(percentile(round_trips, 50)),
+                "reader_page_p50_ms": _round(percentile(engine_ms, 50)),
+                "spark_path": spark_path,
+                "peak_rss_mb": {
+                    "node": round(RssSampler.node_peak() / MIB, 1),
+                    "engine": round(rss.engine_peak / MIB, 1) if rss.engine_pids else None,
+                },
+                "ingest_peak_rss_mb": ingest_rss,
+                # Peaks of each phase (sampled every 0.25 s, and each process's
+                # high-water mark since the phase began).
+                "rss_phases_mb": {
+                    "ingest": {k: v for k, v in ingest_rss.items() if k != "held_mb"},
+                    "compaction": compaction_rss,
+                    "serving": serving_rss,
+                    "benchmark_checks": checks_rss,
+                },
+                "key_index_mapped_bytes": store.reader.mapped_bytes(),
+                "restart": restart,
+                "ingest_cpu_s": ingest_cpu,
+                "engine_pids": sorted(rss.engine_pids),
+                "engine_restarts": max(engine.generation - 1, 0),
+            }
+        )
         if not integrity["ok"]:
-            problem = (f"the table ({integrity['table']['count']} rows) does not match the dataset's "
-                       f"{integrity['dataset']['count']} distinct messages (count and hash fingerprint)")
+            problem = (
+                f"the table ({integrity['table']['count']} rows) does not match the dataset's "
+                f"{integrity['dataset']['count']} distinct messages (count and hash fingerprint)"
+            )
             report.setdefault("problems", []).append(problem)
             _say(f"!!! delta: {problem}")
         elif rows != integrity["table"]["count"]:
@@ -685,8 +757,10 @@ def _restart(config, engine, expected: Expected):
     # A page of history the hot tier does not hold: the table's, through the index.
     hot_from = store.hot.start_ns if store.hot.start_ns is not None else 2**63
     older = [(p, first) for p, first, _ in expected.full_pages if first.messages and p.time_end <= hot_from]
-    page_spec, before = next((c for c in older if c[0].range_name == "1d"), older[0] if older else
-                             next(((p, first) for p, first, _ in expected.full_pages), (None, None)))
+    page_spec, before = next(
+        (c for c in older if c[0].range_name == "1d"),
+        older[0] if older else next(((p, first) for p, first, _ in expected.full_pages), (None, None)),
+    )
     page, first_ms = _timed(store.query, page_spec.query())
     started = time.perf_counter()
     filled = store.writes.filter_ready.wait(600)
@@ -700,8 +774,10 @@ def _restart(config, engine, expected: Expected):
         "indexes_built": store.reader.index_builds,
         "key_filter_filled_s": round(ready_s + time.perf_counter() - started, 3) if filled else None,
     }
-    _say(f"delta: restarted, ready in {ready_s:.2f} s, first page {first_ms:.1f} ms "
-         f"({restart['indexes_mapped']} indexes mapped, {restart['indexes_built']} built)")
+    _say(
+        f"delta: restarted, ready in {ready_s:.2f} s, first page {first_ms:.1f} ms "
+        f"({restart['indexes_mapped']} indexes mapped, {restart['indexes_built']} built)"
+    )
     return store, restart
 
 
@@ -717,8 +793,10 @@ def check_integrity(table, spec: DatasetSpec) -> dict:
     for prefixes in table.prefix_batches("message_hash"):
         held = held + bench_dataset.Fingerprint.of_prefixes(prefixes)
     elapsed = time.perf_counter() - started
-    _say(f"delta: integrity: table {held.count} rows, dataset {wanted.count} distinct messages, "
-         f"fingerprints {'equal' if held == wanted else 'DIFFER'} ({elapsed:.1f} s)")
+    _say(
+        f"delta: integrity: table {held.count} rows, dataset {wanted.count} distinct messages, "
+        f"fingerprints {'equal' if held == wanted else 'DIFFER'} ({elapsed:.1f} s)"
+    )
     return {
         "ok": held == wanted,
         "table": {"count": held.count, "xor": f"{held.xor:016x}", "sum": f"{held.total:016x}"},
@@ -781,8 +859,9 @@ def _spark_path_queries(store, spec: DatasetSpec, args, expected: Expected) -> d
             if mine != theirs:
                 check["mismatches"] += 1
                 if len(check["examples"]) < 5:
-                    check["examples"].append({"query": what, "spark": len(mine.messages),
-                                              "reader": len(theirs.messages)})
+                    check["examples"].append(
+                        {"query": what, "spark": len(mine.messages), "reader": len(theirs.messages)}
+                    )
                 _say(f"!!! spark path: different answer on {what}")
 
         for page_spec, first_page, second_page in expected.full_pages:
@@ -872,8 +951,13 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
         timings = Timings()
         check = {"checked": 0, "mismatches": 0, "examples": []}
 
-        def compare(what: str, mine: list[bytes] | None, delta: list[bytes] | None,
-                    mine_more: bool = False, delta_more: bool = False) -> None:
+        def compare(
+            what: str,
+            mine: list[bytes] | None,
+            delta: list[bytes] | None,
+            mine_more: bool = False,
+            delta_more: bool = False,
+        ) -> None:
             """Same set of hashes (None: the page could not be asked) and the
             same answer to "is there a next page"."""
             check["checked"] += 1
@@ -881,13 +965,16 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
             if not same or mine_more != delta_more:
                 check["mismatches"] += 1
                 if len(check["examples"]) < 5:
-                    check["examples"].append({
-                        "query": what, "delta": None if delta is None else len(delta),
-                        name: None if mine is None else len(mine),
-                        "next_cursor": {"delta": delta_more, name: mine_more},
-                        "only_delta": sorted(h.hex() for h in set(delta or ()) - set(mine or ()))[:3],
-                        f"only_{name}": sorted(h.hex() for h in set(mine or ()) - set(delta or ()))[:3],
-                    })
+                    check["examples"].append(
+                        {
+                            "query": what,
+                            "delta": None if delta is None else len(delta),
+                            name: None if mine is None else len(mine),
+                            "next_cursor": {"delta": delta_more, name: mine_more},
+                            "only_delta": sorted(h.hex() for h in set(delta or ()) - set(mine or ()))[:3],
+                            f"only_{name}": sorted(h.hex() for h in set(mine or ()) - set(delta or ()))[:3],
+                        }
+                    )
                 _say(f"!!! {name}: MISMATCH with delta on {what}")
 
         for page_spec, delta_first, delta_more, delta_second in expected.pages:
@@ -975,42 +1062,58 @@ def _print_table(report: dict) -> None:
     ]
     shapes = sorted({s for n in names for s in column[n].get("per_shape", {})}, key=_shape_order)
     for shape in shapes:
-        rows.append((f"  {shape} p50 ms (n)", [
-            None if shape not in column[n].get("per_shape", {}) else
-            f"{cell(column[n]['per_shape'][shape]['p50_ms'])} ({column[n]['per_shape'][shape]['n']})"
-            for n in names
-        ]))
+        rows.append(
+            (
+                f"  {shape} p50 ms (n)",
+                [
+                    None
+                    if shape not in column[n].get("per_shape", {})
+                    else f"{cell(column[n]['per_shape'][shape]['p50_ms'])} ({column[n]['per_shape'][shape]['n']})"
+                    for n in names
+                ],
+            )
+        )
     rows += [
         ("hash lookup p50 ms", [column[n].get("hash_lookup_p50_ms") for n in names]),
         ("bytes on disk", [column[n].get("bytes") for n in names]),
     ]
-    print(f"\nstore benchmark: {report['messages']:,} messages offered "
-          f"({report.get('unique_messages', 0):,} unique, {report.get('accepted', 0):,} accepted by the puts), "
-          f"{report['machine']['cpus']} CPUs, "
-          f"load average {report['machine']['loadavg_start'][0]} at start")
+    print(
+        f"\nstore benchmark: {report['messages']:,} messages offered "
+        f"({report.get('unique_messages', 0):,} unique, {report.get('accepted', 0):,} accepted by the puts), "
+        f"{report['machine']['cpus']} CPUs, "
+        f"load average {report['machine']['loadavg_start'][0]} at start"
+    )
     width = max(len(r[0]) for r in rows) + 2
     print("".ljust(width) + "".join(n.rjust(18) for n in names))
     for label, values in rows:
         print(label.ljust(width) + "".join(cell(v).rjust(18) for v in values))
-    print(f"\ndelta: compact {report.get('compact_s')} s ({report['table']['files_before_compact']} -> "
-          f"{report['table']['files_after_compact']} files), Spark Connect round trip p50 "
-          f"{report.get('round_trip_p50_ms')} ms, table read part of a page p50 {report.get('reader_page_p50_ms')} ms")
+    print(
+        f"\ndelta: compact {report.get('compact_s')} s ({report['table']['files_before_compact']} -> "
+        f"{report['table']['files_after_compact']} files), Spark Connect round trip p50 "
+        f"{report.get('round_trip_p50_ms')} ms, table read part of a page p50 {report.get('reader_page_p50_ms')} ms"
+    )
     spark = report.get("spark_path", {}).get("crosscheck", {})
-    print("delta: pages read in process; delta/spark: the same queries through the engine, "
-          f"{spark.get('checked')} answers compared, {spark.get('mismatches')} differ")
+    print(
+        "delta: pages read in process; delta/spark: the same queries through the engine, "
+        f"{spark.get('checked')} answers compared, {spark.get('mismatches')} differ"
+    )
     rss = report.get("peak_rss_mb", {})
     print(f"peak RSS: node {rss.get('node')} MB, engine {rss.get('engine')} MB")
     during = report.get("ingest_peak_rss_mb")
     if during:
-        print(f"peak RSS during the ingest (sampled): node {during['node']} MB, engine {during['engine']} MB, "
-              f"both at once {during['sum']} MB; held at its end: {during.get('held_mb')}")
+        print(
+            f"peak RSS during the ingest (sampled): node {during['node']} MB, engine {during['engine']} MB, "
+            f"both at once {during['sum']} MB; held at its end: {during.get('held_mb')}"
+        )
     cpu = report.get("ingest_cpu_s")
     if cpu:
         split = report.get("ingest_breakdown_s", {})
-        print(f"ingest CPU s: put thread {cpu['put_thread']} (generation {split.get('generate')} s of it, wall), "
-              f"committer thread {cpu['committer_thread']}, node process {cpu['node']}, "
-              f"hash worker {cpu.get('workers')}, engine {cpu['engine']}; "
-              f"wall {report.get('ingest_s')} s")
+        print(
+            f"ingest CPU s: put thread {cpu['put_thread']} (generation {split.get('generate')} s of it, wall), "
+            f"committer thread {cpu['committer_thread']}, node process {cpu['node']}, "
+            f"hash worker {cpu.get('workers')}, engine {cpu['engine']}; "
+            f"wall {report.get('ingest_s')} s"
+        )
     for name in report["compare"]:
         out = report.get(name, {})
         if "error" in out:
@@ -1018,5 +1121,6 @@ def _print_table(report: dict) -> None:
             continue
         ratios = ", ".join(f"{k} {cell(v)}x" for k, v in out.get("ratios", {}).items())
         check = out.get("crosscheck", {})
-        print(f"delta/{name}: {ratios}; cross-check {check.get('checked')} answers, "
-              f"{check.get('mismatches')} mismatches")
+        print(
+            f"delta/{name}: {ratios}; cross-check {check.get('checked')} answers, {check.get('mismatches')} mismatches"
+        )

@@ -92,34 +92,67 @@ MIB = 1024 * 1024
 # The hostile load starts first, so the clients meet it at full strength.
 HOSTILE_HEAD_START_S = 3.0
 MIXES = ("pages", "status-go")
-CLIENT_MODE = ("one libp2p host per client (own key, TCP connection, Noise, yamux), "
-               "all clients in one process apart from the node's, closed loop")
+CLIENT_MODE = (
+    "one libp2p host per client (own key, TCP connection, Noise, yamux), "
+    "all clients in one process apart from the node's, closed loop"
+)
 
 
 def register_verb(verbs: argparse._SubParsersAction) -> None:
     verb = verbs.add_parser("wire", help="Store v3 queries per second and latency over libp2p")
-    verb.add_argument("--clients", type=_client_levels, default=DEFAULT_CLIENTS,
-                      help="concurrent clients, comma-separated levels run in turn (default 1,4)")
-    verb.add_argument("--messages", type=positive_int, default=DEFAULT_MESSAGES,
-                      help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})")
-    verb.add_argument("--days", type=positive_int, default=bench_dataset.DatasetSpec.days,
-                      help=f"days the dataset spans, ending now (default {bench_dataset.DatasetSpec.days})")
-    verb.add_argument("--queries", type=positive_int, default=DEFAULT_QUERIES,
-                      help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})")
-    verb.add_argument("--shapes", type=_shapes, default=None,
-                      help="only these time ranges, comma-separated, of " + ", ".join(_range_names())
-                      + " (default all; now-1h alone is answered from the hot tier: the wire's own cost)")
-    verb.add_argument("--mix", choices=MIXES, default="pages",
-                      help="pages: the storage benchmark's pages of 20 (default); status-go: the Store traffic "
-                      "of status-go clients (presence checks by hash, backfill, 24-hour history, community "
-                      "descriptions; see wakustore.bench.status_go_mix)")
-    verb.add_argument("--table-of", type=Path, default=None,
-                      help="query the table of this data dir, which bench store --data-dir filled, as it is "
-                      "(its dataset from there; nothing loaded)")
-    verb.add_argument("--hostile", action="store_true",
-                      help="run each level again alongside a hostile load and report both")
-    verb.add_argument("--hostile-hosts", type=positive_int, default=4,
-                      help="remote hosts the hostile load plays (default 4)")
+    verb.add_argument(
+        "--clients",
+        type=_client_levels,
+        default=DEFAULT_CLIENTS,
+        help="concurrent clients, comma-separated levels run in turn (default 1,4)",
+    )
+    verb.add_argument(
+        "--messages",
+        type=positive_int,
+        default=DEFAULT_MESSAGES,
+        help=f"dataset slots loaded, re-sends included (default {DEFAULT_MESSAGES:,})",
+    )
+    verb.add_argument(
+        "--days",
+        type=positive_int,
+        default=bench_dataset.DatasetSpec.days,
+        help=f"days the dataset spans, ending now (default {bench_dataset.DatasetSpec.days})",
+    )
+    verb.add_argument(
+        "--queries",
+        type=positive_int,
+        default=DEFAULT_QUERIES,
+        help=f"timed queries per level, split between its clients (default {DEFAULT_QUERIES})",
+    )
+    verb.add_argument(
+        "--shapes",
+        type=_shapes,
+        default=None,
+        help="only these time ranges, comma-separated, of "
+        + ", ".join(_range_names())
+        + " (default all; now-1h alone is answered from the hot tier: the wire's own cost)",
+    )
+    verb.add_argument(
+        "--mix",
+        choices=MIXES,
+        default="pages",
+        help="pages: the storage benchmark's pages of 20 (default); status-go: the Store traffic "
+        "of status-go clients (presence checks by hash, backfill, 24-hour history, community "
+        "descriptions; see wakustore.bench.status_go_mix)",
+    )
+    verb.add_argument(
+        "--table-of",
+        type=Path,
+        default=None,
+        help="query the table of this data dir, which bench store --data-dir filled, as it is "
+        "(its dataset from there; nothing loaded)",
+    )
+    verb.add_argument(
+        "--hostile", action="store_true", help="run each level again alongside a hostile load and report both"
+    )
+    verb.add_argument(
+        "--hostile-hosts", type=positive_int, default=4, help="remote hosts the hostile load plays (default 4)"
+    )
     add_common_arguments(verb, "where the table goes (must be empty; default: a temporary directory, removed)")
     verb.set_defaults(handler=run_wire_bench)
 
@@ -141,8 +174,10 @@ def _shapes(text: str) -> frozenset[str]:
     names = frozenset(part.strip() for part in text.split(",") if part.strip())
     unknown = sorted(names - set(_range_names()))
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected time ranges among {', '.join(_range_names())}"
-                                         + (f"; not {', '.join(unknown)}" if unknown else ""))
+        raise argparse.ArgumentTypeError(
+            f"expected time ranges among {', '.join(_range_names())}"
+            + (f"; not {', '.join(unknown)}" if unknown else "")
+        )
     return names
 
 
@@ -164,13 +199,19 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     if table_of is not None:
         kept = bench_dataset.load_spec(table_of)
         if kept is None:
-            raise UsageError(f"--table-of {table_of}: no {bench_dataset.SPEC_FILE} there "
-                             "(a data dir that bench store --data-dir filled)")
+            raise UsageError(
+                f"--table-of {table_of}: no {bench_dataset.SPEC_FILE} there "
+                "(a data dir that bench store --data-dir filled)"
+            )
     if getattr(args, "mix", "pages") != "pages" and getattr(args, "shapes", None) is not None:
         raise UsageError("--shapes chooses among the pages mix's time ranges; it does not apply to --mix status-go")
     config = node_config.load(args.config, {"engine": args.engine, "data_dir": table_of or args.data_dir})
-    spec = kept or bench_dataset.DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed,
-                                             days=getattr(args, "days", bench_dataset.DatasetSpec.days))
+    spec = kept or bench_dataset.DatasetSpec(
+        messages=args.messages,
+        end_ns=time.time_ns(),
+        seed=args.seed,
+        days=getattr(args, "days", bench_dataset.DatasetSpec.days),
+    )
     # The node: loopback, system-chosen ports, the dataset's shards, no
     # listeners besides libp2p, commits only when the load asks for them.
     config.tcp_port = config.ws_port = config.metrics_port = config.mailserver_port = 0
@@ -188,8 +229,15 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     report: dict = {
         "messages": spec.messages,
         "mix": getattr(args, "mix", "pages"),
-        "dataset": {"seed": spec.seed, "topics": spec.topics, "shards": spec.shards, "days": spec.days,
-                    "duplicate_ratio": spec.duplicate_ratio, "start_ns": spec.start_ns, "end_ns": spec.end_ns},
+        "dataset": {
+            "seed": spec.seed,
+            "topics": spec.topics,
+            "shards": spec.shards,
+            "days": spec.days,
+            "duplicate_ratio": spec.duplicate_ratio,
+            "start_ns": spec.start_ns,
+            "end_ns": spec.end_ns,
+        },
         "client_mode": CLIENT_MODE,
         "machine": {"cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
     }
@@ -217,8 +265,11 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if all(level["errors"] == 0 and level.get("hostile", {}).get("errors", 0) == 0
-                    for level in report["levels"]) else 1
+    return (
+        0
+        if all(level["errors"] == 0 and level.get("hostile", {}).get("errors", 0) == 0 for level in report["levels"])
+        else 1
+    )
 
 
 # --- loading -------------------------------------------------------------------
@@ -246,12 +297,14 @@ def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None
         compact_s = time.perf_counter() - started
     finally:
         store.close()
-    report.update({
-        "unique_messages": accepted,
-        "ingest_msgs_per_s": round(offered / load_s, 1),
-        "load_s": round(load_s, 3),
-        "compact_s": round(compact_s, 3),
-    })
+    report.update(
+        {
+            "unique_messages": accepted,
+            "ingest_msgs_per_s": round(offered / load_s, 1),
+            "load_s": round(load_s, 3),
+            "compact_s": round(compact_s, 3),
+        }
+    )
     _say(f"wire bench: {accepted:,} unique messages in the table ({load_s:.1f} s, compacted in {compact_s:.1f} s)")
 
 
@@ -267,9 +320,16 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
 
     # The Store protocols alone: no relay, mailserver or metrics listener
     # competing for the CPU, no rate limit, a throwaway identity.
-    async with running_node(config, engine=engine, rate_limits=RateLimits.parse(["0/1s"]),
-                            key_pair=create_new_key_pair(), mailserver=False, metrics=False,
-                            relay=False, archives=False) as node:
+    async with running_node(
+        config,
+        engine=engine,
+        rate_limits=RateLimits.parse(["0/1s"]),
+        key_pair=create_new_key_pair(),
+        mailserver=False,
+        metrics=False,
+        relay=False,
+        archives=False,
+    ) as node:
         peer = next(a for a in node.info.multiaddrs if "/ws/" not in a)
         report.update(await _direct(node.service, spec, args.seed))
         report["levels"] = []
@@ -289,8 +349,11 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
             if getattr(args, "hostile", False):
                 _say(f"wire bench: {clients} client(s) again, alongside {args.hostile_hosts} hostile hosts")
                 timing, samples, seen = await _with_hostile(node, peer, plans, args.hostile_hosts, spec, args.seed)
-                level["hostile"] = {**_level_summary(clients, timing, samples), "load": seen,
-                                    "refused_by_node": dict(node.gatekeeper.refused)}
+                level["hostile"] = {
+                    **_level_summary(clients, timing, samples),
+                    "load": seen,
+                    "refused_by_node": dict(node.gatekeeper.refused),
+                }
             report["levels"].append(level)
 
 
@@ -305,7 +368,9 @@ async def _with_hostile(node, peer: str, plans, hosts: int, spec, seed: int):
     stop = Path(tempfile.mkdtemp(prefix="wakustore-hostile-")) / "stop"
     hostile = subprocess.Popen(
         [sys.executable, "-c", "from wakustore.bench.hostile import client_main; client_main()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     try:
         hostile.stdin.write(pickle.dumps((peer, hosts, query, str(stop))))
@@ -370,9 +435,15 @@ def _level_summary(clients: int, timing: Timing, samples: list[list[tuple[str, f
         "client_cpu_ms_per_query": _per_query_ms(timing.client_cpu_s, len(flat)),
         "p50_ms": _round(percentile(latencies, 50)),
         "p99_ms": _round(percentile(latencies, 99)),
-        "per_shape": {shape: {"n": len(v), "qps": round(len(v) / wall_s, 1) if wall_s > 0 else None,
-                              "p50_ms": _round(percentile(v, 50)), "p99_ms": _round(percentile(v, 99))}
-                      for shape, v in sorted(by_shape.items())},
+        "per_shape": {
+            shape: {
+                "n": len(v),
+                "qps": round(len(v) / wall_s, 1) if wall_s > 0 else None,
+                "p50_ms": _round(percentile(v, 50)),
+                "p99_ms": _round(percentile(v, 99)),
+            }
+            for shape, v in sorted(by_shape.items())
+        },
     }
 
 
@@ -454,27 +525,34 @@ async def _timed_query(client, query, shape: str, out: list):
 
 
 def _print_report(report: dict) -> None:
-    loaded = (f"{report['unique_messages']:,} messages in the table ({report['messages']:,} loaded at "
-              f"{report['ingest_msgs_per_s']:,.0f} msg/s)" if report.get("unique_messages") is not None
-              else f"the table of {report['table_of']} ({report['messages']:,} messages)")
-    print(f"\nwire benchmark: {loaded}, "
-          f"{report['machine']['cpus']} CPUs; {report['client_mode']}")
+    loaded = (
+        f"{report['unique_messages']:,} messages in the table ({report['messages']:,} loaded at "
+        f"{report['ingest_msgs_per_s']:,.0f} msg/s)"
+        if report.get("unique_messages") is not None
+        else f"the table of {report['table_of']} ({report['messages']:,} messages)"
+    )
+    print(f"\nwire benchmark: {loaded}, {report['machine']['cpus']} CPUs; {report['client_mode']}")
     print(f"  store service, no wire: p50 {report['direct_p50_ms']} ms, p99 {report['direct_p99_ms']} ms")
     for level in report["levels"]:
-        print(f"  {level['clients']:>3} client(s): {level['qps']:>8,.1f} queries/s   "
-              f"node CPU {level['node_cpu_ms_per_query']:>6} ms/query   "
-              f"p50 {level['p50_ms']:>7} ms   p99 {level['p99_ms']:>7} ms   "
-              f"({level['queries']} queries, {level['errors']} errors; "
-              f"clients' CPU {level['client_cpu_ms_per_query']} ms/query)")
+        print(
+            f"  {level['clients']:>3} client(s): {level['qps']:>8,.1f} queries/s   "
+            f"node CPU {level['node_cpu_ms_per_query']:>6} ms/query   "
+            f"p50 {level['p50_ms']:>7} ms   p99 {level['p99_ms']:>7} ms   "
+            f"({level['queries']} queries, {level['errors']} errors; "
+            f"clients' CPU {level['client_cpu_ms_per_query']} ms/query)"
+        )
         for shape, figures in level["per_shape"].items():
-            print(f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   "
-                  f"p99 {figures['p99_ms']:>7} ms   ({figures['n']})")
+            print(
+                f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   p99 {figures['p99_ms']:>7} ms   ({figures['n']})"
+            )
         hostile = level.get("hostile")
         if hostile:
-            print(f"      under hostile load: {hostile['qps']:>8,.1f} queries/s   "
-                  f"node CPU {hostile['node_cpu_ms_per_query']:>6} ms/query   "
-                  f"p50 {hostile['p50_ms']:>7} ms   p99 {hostile['p99_ms']:>7} ms   "
-                  f"({hostile['queries']} queries, {hostile['errors']} errors)")
+            print(
+                f"      under hostile load: {hostile['qps']:>8,.1f} queries/s   "
+                f"node CPU {hostile['node_cpu_ms_per_query']:>6} ms/query   "
+                f"p50 {hostile['p50_ms']:>7} ms   p99 {hostile['p99_ms']:>7} ms   "
+                f"({hostile['queries']} queries, {hostile['errors']} errors)"
+            )
             print(f"        hostile load: {hostile['load']}")
             print(f"        refused by the node so far: {hostile['refused_by_node']}")
 

@@ -55,13 +55,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     export = verbs.add_parser("export", help="control node: archive the windows since the last export")
     _store_flags(export)
     export.add_argument("--community-key", type=Path, required=True, help="file holding the 32-byte private key, hex")
-    export.add_argument("--chat-id", action="append", required=True, dest="chat_ids",
-                        help="channel id inside the community (repeatable; '' = the community's own topic)")
+    export.add_argument(
+        "--chat-id",
+        action="append",
+        required=True,
+        dest="chat_ids",
+        help="channel id inside the community (repeatable; '' = the community's own topic)",
+    )
     export.add_argument("--archive-dir", type=Path, required=True)
     export.add_argument("--layout", choices=layouts, default=archive.DEFAULT_LAYOUT.value)
     export.add_argument("--now", type=int, help="Unix seconds (default: now)")
-    export.add_argument("--tracker", action="append", dest="trackers",
-                        help="announce URL (repeatable; default: status-go's two UDP trackers)")
+    export.add_argument(
+        "--tracker",
+        action="append",
+        dest="trackers",
+        help="announce URL (repeatable; default: status-go's two UDP trackers)",
+    )
     export.add_argument("--no-trackers", action="store_true")
     export.set_defaults(handler=_cmd_export)
 
@@ -84,12 +93,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     fetch.add_argument("--to", type=int, dest="to_s", help="Unix seconds, exclusive")
     fetch.add_argument("--seed-peer", action="append", default=[], dest="seed_peers", help="HOST:PORT (repeatable)")
     fetch.add_argument("--layout", choices=layouts, default=archive.DEFAULT_LAYOUT.value)
-    fetch.add_argument("--chat-id", action="append", dest="chat_ids",
-                       help="the community's channels (repeatable): only their messages are accepted, and their "
-                            "keys rebuild what a status-go archive holds decrypted (default: the topics each "
-                            "archive lists, decrypted records refused)")
-    fetch.add_argument("--timeout", type=float, default=torrent.DEFAULT_STALL_TIMEOUT_S,
-                       help="give up after this many seconds without data")
+    fetch.add_argument(
+        "--chat-id",
+        action="append",
+        dest="chat_ids",
+        help="the community's channels (repeatable): only their messages are accepted, and their "
+        "keys rebuild what a status-go archive holds decrypted (default: the topics each "
+        "archive lists, decrypted records refused)",
+    )
+    fetch.add_argument(
+        "--timeout",
+        type=float,
+        default=torrent.DEFAULT_STALL_TIMEOUT_S,
+        help="give up after this many seconds without data",
+    )
     _torrent_flags(fetch)
     fetch.set_defaults(handler=_cmd_fetch)
 
@@ -120,18 +137,28 @@ def _cmd_export(args: argparse.Namespace) -> int:
     private_key_from_bytes(key)
     config, stop = _open_store(args)
     settings = ArchiveSettings(
-        community_key=key, chat_ids=tuple(args.chat_ids), archive_dir=args.archive_dir,
-        pubsub_topic=_pubsub_topic(args, config), layout=Layout(args.layout),
+        community_key=key,
+        chat_ids=tuple(args.chat_ids),
+        archive_dir=args.archive_dir,
+        pubsub_topic=_pubsub_topic(args, config),
+        layout=Layout(args.layout),
         trackers=() if args.no_trackers else tuple(args.trackers or torrent.DEFAULT_TRACKERS),
     )
     try:
         with Stages() as stages:
-            result = export_community(config.store, settings, args.now if args.now is not None else int(time.time()),
-                                      stages.line, progress=stages.count)
+            result = export_community(
+                config.store,
+                settings,
+                args.now if args.now is not None else int(time.time()),
+                stages.line,
+                progress=stages.count,
+            )
     finally:
         stop()
-    _stderr(f"{len(result.archives)} new archive(s), {result.messages} messages, {result.dropped} dropped "
-            f"(over {archive.MAX_ARCHIVE_PAYLOAD} bytes)")
+    _stderr(
+        f"{len(result.archives)} new archive(s), {result.messages} messages, {result.dropped} dropped "
+        f"(over {archive.MAX_ARCHIVE_PAYLOAD} bytes)"
+    )
     if result.magnet:
         print(result.magnet, flush=True)
     return 0
@@ -154,6 +181,7 @@ async def _seed_main(args: argparse.Namespace, torrent_bytes: bytes) -> None:
     print(torrent.magnet_uri(torrent_bytes), flush=True)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+
             async def poll() -> None:
                 while True:
                     await trio.sleep(SEED_POLL_S)
@@ -195,11 +223,21 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         try:
             with Stages() as stages:
                 result = fetch_archives(
-                    config.store, config.data_dir, public_key, magnet, clock=clock,
-                    selection=Selection(mode, args.from_s, args.to_s), layout=Layout(args.layout), peers=peers,
+                    config.store,
+                    config.data_dir,
+                    public_key,
+                    magnet,
+                    clock=clock,
+                    selection=Selection(mode, args.from_s, args.to_s),
+                    layout=Layout(args.layout),
+                    peers=peers,
                     session=torrent.open_session(f"{args.listen_host}:{args.port}", args.isolated),
-                    default_pubsub_topic=pubsub_topic, allowed_topics=allowed, chat_ids=chat_ids,
-                    stall_timeout_s=args.timeout, report=stages.line, progress=stages.count,
+                    default_pubsub_topic=pubsub_topic,
+                    allowed_topics=allowed,
+                    chat_ids=chat_ids,
+                    stall_timeout_s=args.timeout,
+                    report=stages.line,
+                    progress=stages.count,
                     import_processes=config.import_processes,
                 )
         except (torrent.TorrentError, ArchiveError, ProtocolError) as exc:
@@ -210,8 +248,18 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     if result.ignored:
         _stderr(f"nothing to do: {result.ignored}")
         return 0
-    print(json.dumps({"imported": len(result.imported), "windows": result.windows, "messages": result.messages,
-                      "rejected": result.rejected, "pieces_downloaded": len(result.downloaded_pieces)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "imported": len(result.imported),
+                "windows": result.windows,
+                "messages": result.messages,
+                "rejected": result.rejected,
+                "pieces_downloaded": len(result.downloaded_pieces),
+            }
+        ),
+        flush=True,
+    )
     return 1 if result.rejected else 0
 
 

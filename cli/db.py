@@ -42,8 +42,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--config", type=Path, help="node TOML configuration")
         sub.add_argument("--engine", help="'embedded' or sc://host:port (default: from the configuration)")
         if verb == "vacuum":
-            sub.add_argument("--retention-hours", type=int, default=maintenance.DEFAULT_VACUUM_HOURS,
-                             help="keep unreferenced files this recent")
+            sub.add_argument(
+                "--retention-hours",
+                type=int,
+                default=maintenance.DEFAULT_VACUUM_HOURS,
+                help="keep unreferenced files this recent",
+            )
         if verb == "retention":
             sub.add_argument("--policy", help="default: the node's configured policy")
         if verb == "import":
@@ -64,6 +68,7 @@ def _config(args) -> node_config.NodeConfig:
 def _writing(handler):
     """``handler`` run under the data dir's writer lock: it opens the store,
     which replays and trims the write-ahead log and commits to the table."""
+
     def run(args) -> int:
         with data_dir.lock(_config(args).data_dir):
             return handler(args)
@@ -110,11 +115,21 @@ def _stats(args) -> int:
     config, engine, table = _open_read_only(args)
     try:
         s = maintenance.stats(table)
-        print(json.dumps({
-            "table": config.messages_uri, "version": s.version, "files": s.files, "bytes": s.bytes,
-            "rows": s.rows, "days": s.days, "oldest_ns": s.oldest_ns, "newest_ns": s.newest_ns,
-            "pending_in_log": _in_log(config),
-        }))
+        print(
+            json.dumps(
+                {
+                    "table": config.messages_uri,
+                    "version": s.version,
+                    "files": s.files,
+                    "bytes": s.bytes,
+                    "rows": s.rows,
+                    "days": s.days,
+                    "oldest_ns": s.oldest_ns,
+                    "newest_ns": s.newest_ns,
+                    "pending_in_log": _in_log(config),
+                }
+            )
+        )
     finally:
         engine.close()
     return 0
@@ -157,9 +172,17 @@ def _retention(args) -> int:
         guard = keep_from()
         result = maintenance.run_maintenance(store, policy, time.time_ns(), keep_from_ns=guard)
         retention = result.retention
-        print(json.dumps({"cutoff_ns": retention.cutoff_ns, "rows_before": retention.rows_before,
-                          "rows_after": retention.rows_after, "keep_from_ns": guard,
-                          **result.compaction}))
+        print(
+            json.dumps(
+                {
+                    "cutoff_ns": retention.cutoff_ns,
+                    "rows_before": retention.rows_before,
+                    "rows_after": retention.rows_after,
+                    "keep_from_ns": guard,
+                    **result.compaction,
+                }
+            )
+        )
     except maintenance.RetentionError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -208,9 +231,7 @@ def message_from_json(obj: dict, where: str) -> tuple[str, WakuMessage]:
     return pubsub, message
 
 
-def iter_jsonl(
-    path: Path, check: Callable[[WakuMessage], None] | None = None
-) -> Iterator[tuple[str, WakuMessage]]:
+def iter_jsonl(path: Path, check: Callable[[WakuMessage], None] | None = None) -> Iterator[tuple[str, WakuMessage]]:
     """(pubsub topic, message) per line of a JSON Lines file, streamed.
 
     Raises UsageError ``FILE:LINE: reason`` for a line that is malformed,
@@ -317,8 +338,10 @@ def _export(args) -> int:
         end = args.end if args.end is not None else ((s.newest_ns or 0) + 1)
         # The whole table's row count is the total when nothing narrows the window.
         whole = args.start is None and args.end is None and not args.content_topics and args.pubsub_topic is None
-        with open(args.to_jsonl, "w", encoding="utf-8") as out, \
-                Progress("exporting", total=s.rows if whole else None, unit="messages") as progress:
+        with (
+            open(args.to_jsonl, "w", encoding="utf-8") as out,
+            Progress("exporting", total=s.rows if whole else None, unit="messages") as progress,
+        ):
             for day in table.window_days(start, end, args.content_topics, args.pubsub_topic):
                 for row in rows_from_arrow(day):
                     out.write(json.dumps(message_to_json(row.pubsub_topic, row.message)) + "\n")
@@ -327,9 +350,12 @@ def _export(args) -> int:
         print(f"exported {written} messages", file=sys.stderr, flush=True)
         waiting = _in_log(config)
         if waiting:
-            print(f"{waiting} message(s) wait in the write-ahead log; those not yet in the table were not "
-                  "exported (a running node commits them within its flush interval, a stopped one when it starts)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{waiting} message(s) wait in the write-ahead log; those not yet in the table were not "
+                "exported (a running node commits them within its flush interval, a stopped one when it starts)",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         engine.close()
     return 0

@@ -39,7 +39,14 @@ from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import WakuV1Error
 from wakustore.protocols.waku_v1 import (
-    BLOOM_SIZE, MAX_UINT32, TOPIC_SIZE, Envelope, bloom_for_topics, envelope_hash, full_bloom, key_from_password,
+    BLOOM_SIZE,
+    MAX_UINT32,
+    TOPIC_SIZE,
+    Envelope,
+    bloom_for_topics,
+    envelope_hash,
+    full_bloom,
+    key_from_password,
 )
 
 # Default request window: the last day (status-go's limit on the range of
@@ -55,18 +62,24 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     request = verbs.add_parser("request", help="request archived envelopes")
     _connection_arguments(request)
-    request.add_argument("--password", default=DEFAULT_PASSWORD,
-                         help=f"the mailserver's request password (default {DEFAULT_PASSWORD!r})")
+    request.add_argument(
+        "--password", default=DEFAULT_PASSWORD, help=f"the mailserver's request password (default {DEFAULT_PASSWORD!r})"
+    )
     request.add_argument("--topic", action="append", dest="topics", default=[], help="4-byte topic, hex; repeatable")
     request.add_argument("--bloom", help="64-byte bloom filter, hex (default: all topics; --topic wins)")
     request.add_argument("--from", dest="lower", type=_uint32, help="Unix s, inclusive (default: a day ago)")
-    request.add_argument("--to", dest="upper", type=_uint32, default=0,
-                         help="Unix s, inclusive (default 0: the mailserver's now + 60 s)")
+    request.add_argument(
+        "--to", dest="upper", type=_uint32, default=0, help="Unix s, inclusive (default 0: the mailserver's now + 60 s)"
+    )
     request.add_argument("--limit", type=_uint32, default=0, help="envelopes per request (0: the maximum, 1000)")
     request.add_argument("--cursor", help="continue after this cursor (hex, from a previous answer)")
     request.add_argument("--all", action="store_true", help="follow cursors to the end")
-    request.add_argument("--layout", choices=(wms.LAYOUT_STATUS_GO, wms.LAYOUT_SPEC, wms.LAYOUT_DIRECT),
-                         default=wms.LAYOUT_STATUS_GO, help="request payload layout (default status-go)")
+    request.add_argument(
+        "--layout",
+        choices=(wms.LAYOUT_STATUS_GO, wms.LAYOUT_SPEC, wms.LAYOUT_DIRECT),
+        default=wms.LAYOUT_STATUS_GO,
+        help="request payload layout (default status-go)",
+    )
     request.add_argument("--no-sign", action="store_true", help="do not sign the request envelope")
     request.add_argument("--json", action="store_true", help="one JSON object per envelope")
     request.set_defaults(handler=run_request)
@@ -118,7 +131,12 @@ def run_request(args: argparse.Namespace) -> int:
     if args.upper and lower > args.upper:
         raise UsageError("--from is after --to")
     request = wms.MessagesRequest(
-        lower=lower, upper=args.upper, bloom=bloom, topics=topics, limit=args.limit, cursor=cursor,
+        lower=lower,
+        upper=args.upper,
+        bloom=bloom,
+        topics=topics,
+        limit=args.limit,
+        cursor=cursor,
         layout=args.layout,
     )
     return trio.run(_request_main, args, request)
@@ -136,18 +154,23 @@ async def _request_main(args: argparse.Namespace, request: wms.MessagesRequest) 
                     answers.append(answer)
                     _print_envelopes(answer, args.json)
             else:
-                answers.append(await backoff.call(
-                    lambda: client.request(request, key, sign=sign),
-                    lambda a: a.complete.error == RATE_LIMIT_ERROR,
-                ))
+                answers.append(
+                    await backoff.call(
+                        lambda: client.request(request, key, sign=sign),
+                        lambda a: a.complete.error == RATE_LIMIT_ERROR,
+                    )
+                )
                 _print_envelopes(answers[-1], args.json)
     except MailserverError as exc:
         print(f"wakustore: error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     last = answers[-1].complete
     if last.error is not None:
-        waited = (f" (still after backing off up to {RATE_LIMIT_BACKOFF.max_wait_s:g} s)"
-                  if last.error == RATE_LIMIT_ERROR else "")
+        waited = (
+            f" (still after backing off up to {RATE_LIMIT_BACKOFF.max_wait_s:g} s)"
+            if last.error == RATE_LIMIT_ERROR
+            else ""
+        )
         print(f"wakustore: error: the mailserver refused the request: {last.error}{waited}", file=sys.stderr)
         return EXIT_REFUSED
     total = sum(len(a.envelopes) for a in answers)
@@ -195,7 +218,12 @@ def envelope_to_json(raw: bytes) -> dict:
     """The JSON line ``request --json`` prints for one raw envelope."""
     envelope = Envelope.decode(raw)
     return {
-        "hash": envelope_hash(raw).hex(), "topic": envelope.topic.hex(),
-        "expiry": envelope.expiry, "ttl": envelope.ttl, "sent": envelope.timestamp,
-        "nonce": envelope.nonce, "data": envelope.data.hex(), "raw": raw.hex(),
+        "hash": envelope_hash(raw).hex(),
+        "topic": envelope.topic.hex(),
+        "expiry": envelope.expiry,
+        "ttl": envelope.ttl,
+        "sent": envelope.timestamp,
+        "nonce": envelope.nonce,
+        "data": envelope.data.hex(),
+        "raw": raw.hex(),
     }

@@ -113,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("hash", _cmd_message_hash, True),
         ("muid", _cmd_message_muid, False),
     ):
-        sub = message_verbs.add_parser(verb, help={
-            "hash": "the deterministic message hash (14/WAKU2-MESSAGE), hex",
-            "muid": "the Waku Message UID (waku-message-uid-adr), the table's key, hex",
-        }[verb])
+        sub = message_verbs.add_parser(
+            verb,
+            help={
+                "hash": "the deterministic message hash (14/WAKU2-MESSAGE), hex",
+                "muid": "the Waku Message UID (waku-message-uid-adr), the table's key, hex",
+            }[verb],
+        )
         sub.add_argument("--pubsub-topic", required=True)
         sub.add_argument("--content-topic", required=True)
         sub.add_argument("--payload", required=True, help="hex")

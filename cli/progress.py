@@ -118,7 +118,7 @@ class Progress:
             text = f"{self.label} {self.done:,}/{self.total:,}{unit} {100 * fraction:3.0f}%"
             if self._terminal:
                 filled = int(fraction * BAR_WIDTH)
-                text = f"{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] " + text[len(self.label) + 1:]
+                text = f"{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] " + text[len(self.label) + 1 :]
             return f"{text}, {_rate(rate)}/s, {_duration(elapsed)} elapsed, {_duration(eta)} left"
         return f"{self.label} {self.done:,}{unit}, {_rate(rate)}/s, {_duration(elapsed)} elapsed"
 

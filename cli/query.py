@@ -70,8 +70,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     push.add_argument("--ephemeral", action="store_true")
     push.add_argument("--from-jsonl", type=Path, help="one message per line, the shape `db export` writes")
     push.add_argument("--legacy", action="store_true", help="lightpush v2beta1 instead of v3")
-    push.add_argument("--rate", type=float,
-                      help="at most N messages a second (the node's default lightpush limit is 5 a second)")
+    push.add_argument(
+        "--rate", type=float, help="at most N messages a second (the node's default lightpush limit is 5 a second)"
+    )
     push.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     push.set_defaults(handler=run_push)
 
@@ -94,13 +95,18 @@ def run_push(args: argparse.Namespace) -> int:
             raise UsageError("push needs --pubsub-topic, --content-topic and --payload (or --from-jsonl)")
         if args.timestamp is not None and args.timestamp < 0:
             raise UsageError("--timestamp must not be negative")
-        messages = [(args.pubsub_topic, WakuMessage(
-            payload=parse_hex(args.payload, "--payload"),
-            content_topic=args.content_topic,
-            meta=parse_hex(args.meta, "--meta") if args.meta else b"",
-            timestamp=args.timestamp if args.timestamp is not None else 0,
-            ephemeral=args.ephemeral,
-        ))]
+        messages = [
+            (
+                args.pubsub_topic,
+                WakuMessage(
+                    payload=parse_hex(args.payload, "--payload"),
+                    content_topic=args.content_topic,
+                    meta=parse_hex(args.meta, "--meta") if args.meta else b"",
+                    timestamp=args.timestamp if args.timestamp is not None else 0,
+                    ephemeral=args.ephemeral,
+                ),
+            )
+        ]
     if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
         raise UsageError("--rate must be a positive number of messages a second")
     parse_peer(args.peer)
@@ -138,8 +144,10 @@ async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
             responses = client.pages(query, backoff) if args.all else _one(client.query_patiently(query, backoff))
             async for response in responses:
                 if response.status_code != StatusCode.OK:
-                    _fail(f"query refused: {response.status_code} {response.status_desc}"
-                          + _gave_up(response.status_code == StatusCode.TOO_MANY_REQUESTS, backoff))
+                    _fail(
+                        f"query refused: {response.status_code} {response.status_desc}"
+                        + _gave_up(response.status_code == StatusCode.TOO_MANY_REQUESTS, backoff)
+                    )
                     return EXIT_REFUSED
                 pages += 1
                 for entry in response.messages:
@@ -147,8 +155,9 @@ async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
                 total += len(response.messages)
                 sys.stdout.flush()
                 if args.all:
-                    print(f"page {pages}: {len(response.messages)} messages, {total} in all",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"page {pages}: {len(response.messages)} messages, {total} in all", file=sys.stderr, flush=True
+                    )
                 elif response.cursor is not None:
                     print(f"more results: --cursor {response.cursor.hex()}", file=sys.stderr, flush=True)
     except (ClientError, ProtocolError) as exc:
@@ -181,8 +190,10 @@ async def _push_main(args: argparse.Namespace, messages: list[tuple[str, WakuMes
                 reason = f"{line.get('status_code', '')} {line.get('status_desc') or line.get('info') or ''}".strip()
                 if limited:
                     # Still limited after a minute of waiting: the rest would be too.
-                    _fail(f"push refused: {reason}{_gave_up(True, backoff)}; "
-                          f"{pushed - refused} of {len(messages)} messages pushed")
+                    _fail(
+                        f"push refused: {reason}{_gave_up(True, backoff)}; "
+                        f"{pushed - refused} of {len(messages)} messages pushed"
+                    )
                     return EXIT_REFUSED
                 _fail(f"push refused: {reason}")
     except (ClientError, ProtocolError) as exc:
@@ -193,8 +204,9 @@ async def _push_main(args: argparse.Namespace, messages: list[tuple[str, WakuMes
     return EXIT_REFUSED if refused else 0
 
 
-async def _push_one(client: StoreClient, pubsub_topic: str, message: WakuMessage, legacy: bool,
-                    backoff: Backoff) -> tuple[bool, bool, dict]:
+async def _push_one(
+    client: StoreClient, pubsub_topic: str, message: WakuMessage, legacy: bool, backoff: Backoff
+) -> tuple[bool, bool, dict]:
     """Push, waiting out 429s; returns (accepted, still rate limited, JSON status line)."""
     digest = message_hash(pubsub_topic, message).hex()
     if legacy:
@@ -205,8 +217,12 @@ async def _push_one(client: StoreClient, pubsub_topic: str, message: WakuMessage
         lambda: client.push(pubsub_topic, message),
         lambda a: a.status_code == LightpushStatus.TOO_MANY_REQUESTS,
     )
-    line = {"hash": digest, "status_code": answer.status_code,
-            "status_desc": answer.status_desc, "relay_peer_count": answer.relay_peer_count}
+    line = {
+        "hash": digest,
+        "status_code": answer.status_code,
+        "status_desc": answer.status_desc,
+        "relay_peer_count": answer.relay_peer_count,
+    }
     ok = answer.status_code == LightpushStatus.SUCCESS
     return ok, answer.status_code == LightpushStatus.TOO_MANY_REQUESTS, line
 
@@ -240,8 +256,9 @@ def _format_entry(entry: store_v3.ResponseEntry, as_json: bool) -> str:
     if as_json:
         return json.dumps(message_to_json(entry.pubsub_topic, entry.message, hash=entry.message_hash.hex()))
     m = entry.message
-    return "\t".join((entry.message_hash.hex(), str(m.timestamp), entry.pubsub_topic or "",
-                      m.content_topic, m.payload.hex()))
+    return "\t".join(
+        (entry.message_hash.hex(), str(m.timestamp), entry.pubsub_topic or "", m.content_topic, m.payload.hex())
+    )
 
 
 async def _one(awaitable):

@@ -33,42 +33,77 @@ def register(commands: argparse._SubParsersAction) -> None:
     d = node_config.NodeConfig()
     serve = commands.add_parser("serve", help="run a store node until SIGINT or SIGTERM")
     serve.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
-    serve.add_argument("--data-dir", type=Path, help=f"tables, log, key and node-info.json (default: {os.path.join('.', d.data_dir)})")
+    serve.add_argument(
+        "--data-dir", type=Path, help=f"tables, log, key and node-info.json (default: {os.path.join('.', d.data_dir)})"
+    )
     serve.add_argument("--engine", help=f"'embedded' or sc://host:port (default: {d.engine})")
     serve.add_argument("--tcp-port", type=int, help=f"libp2p TCP port, 0: any (default: {d.tcp_port})")
     serve.add_argument("--ws-port", type=int, help=f"libp2p WebSocket port, 0: any (default: {d.ws_port})")
-    serve.add_argument("--metrics-port", type=int,
-                       help=f"Prometheus metrics and /health, 0: any (default: {d.metrics_port})")
-    serve.add_argument("--mailserver-port", type=int,
-                       help=f"Waku v1 mailserver (devp2p RLPx), 0: any (default: {d.mailserver_port})")
-    serve.add_argument("--cluster-id", type=int, help=f"(default: {d.cluster_id})")
-    serve.add_argument("--shard", type=int, action="append", dest="shards",
-                       help=f"shard to serve; repeatable (default: {' '.join(map(str, d.shards))})")
-    serve.add_argument("--retention",
-                       help=f"e.g. time:2592000;capacity:1000000;size:50GB (default: {d.retention})")
-    serve.add_argument("--listen-host", help=f"address the libp2p and mailserver listeners bind (default: {d.listen_host})")
-    serve.add_argument("--metrics-host",
-                       help=f"address the metrics and /health listener binds (default: {d.metrics_host})")
-    serve.add_argument("--max-connections", type=int,
-                       help=f"inbound libp2p connections at once, 0: no cap (default: {d.max_connections})")
-    serve.add_argument("--ip-colocation-limit", type=int,
-                       help=f"inbound libp2p connections per IP address, 0: no cap (default: {d.ip_colocation_limit})")
-    serve.add_argument("--relay-peer", action="append", dest="relay_peers",
-                       help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; "
-                            "repeatable (default: none)")
-    serve.add_argument("--ext-multiaddr", action="append", dest="ext_multiaddrs",
-                       help="multiaddr the node is reached at from outside (NAT, proxy), printed and "
-                            "written to node-info.json with the listen addresses; repeatable (default: none)")
-    serve.add_argument("--sync-peer", action="append", dest="sync_peers",
-                       help="multiaddr ending in /p2p/<peer id> of a store node to keep in sync with "
-                            "(Waku Sync) and to resume from at start; repeatable (default: none)")
-    serve.add_argument("--no-relay", action="store_false", dest="relay", default=None,
-                       help="do not run relay, only lightpush and the store protocols (default: relay on)")
     serve.add_argument(
-        "--rate-limit", action="append", dest="rate_limits",
+        "--metrics-port", type=int, help=f"Prometheus metrics and /health, 0: any (default: {d.metrics_port})"
+    )
+    serve.add_argument(
+        "--mailserver-port", type=int, help=f"Waku v1 mailserver (devp2p RLPx), 0: any (default: {d.mailserver_port})"
+    )
+    serve.add_argument("--cluster-id", type=int, help=f"(default: {d.cluster_id})")
+    serve.add_argument(
+        "--shard",
+        type=int,
+        action="append",
+        dest="shards",
+        help=f"shard to serve; repeatable (default: {' '.join(map(str, d.shards))})",
+    )
+    serve.add_argument("--retention", help=f"e.g. time:2592000;capacity:1000000;size:50GB (default: {d.retention})")
+    serve.add_argument(
+        "--listen-host", help=f"address the libp2p and mailserver listeners bind (default: {d.listen_host})"
+    )
+    serve.add_argument(
+        "--metrics-host", help=f"address the metrics and /health listener binds (default: {d.metrics_host})"
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        help=f"inbound libp2p connections at once, 0: no cap (default: {d.max_connections})",
+    )
+    serve.add_argument(
+        "--ip-colocation-limit",
+        type=int,
+        help=f"inbound libp2p connections per IP address, 0: no cap (default: {d.ip_colocation_limit})",
+    )
+    serve.add_argument(
+        "--relay-peer",
+        action="append",
+        dest="relay_peers",
+        help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--ext-multiaddr",
+        action="append",
+        dest="ext_multiaddrs",
+        help="multiaddr the node is reached at from outside (NAT, proxy), printed and "
+        "written to node-info.json with the listen addresses; repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--sync-peer",
+        action="append",
+        dest="sync_peers",
+        help="multiaddr ending in /p2p/<peer id> of a store node to keep in sync with "
+        "(Waku Sync) and to resume from at start; repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--no-relay",
+        action="store_false",
+        dest="relay",
+        default=None,
+        help="do not run relay, only lightpush and the store protocols (default: relay on)",
+    )
+    serve.add_argument(
+        "--rate-limit",
+        action="append",
+        dest="rate_limits",
         help="per-peer and per-address limit, nwaku's format [store|lightpush:]volume/period<h|m|s|ms>, "
-             "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
-             "(default: store:60/2s, lightpush:5/1s)",
+        "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
+        "(default: store:60/2s, lightpush:5/1s)",
     )
     serve.set_defaults(handler=run_serve)
 
@@ -77,11 +112,29 @@ def run_serve(args: argparse.Namespace) -> int:
     from wakustore.node.host import HostError
     from wakustore.node.rate_limits import RateLimits
 
-    overrides = {k: getattr(args, k, None) for k in (
-        "data_dir", "engine", "tcp_port", "ws_port", "metrics_port", "mailserver_port",
-        "cluster_id", "shards", "retention", "listen_host", "relay", "relay_peers", "rate_limits",
-        "ext_multiaddrs", "metrics_host", "max_connections", "ip_colocation_limit", "sync_peers",
-    )}
+    overrides = {
+        k: getattr(args, k, None)
+        for k in (
+            "data_dir",
+            "engine",
+            "tcp_port",
+            "ws_port",
+            "metrics_port",
+            "mailserver_port",
+            "cluster_id",
+            "shards",
+            "retention",
+            "listen_host",
+            "relay",
+            "relay_peers",
+            "rate_limits",
+            "ext_multiaddrs",
+            "metrics_host",
+            "max_connections",
+            "ip_colocation_limit",
+            "sync_peers",
+        )
+    }
     config = node_config.load(args.config, overrides)
     rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
     logging.basicConfig(
@@ -108,9 +161,9 @@ def run_serve(args: argparse.Namespace) -> int:
 def _exit_if_not_stopped_by(deadline_s: float) -> None:
     """From now on, the process ends within ``deadline_s`` whatever the
     node is waiting for."""
+
     def give_up() -> None:
-        log.error("not stopped after %g s: exiting now; the write-ahead log keeps what was not committed",
-                  deadline_s)
+        log.error("not stopped after %g s: exiting now; the write-ahead log keeps what was not committed", deadline_s)
         print(STOPPED_LINE, flush=True)
         logging.shutdown()
         os._exit(0)
@@ -132,6 +185,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             async with trio.open_nursery() as nursery:
+
                 async def stop_on_signal() -> None:
                     # Also while the node starts: a signal then stops the start.
                     async for signum in signals:
@@ -144,22 +198,41 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                 async with running_node(config, rate_limits=rate_limits) as node:
                     info, service, mailserver = node.info, node.service, node.mailserver
                     write_node_info(
-                        config.data_dir, info,
-                        engine=config.engine, table=config.messages_uri, pid=os.getpid(),
-                        cluster_id=config.cluster_id, shards=config.shards,
-                        enode=mailserver.enode, metrics_port=node.metrics_port,
+                        config.data_dir,
+                        info,
+                        engine=config.engine,
+                        table=config.messages_uri,
+                        pid=os.getpid(),
+                        cluster_id=config.cluster_id,
+                        shards=config.shards,
+                        enode=mailserver.enode,
+                        metrics_port=node.metrics_port,
                     )
-                    log.info("node ready: peer %s, table %s, engine %s, %d messages pending from the log",
-                             info.peer_id, config.messages_uri, config.engine, service.store.pending)
-                    log.info("rate limits per peer and per address: store %s, lightpush %s",
-                             rate_limits.store, rate_limits.lightpush)
-                    log.info("inbound connections: at most %d, %d per address (0: no cap)",
-                             config.max_connections, config.ip_colocation_limit)
+                    log.info(
+                        "node ready: peer %s, table %s, engine %s, %d messages pending from the log",
+                        info.peer_id,
+                        config.messages_uri,
+                        config.engine,
+                        service.store.pending,
+                    )
+                    log.info(
+                        "rate limits per peer and per address: store %s, lightpush %s",
+                        rate_limits.store,
+                        rate_limits.lightpush,
+                    )
+                    log.info(
+                        "inbound connections: at most %d, %d per address (0: no cap)",
+                        config.max_connections,
+                        config.ip_colocation_limit,
+                    )
                     for addr in info.multiaddrs:
                         print(addr, flush=True)
                     for enode in dialable_enodes(mailserver):
                         print(enode, flush=True)
-                    print(f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/", flush=True)
+                    print(
+                        f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/",
+                        flush=True,
+                    )
                     if node.seeder is not None:
                         print(f"seeding community archives on port {node.seeder.port}", flush=True)
                     print("wakustore node ready; table " + config.messages_uri, flush=True)

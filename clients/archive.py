@@ -19,12 +19,18 @@ from wakustore.protocols.errors import ArchiveError, ProtocolError
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
 
 
-async def magnets_from_peer(peer: str, community_public_key: bytes, pubsub_topic: str, timeout_s: float = 20.0) -> list[bytes]:
+async def magnets_from_peer(
+    peer: str, community_public_key: bytes, pubsub_topic: str, timeout_s: float = 20.0
+) -> list[bytes]:
     """The payloads on the community's magnet topic, asked of a store node
     by Store v3 (``peer``: a multiaddr with ``/p2p/<peer id>``), as
     :func:`wakustore.node.archive.magnets_in_store` reads them locally."""
-    query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
-                         forward=True, limit=MAX_PAGE_SIZE)
+    query = HistoryQuery(
+        pubsub_topic=pubsub_topic,
+        content_topics=(topics.magnet_content_topic(community_public_key),),
+        forward=True,
+        limit=MAX_PAGE_SIZE,
+    )
     payloads = []
     async with StoreClient.connect(peer, timeout_s) as client:
         async for response in client.pages(query):
@@ -64,6 +70,8 @@ def verify_archive_set(community_dir: Path, layout: Layout | None = None) -> tup
             except ArchiveError as exc:
                 problems.append(str(exc))
     problems += torrent.check_torrent(community_dir.parent, torrent_path.read_bytes(), cid, archive.PIECE_LENGTH)
-    summary = (f"{cid}: {len(entries)} archive(s), {messages} messages, "
-               f"{data_path.stat().st_size // archive.PIECE_LENGTH} data pieces, {layout.value} layout")
+    summary = (
+        f"{cid}: {len(entries)} archive(s), {messages} messages, "
+        f"{data_path.stat().st_size // archive.PIECE_LENGTH} data pieces, {layout.value} layout"
+    )
     return problems, summary

@@ -40,8 +40,15 @@ from wakustore.protocols import ecies
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import RLPxError, WakuV1Error
 from wakustore.protocols.waku_v1 import (
-    BLOOM_SIZE, DEFAULT_MAX_MESSAGE_SIZE, TOPIC_SIZE, Envelope, decode_envelope_list, encode_envelope_list,
-    encrypt_symmetric, envelope_hash, seal,
+    BLOOM_SIZE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    TOPIC_SIZE,
+    Envelope,
+    decode_envelope_list,
+    encode_envelope_list,
+    encrypt_symmetric,
+    envelope_hash,
+    seal,
 )
 
 # Dialing and both handshakes take milliseconds on loopback; a 1000-envelope
@@ -63,6 +70,7 @@ SEAL_MAX_ITERATIONS = 2**24
 # default value to take the period from.
 RATE_LIMIT_BACKOFF = BackoffPolicy(first_s=1.0, max_s=30.0, max_retries=6, max_wait_s=61.0)
 RATE_LIMIT_ERROR = "rate limit exceeded"
+
 
 class MailserverError(Exception):
     """The mailserver could not be reached or answered something unusable."""
@@ -113,9 +121,13 @@ class MailserverClient:
         async with stream:
             try:
                 session = await open_session(
-                    stream, key, remote_public_key=public_key,
+                    stream,
+                    key,
+                    remote_public_key=public_key,
                     local_status=encode_status(0.0, bytes(BLOOM_SIZE), light_node=True),
-                    max_message_size=max_message_size, timeout_s=timeout_s, read_timeout_s=timeout_s,
+                    max_message_size=max_message_size,
+                    timeout_s=timeout_s,
+                    read_timeout_s=timeout_s,
                 )
             except (SessionClosed, RLPxError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
                 raise MailserverError(f"handshake with {host}:{port} failed: {describe_failure(exc)}") from None
@@ -132,7 +144,12 @@ class MailserverClient:
         return UNSTATED_POW if stated is None else stated
 
     async def request(
-        self, request: wms.MessagesRequest, symmetric_key: bytes, *, layout: str | None = None, sign: bool = True,
+        self,
+        request: wms.MessagesRequest,
+        symmetric_key: bytes,
+        *,
+        layout: str | None = None,
+        sign: bool = True,
     ) -> RequestAnswer:
         """One request, answered. ``layout``: "status-go", "spec" or "direct"
         (no envelope, no encryption); default the request's own. A refusal
@@ -143,7 +160,8 @@ class MailserverClient:
             payload = wms.encode_direct_request(dataclasses.replace(request, request_id=request_id))
         else:
             data = encrypt_symmetric(
-                wms.encode_request_payload(request, layout), symmetric_key,
+                wms.encode_request_payload(request, layout),
+                symmetric_key,
                 signing_key=self.private_key if sign else None,
             )
             now = int(time.time())
@@ -156,7 +174,12 @@ class MailserverClient:
         return await self._guarded(self._exchange(request_id, payload))
 
     async def pages(
-        self, request: wms.MessagesRequest, symmetric_key: bytes, *, layout: str | None = None, sign: bool = True,
+        self,
+        request: wms.MessagesRequest,
+        symmetric_key: bytes,
+        *,
+        layout: str | None = None,
+        sign: bool = True,
         backoff: Backoff | None = None,
     ) -> AsyncIterator[RequestAnswer]:
         """Answers following the Request Complete cursor until there is none.
@@ -225,8 +248,13 @@ class MailserverClient:
 
 
 def seal_envelope(
-    payload: bytes, topic: bytes, *, symmetric_key: bytes | None = None, ttl: int = POST_TTL_S,
-    pow_target: float = 0.0, now_s: int | None = None,
+    payload: bytes,
+    topic: bytes,
+    *,
+    symmetric_key: bytes | None = None,
+    ttl: int = POST_TTL_S,
+    pow_target: float = 0.0,
+    now_s: int | None = None,
 ) -> Envelope:
     """An envelope sent now carrying ``payload`` (encrypted with
     ``symmetric_key`` when given, else as it is), sealed to ``pow_target``."""
@@ -243,7 +271,7 @@ def parse_enode(url: str) -> tuple[bytes, str, int]:
     """
     if not url.startswith("enode://") or "@" not in url:
         raise ValueError(f"not an enode URL: {url!r}")
-    node_id, _, address = url[len("enode://"):].partition("@")
+    node_id, _, address = url[len("enode://") :].partition("@")
     address = address.split("?", 1)[0].rstrip("/")
     try:
         public_key = bytes.fromhex(node_id)

@@ -168,16 +168,15 @@ class StoreClient:
     async def query(self, query: HistoryQuery, request_id: str | None = None) -> store_v3.StoreResponse:
         """One Store v3 page; raises StoreError (300) for an unusable response."""
         raw = await self.request(
-            store_v3.PROTOCOL_ID, store_v3.encode_request(request_id or _request_id(), query),
+            store_v3.PROTOCOL_ID,
+            store_v3.encode_request(request_id or _request_id(), query),
             STORE_MAX_RESPONSE_SIZE,
         )
         return store_v3.decode_response(raw)
 
     async def query_patiently(self, query: HistoryQuery, backoff: Backoff) -> store_v3.StoreResponse:
         """One Store v3 page, sent again while the node answers 429."""
-        return await backoff.call(
-            lambda: self.query(query), lambda r: r.status_code == StatusCode.TOO_MANY_REQUESTS
-        )
+        return await backoff.call(lambda: self.query(query), lambda r: r.status_code == StatusCode.TOO_MANY_REQUESTS)
 
     async def pages(self, query: HistoryQuery, backoff: Backoff | None = None) -> AsyncIterator[store_v3.StoreResponse]:
         """Store v3 pages following the response cursor until there is none,
@@ -209,7 +208,8 @@ class StoreClient:
     async def push(self, pubsub_topic: str | None, message: WakuMessage) -> lightpush.PushResponseV3:
         """Lightpush v3; raises LightpushError (500) for an unusable response."""
         raw = await self.request(
-            lightpush.PROTOCOL_ID_V3, lightpush.encode_request_v3(_request_id(), pubsub_topic, message),
+            lightpush.PROTOCOL_ID_V3,
+            lightpush.encode_request_v3(_request_id(), pubsub_topic, message),
             LIGHTPUSH_MAX_RESPONSE_SIZE,
         )
         return lightpush.decode_response_v3(raw)
@@ -217,7 +217,8 @@ class StoreClient:
     async def push_legacy(self, pubsub_topic: str, message: WakuMessage) -> lightpush.PushResponseV2:
         """Lightpush v2beta1."""
         raw = await self.request(
-            lightpush.PROTOCOL_ID_V2, lightpush.encode_request_v2(_request_id(), pubsub_topic, message),
+            lightpush.PROTOCOL_ID_V2,
+            lightpush.encode_request_v2(_request_id(), pubsub_topic, message),
             LIGHTPUSH_MAX_RESPONSE_SIZE,
         )
         return lightpush.decode_response_v2(raw)

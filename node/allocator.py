@@ -35,8 +35,9 @@ def keep_freed_heap(mmap_threshold: int, keep: int) -> bool:
     """Blocks up to ``mmap_threshold`` bytes from the heap rather than
     their own mappings, and up to ``keep`` bytes of freed heap kept in the
     process; True when both are set."""
-    return _libc is not None and bool(_libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
-                                      and _libc.mallopt(_M_TRIM_THRESHOLD, keep))
+    return _libc is not None and bool(
+        _libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold) and _libc.mallopt(_M_TRIM_THRESHOLD, keep)
+    )
 
 
 def cap_malloc_arenas(arenas: int) -> bool:

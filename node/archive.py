@@ -105,7 +105,8 @@ async def run_stoppable(fn: Callable, *args, limiter: trio.CapacityLimiter | Non
     stop = threading.Event()
     try:
         return await trio.to_thread.run_sync(
-            functools.partial(fn, *args, stop=stop, **kwargs), limiter=limiter, abandon_on_cancel=True)
+            functools.partial(fn, *args, stop=stop, **kwargs), limiter=limiter, abandon_on_cancel=True
+        )
     finally:
         stop.set()
 
@@ -202,8 +203,15 @@ class ExportResult:
     message: WakuMessage | None = None  # the magnet-link message, when the torrent changed
 
 
-def export_community(store, settings: ArchiveSettings, now_s: int, report: Report = _quiet, *,
-                     stop: threading.Event | None = None, progress: Progress | None = None) -> ExportResult:
+def export_community(
+    store,
+    settings: ArchiveSettings,
+    now_s: int,
+    report: Report = _quiet,
+    *,
+    stop: threading.Event | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
     """Archive every window from the end of the last one (or the oldest
     message) up to ``now_s``; append to ``data``, rewrite ``index`` and the
     torrent, and put the signed magnet-link message into ``store`` on the
@@ -232,8 +240,21 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     windows = archive.plan_windows(start, now_s, settings.interval_s) if start is not None else []
     result = ExportResult(windows, [])
     with open(community_dir / "data", "ab") as data, _Writeback(data) as writeback:
-        _export_windows(store, windows, content_topics, layout, keys, signers, writer, data, result, report, stop,
-                        progress, writeback)
+        _export_windows(
+            store,
+            windows,
+            content_topics,
+            layout,
+            keys,
+            signers,
+            writer,
+            data,
+            result,
+            report,
+            stop,
+            progress,
+            writeback,
+        )
         writeback.close()
         data.flush()
         os.fsync(data.fileno())
@@ -242,12 +263,15 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
         state.last_end_s = windows[-1].end_s
     if result.archives:
         replace_durably(community_dir / "index", writer.index_bytes())
-        torrent_bytes = torrent.create_torrent(settings.archive_dir, settings.community_id,
-                                               archive.PIECE_LENGTH, settings.trackers)
+        torrent_bytes = torrent.create_torrent(
+            settings.archive_dir, settings.community_id, archive.PIECE_LENGTH, settings.trackers
+        )
         replace_durably(settings.torrent_path, torrent_bytes)
         state.magnet = torrent.magnet_uri(torrent_bytes)
         state.clock_ms = max(now_s * 1000, state.clock_ms + 1)
-        result.message = magnet_waku_message(settings.community_key, state.magnet, state.clock_ms, now_s * archive.NS_PER_S)
+        result.message = magnet_waku_message(
+            settings.community_key, state.magnet, state.clock_ms, now_s * archive.NS_PER_S
+        )
         store.put([(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message, now_s * archive.NS_PER_S)])
     state.save(settings.state_path)
     if signers is not None and windows:
@@ -256,9 +280,21 @@ def export_community(store, settings: ArchiveSettings, now_s: int, report: Repor
     return result
 
 
-def _export_windows(store, windows: list[Window], content_topics: list[str], layout: Layout, keys: dict[str, bytes],
-                    signers: SignerCache | None, writer: ArchiveWriter, data, result: ExportResult, report: Report,
-                    stop: threading.Event | None, progress: Progress | None, writeback: _Writeback) -> None:
+def _export_windows(
+    store,
+    windows: list[Window],
+    content_topics: list[str],
+    layout: Layout,
+    keys: dict[str, bytes],
+    signers: SignerCache | None,
+    writer: ArchiveWriter,
+    data,
+    result: ExportResult,
+    report: Report,
+    stop: threading.Event | None,
+    progress: Progress | None,
+    writeback: _Writeback,
+) -> None:
     """Append the archives of ``windows`` to ``data``. A thread reads the
     next day from the engine while this one hands batches to the workers
     and writes what they return; batches carry their window's number, so
@@ -298,8 +334,11 @@ def _export_windows(store, windows: list[Window], content_topics: list[str], lay
     if progress is not None and windows:
         progress("windows", 0, len(windows))
     _check(stop)
-    days = ((number, table) for number, window in enumerate(windows)
-            for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics))
+    days = (
+        (number, table)
+        for number, window in enumerate(windows)
+        for table in store.stream_window_tables(window.start_ns, window.end_ns, content_topics)
+    )
     try:
         for number, table in read_ahead(days):
             _check(stop)
@@ -328,8 +367,9 @@ def _known_signers(signers: SignerCache | None, table):
     return signers.lookup(table.column(schema.MESSAGES_PARTITION)[0].as_py(), table.column("message_hash"))
 
 
-def prepare_signers(store, settings: ArchiveSettings, now_s: int, *, stop: threading.Event | None = None,
-                    lag_s: int | None = None) -> int:
+def prepare_signers(
+    store, settings: ArchiveSettings, now_s: int, *, stop: threading.Event | None = None, lag_s: int | None = None
+) -> int:
     """Work out the signers of the channels' messages committed since the
     last preparation (or the last export), up to ``lag_s`` before
     ``now_s``, into the signer cache: what the next export would spend
@@ -340,8 +380,11 @@ def prepare_signers(store, settings: ArchiveSettings, now_s: int, *, stop: threa
     if layout is not Layout.STATUS_GO:
         return 0
     state = ControlState.load(settings.state_path, layout)
-    starts = [x for x in (state.signers_until_ns,
-                          None if state.last_end_s is None else state.last_end_s * archive.NS_PER_S) if x is not None]
+    starts = [
+        x
+        for x in (state.signers_until_ns, None if state.last_end_s is None else state.last_end_s * archive.NS_PER_S)
+        if x is not None
+    ]
     if starts:
         start_ns = max(starts)
     else:
@@ -558,12 +601,17 @@ def seeded_until_ns(archive_dir: Path, community_ids: Iterable[str]) -> int | No
     return min(ends) if ends else None
 
 
-async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
-                                limiter: trio.CapacityLimiter | None = None,
-                                torrent_limiter: trio.CapacityLimiter | None = None,
-                                publish: Callable[[str, WakuMessage], object] | None = None,
-                                now: Callable[[], float] = time.time,
-                                task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_archive_scheduler(
+    config,
+    store,
+    settings: ArchiveSettings,
+    *,
+    limiter: trio.CapacityLimiter | None = None,
+    torrent_limiter: trio.CapacityLimiter | None = None,
+    publish: Callable[[str, WakuMessage], object] | None = None,
+    now: Callable[[], float] = time.time,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
     """Every ``settings.interval_s``: export the windows since the last
     export and seed only the latest torrent; ``publish(pubsub_topic,
     message)`` (awaited) sends the new magnet-link message to the network.
@@ -576,15 +624,21 @@ async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
     ``torrent_limiter``: threads for torrent work (its own by default)."""
     if settings.pubsub_topic is None and config is not None and config.shards:
         settings = dataclasses.replace(
-            settings, pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0]))
+            settings, pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0])
+        )
     torrent_limiter = torrent_limiter or trio.CapacityLimiter(torrent.TORRENT_THREADS)
-    session = await trio.to_thread.run_sync(torrent.open_session, settings.listen, settings.isolated,
-                                            limiter=torrent_limiter, abandon_on_cancel=True)
+    session = await trio.to_thread.run_sync(
+        torrent.open_session, settings.listen, settings.isolated, limiter=torrent_limiter, abandon_on_cancel=True
+    )
     seeder = torrent.Seeder(session)
     try:
         task_status.started(seeder)
-        log.info("archive scheduler for %s (%s layout), seeding on port %d",
-                 settings.community_id, Layout(settings.layout).value, seeder.port)
+        log.info(
+            "archive scheduler for %s (%s layout), seeding on port %d",
+            settings.community_id,
+            Layout(settings.layout).value,
+            seeder.port,
+        )
         try:
             await seed_latest_async(seeder, settings)
         except torrent.TorrentError as exc:  # the next export seeds a new torrent
@@ -606,8 +660,12 @@ async def run_archive_scheduler(config, store, settings: ArchiveSettings, *,
                 result = await run_stoppable(export_community, store, settings, int(now()), limiter=limiter)
                 if result.archives:
                     await seed_latest_async(seeder, settings)
-                    log.info("archived %d messages in %d archive(s); magnet %s",
-                             result.messages, len(result.archives), result.magnet)
+                    log.info(
+                        "archived %d messages in %d archive(s); magnet %s",
+                        result.messages,
+                        len(result.archives),
+                        result.magnet,
+                    )
                     if publish is not None and result.message is not None:
                         await publish(settings.pubsub_topic or DEFAULT_PUBSUB_TOPIC, result.message)
                 elif result.windows and seeder.handle is not None:
@@ -703,8 +761,12 @@ def newest_magnet(payloads: Iterable[bytes], community_public_key: bytes, report
 def magnets_in_store(store, community_public_key: bytes, pubsub_topic: str) -> list[bytes]:
     """Payloads of the messages on the community's magnet topic in ``store``,
     as published (wrapped or plain): :func:`newest_magnet` unwraps them."""
-    query = HistoryQuery(pubsub_topic=pubsub_topic, content_topics=(topics.magnet_content_topic(community_public_key),),
-                         forward=True, limit=MAX_PAGE_SIZE)
+    query = HistoryQuery(
+        pubsub_topic=pubsub_topic,
+        content_topics=(topics.magnet_content_topic(community_public_key),),
+        forward=True,
+        limit=MAX_PAGE_SIZE,
+    )
     payloads = []
     while True:
         page = store.query(query)
@@ -714,15 +776,26 @@ def magnets_in_store(store, community_public_key: bytes, pubsub_topic: str) -> l
         query = dataclasses.replace(query, cursor=page.next_cursor.message_hash)
 
 
-def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: str, *,
-                   clock: int | None = None, selection: Selection = Selection(),
-                   layout: Layout = archive.DEFAULT_LAYOUT, peers: Sequence[tuple[str, int]] = (),
-                   session=None, default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
-                   allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
-                   metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
-                   stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                   report: Report = _quiet, progress: Progress | None = None,
-                   import_processes: int = archive_work.IMPORT_PROCESSES) -> FetchResult:
+def fetch_archives(
+    store,
+    data_dir: Path,
+    community_public_key: bytes,
+    magnet: str,
+    *,
+    clock: int | None = None,
+    selection: Selection = Selection(),
+    layout: Layout = archive.DEFAULT_LAYOUT,
+    peers: Sequence[tuple[str, int]] = (),
+    session=None,
+    default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
+    allowed_topics: Iterable[str] | None = None,
+    chat_ids: Sequence[str] = (),
+    metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
+    stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
+    report: Report = _quiet,
+    progress: Progress | None = None,
+    import_processes: int = archive_work.IMPORT_PROCESSES,
+) -> FetchResult:
     """Fetch the index of ``magnet``, then the pieces of the selected
     archives not imported yet; check each archive and replace its window
     (its content topics) in ``store`` in one Delta transaction per window.
@@ -735,9 +808,23 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     that check and decode the archives (at most one a core). Blocking;
     :func:`fetch_archives_async` is the same in a trio task.
     """
-    job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
-                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
-                        progress, import_processes)
+    job = _ArchiveFetch(
+        data_dir,
+        community_public_key,
+        magnet,
+        clock,
+        selection,
+        Layout(layout),
+        peers,
+        default_pubsub_topic,
+        allowed_topics,
+        chat_ids,
+        metadata_timeout_s,
+        stall_timeout_s,
+        report,
+        progress,
+        import_processes,
+    )
     if job.result.ignored:
         return job.result
     job.start(session or torrent.open_session())
@@ -752,16 +839,27 @@ def fetch_archives(store, data_dir: Path, community_public_key: bytes, magnet: s
     return job.result
 
 
-async def fetch_archives_async(store, data_dir: Path, community_public_key: bytes, magnet: str, *,
-                               session, limiter: trio.CapacityLimiter | None = None,
-                               clock: int | None = None, selection: Selection = Selection(),
-                               layout: Layout = archive.DEFAULT_LAYOUT, peers: Sequence[tuple[str, int]] = (),
-                               default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
-                               allowed_topics: Iterable[str] | None = None, chat_ids: Sequence[str] = (),
-                               metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
-                               stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
-                               report: Report = _quiet, progress: Progress | None = None,
-                               import_processes: int = archive_work.IMPORT_PROCESSES) -> FetchResult:
+async def fetch_archives_async(
+    store,
+    data_dir: Path,
+    community_public_key: bytes,
+    magnet: str,
+    *,
+    session,
+    limiter: trio.CapacityLimiter | None = None,
+    clock: int | None = None,
+    selection: Selection = Selection(),
+    layout: Layout = archive.DEFAULT_LAYOUT,
+    peers: Sequence[tuple[str, int]] = (),
+    default_pubsub_topic: str = DEFAULT_PUBSUB_TOPIC,
+    allowed_topics: Iterable[str] | None = None,
+    chat_ids: Sequence[str] = (),
+    metadata_timeout_s: float = torrent.METADATA_TIMEOUT_S,
+    stall_timeout_s: float = torrent.DEFAULT_STALL_TIMEOUT_S,
+    report: Report = _quiet,
+    progress: Progress | None = None,
+    import_processes: int = archive_work.IMPORT_PROCESSES,
+) -> FetchResult:
     """:func:`fetch_archives` in a trio task on ``session`` (the caller's,
     kept open). The download waits poll libtorrent from this task, so a
     cancel ends them at once and removes the torrent from the session;
@@ -769,9 +867,23 @@ async def fetch_archives_async(store, data_dir: Path, community_public_key: byte
     and stops between windows (:func:`run_stoppable`): a window is in the
     table whole or not at all, and the record lists only the whole ones.
     """
-    job = _ArchiveFetch(data_dir, community_public_key, magnet, clock, selection, Layout(layout), peers,
-                        default_pubsub_topic, allowed_topics, chat_ids, metadata_timeout_s, stall_timeout_s, report,
-                        progress, import_processes)
+    job = _ArchiveFetch(
+        data_dir,
+        community_public_key,
+        magnet,
+        clock,
+        selection,
+        Layout(layout),
+        peers,
+        default_pubsub_topic,
+        allowed_topics,
+        chat_ids,
+        metadata_timeout_s,
+        stall_timeout_s,
+        report,
+        progress,
+        import_processes,
+    )
     if job.result.ignored:
         return job.result
     job.start(session)
@@ -790,11 +902,24 @@ class _ArchiveFetch:
     """One fetch of :func:`fetch_archives`: the download (a wait on
     libtorrent, :data:`torrent.Steps`), then the import (blocking)."""
 
-    def __init__(self, data_dir: Path, community_public_key: bytes, magnet: str, clock: int | None,
-                 selection: Selection, layout: Layout, peers: Sequence[tuple[str, int]],
-                 default_pubsub_topic: str, allowed_topics: Iterable[str] | None, chat_ids: Sequence[str],
-                 metadata_timeout_s: float, stall_timeout_s: float, report: Report,
-                 progress: Progress | None = None, import_processes: int = archive_work.IMPORT_PROCESSES):
+    def __init__(
+        self,
+        data_dir: Path,
+        community_public_key: bytes,
+        magnet: str,
+        clock: int | None,
+        selection: Selection,
+        layout: Layout,
+        peers: Sequence[tuple[str, int]],
+        default_pubsub_topic: str,
+        allowed_topics: Iterable[str] | None,
+        chat_ids: Sequence[str],
+        metadata_timeout_s: float,
+        stall_timeout_s: float,
+        report: Report,
+        progress: Progress | None = None,
+        import_processes: int = archive_work.IMPORT_PROCESSES,
+    ):
         self.cid = topics.community_id(community_public_key)
         self.save_path = data_dir / "archives"
         self.record_path = self.save_path / f"{self.cid}.json"
@@ -829,11 +954,14 @@ class _ArchiveFetch:
         data_size = layout_files.file_size(torrent.DATA_FILE)
         entries = archive.parse_index(self.layout, index, data_size, info.piece_length())
         self.groups = _select(archive_windows(entries), set(self.record.imported), self.selection)
-        self.report(f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
-                    f"in {len(self.groups)} window(s)")
+        self.report(
+            f"index: {len(entries)} archive(s); fetching {sum(len(g) for g in self.groups)} "
+            f"in {len(self.groups)} window(s)"
+        )
         self.workers = import_workers(self.groups, self.import_processes)  # they start while the pieces download
-        yield from job.download({p for g in self.groups for e in g for p in e.pieces(info.piece_length())},
-                                self.stall_timeout_s)
+        yield from job.download(
+            {p for g in self.groups for e in g for p in e.pieces(info.piece_length())}, self.stall_timeout_s
+        )
         yield from job.flush()
         self.result.downloaded_pieces = set(job.downloaded)
         self.result.download_s = time.monotonic() - self.started
@@ -850,19 +978,44 @@ class _ArchiveFetch:
 
     def hydrate(self, store, stop: threading.Event | None = None) -> None:
         workers, self.workers = self.workers, None
-        hydrate(store, self.save_path / self.cid / "data", self.layout, self.groups, self.default_pubsub_topic,
-                self.allowed_topics, self.keys, self.record, self.record_path, self.result, self.report, stop=stop,
-                progress=self.progress, workers=workers)
+        hydrate(
+            store,
+            self.save_path / self.cid / "data",
+            self.layout,
+            self.groups,
+            self.default_pubsub_topic,
+            self.allowed_topics,
+            self.keys,
+            self.record,
+            self.record_path,
+            self.result,
+            self.report,
+            stop=stop,
+            progress=self.progress,
+            workers=workers,
+        )
         if self.clock is not None:
             self.record.last_clock, self.record.last_magnet = self.clock, self.magnet
         self.record.save(self.record_path)
 
 
-def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry]], default_pubsub_topic: str,
-            allowed_topics: Iterable[str] | None, keys: dict[str, bytes], record: MemberRecord,
-            record_path: Path, result: FetchResult, report: Report = _quiet, *,
-            stop: threading.Event | None = None, progress: Progress | None = None,
-            workers: archive_work.Workers | None = None) -> None:
+def hydrate(
+    store,
+    data_path: Path,
+    layout: Layout,
+    groups: list[list[IndexEntry]],
+    default_pubsub_topic: str,
+    allowed_topics: Iterable[str] | None,
+    keys: dict[str, bytes],
+    record: MemberRecord,
+    record_path: Path,
+    result: FetchResult,
+    report: Report = _quiet,
+    *,
+    stop: threading.Event | None = None,
+    progress: Progress | None = None,
+    workers: archive_work.Workers | None = None,
+) -> None:
     """Check the archives of each window (as :func:`archive_windows` groups
     them) read from ``data_path`` and replace the window in ``store``;
     records each imported window in ``record`` as it goes. A window that
@@ -880,8 +1033,10 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     # (a bounded queue), so that the next window is being decoded while
     # the engine commits this one.
     # Workers hand rows back as files beside the data (archive_work.rows_of).
-    with tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool, \
-            (workers if workers is not None else import_workers(groups)) as workers:
+    with (
+        tempfile.TemporaryDirectory(prefix="import-", dir=data_path.parent.parent) as spool,
+        workers if workers is not None else import_workers(groups) as workers,
+    ):
         waiting = iter(entries)
 
         def fill() -> None:
@@ -890,8 +1045,17 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
                 if item is None:
                     return
                 out = Path(spool) / f"{item[1].offset}.arrow" if workers.processes else None
-                workers.submit(item[0], archive_work.decode_archive, data_path, item[1], layout,
-                               default_pubsub_topic, allowed, keys_items, out)
+                workers.submit(
+                    item[0],
+                    archive_work.decode_archive,
+                    data_path,
+                    item[1],
+                    layout,
+                    default_pubsub_topic,
+                    allowed,
+                    keys_items,
+                    out,
+                )
 
         def tables(number: int, group: list[IndexEntry]):
             for _ in group:
@@ -961,8 +1125,9 @@ def hydrate(store, data_path: Path, layout: Layout, groups: list[list[IndexEntry
     result.hydrate_s += time.monotonic() - started
 
 
-def import_workers(groups: list[list[IndexEntry]],
-                   processes: int = archive_work.IMPORT_PROCESSES) -> archive_work.Workers:
+def import_workers(
+    groups: list[list[IndexEntry]], processes: int = archive_work.IMPORT_PROCESSES
+) -> archive_work.Workers:
     """Started workers to decode ``groups``' archives: ``processes`` (at
     most one a core) when they are large, else none (decoded in the
     calling thread)."""
@@ -1007,8 +1172,7 @@ def _stage_window(store, group: list[IndexEntry], tables, result: FetchResult, r
         return None
 
 
-def _imported(group: list[IndexEntry], written: int, record: MemberRecord, result: FetchResult,
-              report: Report) -> None:
+def _imported(group: list[IndexEntry], written: int, record: MemberRecord, result: FetchResult, report: Report) -> None:
     """A window's replacement committed: the member's record and the result say so."""
     first = group[0]
     record.imported += [e.archive_id for e in group if e.archive_id not in record.imported]
@@ -1016,5 +1180,3 @@ def _imported(group: list[IndexEntry], written: int, record: MemberRecord, resul
     result.windows.append((first.start_ns // archive.NS_PER_S, first.end_ns // archive.NS_PER_S))
     result.messages += written
     report(f"window {first.start_ns // archive.NS_PER_S}..{first.end_ns // archive.NS_PER_S}: {written} messages")
-
-

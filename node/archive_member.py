@@ -70,11 +70,16 @@ class MemberSettings:
         return self.data_dir / "archives" / f"{topics.community_id(self.community_public_key)}.json"
 
 
-async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.CapacityLimiter | None = None,
-                             torrent_limiter: trio.CapacityLimiter | None = None,
-                             clock: Callable[[], float] = time.monotonic,
-                             on_fetched: Callable[[object], None] | None = None,
-                             on_look: Callable[[str], None] | None = None) -> None:
+async def run_archive_member(
+    store,
+    settings: MemberSettings,
+    *,
+    limiter: trio.CapacityLimiter | None = None,
+    torrent_limiter: trio.CapacityLimiter | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    on_fetched: Callable[[object], None] | None = None,
+    on_look: Callable[[str], None] | None = None,
+) -> None:
     """Run until cancelled; a cancel ends it at once, a fetch included
     (:func:`~wakustore.node.archive.fetch_archives_async`: its torrent
     leaves the session and no window is half imported). ``limiter``: the
@@ -90,8 +95,12 @@ async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.C
     while True:
         await trio.sleep(settings.poll_interval_s)
         payloads = await trio.to_thread.run_sync(
-            magnets_in_store, store, settings.community_public_key, settings.pubsub_topic,
-            limiter=limiter, abandon_on_cancel=True,  # a read: nothing to finish
+            magnets_in_store,
+            store,
+            settings.community_public_key,
+            settings.pubsub_topic,
+            limiter=limiter,
+            abandon_on_cancel=True,  # a read: nothing to finish
         )
         link = newest_magnet(payloads, settings.community_public_key, report=log.info)
         if link is None:
@@ -111,16 +120,29 @@ async def run_archive_member(store, settings: MemberSettings, *, limiter: trio.C
         looked(LOOK_FETCHING)
         try:
             result = await fetch_archives_async(
-                store, settings.data_dir, settings.community_public_key, link.magnet_uri, session=session,
-                limiter=limiter, clock=link.clock, layout=settings.layout, peers=list(settings.peers),
-                default_pubsub_topic=settings.pubsub_topic, chat_ids=list(settings.chat_ids), report=log.info,
+                store,
+                settings.data_dir,
+                settings.community_public_key,
+                link.magnet_uri,
+                session=session,
+                limiter=limiter,
+                clock=link.clock,
+                layout=settings.layout,
+                peers=list(settings.peers),
+                default_pubsub_topic=settings.pubsub_topic,
+                chat_ids=list(settings.chat_ids),
+                report=log.info,
                 import_processes=settings.import_processes,
             )
         except Exception as exc:  # no peers yet, stalled swarm: try later
             log.warning("archive fetch failed, retrying in %.0f s: %s", settings.retry_after_s, exc)
             retry_at = clock() + settings.retry_after_s
             continue
-        log.info("imported %d archive(s), %d messages; %d rejected",
-                 len(result.imported), result.messages, len(result.rejected))
+        log.info(
+            "imported %d archive(s), %d messages; %d rejected",
+            len(result.imported),
+            result.messages,
+            len(result.rejected),
+        )
         if on_fetched is not None:
             on_fetched(result)

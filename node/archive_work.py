@@ -56,7 +56,9 @@ _encoders: dict[tuple, RecordEncoder] = {}
 _decoders: dict[tuple, RecordDecoder] = {}
 
 
-def encode_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes) -> tuple[bytes, list[int], list[int]]:
+def encode_batch(
+    layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: bytes
+) -> tuple[bytes, list[int], list[int]]:
     """The records of one export batch (:func:`archive_window.export_batches`)
     framed as archive entries, their ends and payload sizes
     (:meth:`RecordEncoder.encode_framed`)."""
@@ -85,9 +87,15 @@ def signer_batch(layout: Layout, keys: tuple[tuple[str, bytes], ...], batch: byt
         _after_task()
 
 
-def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_pubsub_topic: str,
-                   allowed_topics: tuple[str, ...] | None, keys: tuple[tuple[str, bytes], ...],
-                   out: Path | None = None):
+def decode_archive(
+    data_path: Path,
+    entry: IndexEntry,
+    layout: Layout,
+    default_pubsub_topic: str,
+    allowed_topics: tuple[str, ...] | None,
+    keys: tuple[tuple[str, bytes], ...],
+    out: Path | None = None,
+):
     """One archive of ``data_path``, checked (:func:`archive.read_archive`)
     and decoded into the rows of the messages table: an Arrow table, or,
     with ``out``, written there (:func:`archive_window.save_rows`) and the
@@ -95,7 +103,8 @@ def decode_archive(data_path: Path, entry: IndexEntry, layout: Layout, default_p
     decoder = _decoders.get((layout, default_pubsub_topic, keys))
     if decoder is None:
         decoder = _decoders[(layout, default_pubsub_topic, keys)] = RecordDecoder(
-            layout, default_pubsub_topic, dict(keys))
+            layout, default_pubsub_topic, dict(keys)
+        )
     try:
         data = _read(data_path, entry)
         columns = archive.archive_columns(entry, data, decoder, allowed_topics)
@@ -239,8 +248,9 @@ class Workers:
 
     def _started(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_worker)
+            self._pool = ProcessPoolExecutor(
+                self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker
+            )
         return self._pool
 
     def peek_tag(self) -> object:

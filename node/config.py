@@ -172,8 +172,14 @@ class NodeConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} {port} outside 0..65535")
-        for name in ("max_connections", "ip_colocation_limit", "max_handshakes", "max_streams_per_connection",
-                     "max_idle_streams_per_connection", "max_requests_in_flight"):
+        for name in (
+            "max_connections",
+            "ip_colocation_limit",
+            "max_handshakes",
+            "max_streams_per_connection",
+            "max_idle_streams_per_connection",
+            "max_requests_in_flight",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} {getattr(self, name)} is negative (0 turns the cap off)")
         if self.idle_connection_timeout_s < 0:
@@ -187,8 +193,9 @@ class NodeConfig:
         if any(not 0 <= s < 1024 for s in self.shards):
             raise ConfigError("shards must lie in 0..1023")
         if not 1 <= self.archive_import_workers <= MAX_IMPORT_WORKERS:
-            raise ConfigError(f"archive_import_workers must be 1 to {MAX_IMPORT_WORKERS}, "
-                              f"got {self.archive_import_workers}")
+            raise ConfigError(
+                f"archive_import_workers must be 1 to {MAX_IMPORT_WORKERS}, got {self.archive_import_workers}"
+            )
         if self.archive_layout not in ("status-go", "spec"):
             raise ConfigError(f"archive_layout must be 'status-go' or 'spec', got {self.archive_layout!r}")
         for pubkey in self.archive_follow:
@@ -293,8 +300,15 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
 def _coerce(name: str, default: Any, value: Any) -> Any:
     if name == "protected_topics":
         return parse_protected_topics(value)
-    if name in ("relay_peers", "archive_chat_ids", "archive_follow", "archive_seed_peers", "rate_limits",
-                "ext_multiaddrs", "sync_peers"):
+    if name in (
+        "relay_peers",
+        "archive_chat_ids",
+        "archive_follow",
+        "archive_seed_peers",
+        "rate_limits",
+        "ext_multiaddrs",
+        "sync_peers",
+    ):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:
         if isinstance(default, Path):

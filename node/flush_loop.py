@@ -24,8 +24,9 @@ class FlushLoop:
     """``deadline`` returns when the buffer is due (``time.monotonic()``),
     None while it is empty; ``flush`` commits it (async, may raise)."""
 
-    def __init__(self, deadline: Callable[[], float | None], flush: Callable[[], Awaitable[object]],
-                 what: str = "messages"):
+    def __init__(
+        self, deadline: Callable[[], float | None], flush: Callable[[], Awaitable[object]], what: str = "messages"
+    ):
         self._deadline = deadline
         self._flush = flush
         self._what = what

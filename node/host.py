@@ -129,9 +129,7 @@ def check_ports_free(config: NodeConfig, names: tuple[str, ...] = ALL_PORTS) -> 
             probe.bind((config.listen_host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise HostError(
-                    f"{name} {port} on {config.listen_host} is already in use"
-                ) from None
+                raise HostError(f"{name} {port} on {config.listen_host} is already in use") from None
             raise HostError(f"cannot bind {name} {port} on {config.listen_host}: {exc}") from None
         finally:
             probe.close()
@@ -156,7 +154,9 @@ async def running_host(
     addrs = listen_addrs(config)
     tune_libp2p()
     host = new_host(
-        key_pair=key_pair, muxer_preference=MUXER_PREFERENCE, listen_addrs=addrs,
+        key_pair=key_pair,
+        muxer_preference=MUXER_PREFERENCE,
+        listen_addrs=addrs,
         connection_config=service_connection_config(gatekeeper.limits),
     )
     gatekeeper.install(host)

@@ -146,7 +146,8 @@ def _protected_outcomes(metrics) -> Counter:
         counter = Counter(
             "wakustore_protected_topic_validations",
             "57/STATUS-Simple-Scaling validator outcomes on protected topics",
-            ["pubsub_topic", "verdict"], registry=metrics.registry,
+            ["pubsub_topic", "verdict"],
+            registry=metrics.registry,
         )
         metrics.protected_topic_validations = counter
     return counter

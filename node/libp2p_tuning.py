@@ -116,7 +116,11 @@ _HEADER_SIZE = yamux.HEADER_SIZE
 # split: MAX_MESSAGE_SIZE including the header).
 _MAX_PAYLOAD = yamux.MAX_MESSAGE_SIZE - yamux.HEADER_SIZE
 _DATA, _WINDOW_UPDATE, _PING, _GO_AWAY = (
-    yamux.TYPE_DATA, yamux.TYPE_WINDOW_UPDATE, yamux.TYPE_PING, yamux.TYPE_GO_AWAY)
+    yamux.TYPE_DATA,
+    yamux.TYPE_WINDOW_UPDATE,
+    yamux.TYPE_PING,
+    yamux.TYPE_GO_AWAY,
+)
 _SYN, _ACK, _FIN, _RST = yamux.FLAG_SYN, yamux.FLAG_ACK, yamux.FLAG_FIN, yamux.FLAG_RST
 
 # multistream-select: the header line, and the longest protocol id the fast
@@ -175,8 +179,11 @@ CORK_FLUSH_TIMEOUT_S = 5.0
 def _yamux_of(thing) -> yamux.Yamux | None:
     """The yamux connection under a NetStream, a muxed stream or a swarm
     connection; None for other muxers."""
-    for conn in (thing, getattr(thing, "muxed_conn", None),
-                 getattr(getattr(thing, "muxed_stream", thing), "conn", None)):
+    for conn in (
+        thing,
+        getattr(thing, "muxed_conn", None),
+        getattr(getattr(thing, "muxed_stream", thing), "conn", None),
+    ):
         if isinstance(conn, yamux.Yamux):
             return conn
     return None
@@ -220,8 +227,7 @@ async def _stream_write(self: yamux.YamuxStream, data: bytes) -> None:
     if self.send_closed:
         raise MuxedStreamError("Stream is closed for sending")
     size = len(data)
-    if (0 < size <= _MAX_PAYLOAD and size <= self.send_window and not self.closed
-            and self.rw_lock._writer_lock.value):
+    if 0 < size <= _MAX_PAYLOAD and size <= self.send_window and not self.closed and self.rw_lock._writer_lock.value:
         self.send_window -= size
         await self.conn._write_frame(_HEADER.pack(0, _DATA, 0, self.stream_id, size) + data)
         return
@@ -324,7 +330,9 @@ async def _read_exact(conn, n: int) -> bytes:
     if len(got) < n:
         raise IncompleteReadError(
             f"Connection closed during read operation: expected {n} bytes but received {len(got)} bytes",
-            expected_bytes=n, received_bytes=len(got))
+            expected_bytes=n,
+            received_bytes=len(got),
+        )
     return bytes(got)
 
 
@@ -348,8 +356,9 @@ def _deliver(self: yamux.Yamux, stream: yamux.YamuxStream, data: bytes) -> None:
     self.stream_buffers[stream.stream_id].extend(data)
     stream.recv_window -= len(data)
     if stream.recv_window < 0:
-        log.warning("yamux stream %d: peer exceeded the receive window by %d bytes",
-                    stream.stream_id, -stream.recv_window)
+        log.warning(
+            "yamux stream %d: peer exceeded the receive window by %d bytes", stream.stream_id, -stream.recv_window
+        )
         stream.recv_window = 0
 
 
@@ -391,8 +400,9 @@ async def _handle_incoming(self: yamux.Yamux) -> None:
                 break
             _, typ, flags, stream_id, length = _HEADER.unpack(header)
             if typ == _DATA and length > yamux.MAX_WINDOW_SIZE:
-                log.warning("yamux: peer %s announced a DATA frame of %d bytes; closing the connection",
-                            self.peer_id, length)
+                log.warning(
+                    "yamux: peer %s announced a DATA frame of %d bytes; closing the connection", self.peer_id, length
+                )
                 await _shut(self)
                 break
             if typ == _DATA:
@@ -445,18 +455,25 @@ async def _handle_incoming(self: yamux.Yamux) -> None:
                     self._rtt = rtt if self._rtt == 0.0 else (self._rtt + rtt) / 2
                     self._ping_event.set()
             elif typ == _GO_AWAY:
-                if length not in (yamux.GO_AWAY_NORMAL, yamux.GO_AWAY_INTERNAL_ERROR,
-                                  yamux.GO_AWAY_CONN_GARBAGE_COLLECTED):
+                if length not in (
+                    yamux.GO_AWAY_NORMAL,
+                    yamux.GO_AWAY_INTERNAL_ERROR,
+                    yamux.GO_AWAY_CONN_GARBAGE_COLLECTED,
+                ):
                     log.warning("yamux: GO_AWAY from %s with code %d", self.peer_id, length)
                 await _shut(self)
                 break
         except trio.TooSlowError:
-            log.warning("yamux: timed out reading a DATA frame body from %s; closing the connection",
-                        self.peer_id)
+            log.warning("yamux: timed out reading a DATA frame body from %s; closing the connection", self.peer_id)
             await _shut(self)
             break
-        except (yamux.RawConnError, OSError, IncompleteReadError, trio.ClosedResourceError,
-                trio.BrokenResourceError) as exc:
+        except (
+            yamux.RawConnError,
+            OSError,
+            IncompleteReadError,
+            trio.ClosedResourceError,
+            trio.BrokenResourceError,
+        ) as exc:
             log.debug("yamux connection to %s failed: %r", self.peer_id, exc)
             await _shut(self)
             break
@@ -468,8 +485,9 @@ async def _handle_incoming(self: yamux.Yamux) -> None:
             await trio.sleep(0.01)
 
 
-async def _on_syn(self: yamux.Yamux, typ: int, flags: int, stream_id: int, length: int,
-                  body: bytes, failed: bool) -> None:
+async def _on_syn(
+    self: yamux.Yamux, typ: int, flags: int, stream_id: int, length: int, body: bytes, failed: bool
+) -> None:
     """A frame opening a stream: a new stream is acknowledged (unless it
     carries RST) and handed to ``accept_stream``; a SYN for a stream id in
     use is answered with RST."""
@@ -553,9 +571,12 @@ def does_nothing(method) -> bool:
     if known is None:
         known = False
         if inspect.iscoroutinefunction(function):
-            known = all(i.opname in _TRIVIAL_OPS and (i.opname != "LOAD_CONST" or i.argval is None)
-                        and (i.opname != "RETURN_CONST" or i.argval is None)
-                        for i in dis.get_instructions(function))
+            known = all(
+                i.opname in _TRIVIAL_OPS
+                and (i.opname != "LOAD_CONST" or i.argval is None)
+                and (i.opname != "RETURN_CONST" or i.argval is None)
+                for i in dis.get_instructions(function)
+            )
         _does_nothing_cache[function] = known
     return known
 
@@ -585,7 +606,7 @@ async def _session_read(self: SecureSession, n: int | None = None) -> bytes:
             return msg[pos:] if pos else msg
         if n < avail:
             self._wk_pos = pos + n
-            return msg[pos:pos + n]
+            return msg[pos : pos + n]
         result = bytearray(msg[pos:])
     else:
         result = bytearray()
@@ -676,7 +697,7 @@ def parse_lines(data: bytes, count: int) -> tuple[list[bytes], int] | None:
                 break
         if length == 0 or length > _MAX_PROTOCOL_ID + 1 or pos + length > len(data):
             return None
-        line = data[pos:pos + length]
+        line = data[pos : pos + length]
         if line[-1:] != b"\n":
             return None
         lines.append(bytes(line[:-1]))
@@ -722,7 +743,9 @@ def _hold_answer(stream, answer: bytes) -> bool:
     return True
 
 
-async def _negotiate(self: multiselect.Multiselect, communicator, negotiate_timeout: int = multiselect.DEFAULT_NEGOTIATE_TIMEOUT):
+async def _negotiate(
+    self: multiselect.Multiselect, communicator, negotiate_timeout: int = multiselect.DEFAULT_NEGOTIATE_TIMEOUT
+):
     """``Multiselect.negotiate`` answering in one write when the dialer's
     header and a served protocol id are already received."""
     stream = getattr(communicator, "read_writer", None)

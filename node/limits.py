@@ -141,8 +141,7 @@ class Gatekeeper:
     (the node counts them in its metrics).
     """
 
-    def __init__(self, limits: ConnectionLimits = ConnectionLimits(),
-                 on_refused: Callable[[str], None] | None = None):
+    def __init__(self, limits: ConnectionLimits = ConnectionLimits(), on_refused: Callable[[str], None] | None = None):
         self.limits = limits
         self.on_refused = on_refused
         self.refused: collections.Counter[str] = collections.Counter()
@@ -185,8 +184,11 @@ class Gatekeeper:
             return None
         if limits.max_connections and self.connections >= limits.max_connections:
             return "max_connections"
-        if (limits.ip_colocation_limit and address is not None
-                and self.per_address[address] >= limits.ip_colocation_limit):
+        if (
+            limits.ip_colocation_limit
+            and address is not None
+            and self.per_address[address] >= limits.ip_colocation_limit
+        ):
             return "ip_colocation"
         self.connections += 1
         if address is not None:
@@ -258,12 +260,12 @@ class Gatekeeper:
         self._last_stream[conn] = trio.current_time()
         try:
             while True:
-                swarm_conn = next((c for conns in swarm.connections.values() for c in conns
-                                   if c.muxed_conn is muxed), None)
+                swarm_conn = next(
+                    (c for conns in swarm.connections.values() for c in conns if c.muxed_conn is muxed), None
+                )
                 if swarm_conn is None or swarm_conn.is_closed or getattr(muxed, "is_closed", False):
                     return
-                if timeout and not self._streams[conn] and \
-                        trio.current_time() - self._last_stream[conn] >= timeout:
+                if timeout and not self._streams[conn] and trio.current_time() - self._last_stream[conn] >= timeout:
                     self._refuse("idle_connection")
                     log.debug("closing a connection with no stream for %g s", timeout)
                     await _quietly(swarm_conn.close)
@@ -324,8 +326,7 @@ class Gatekeeper:
             def first_byte() -> None:
                 nonlocal in_flight
                 idle.pop(stream, None)
-                if limits.max_requests_in_flight and \
-                        self.in_flight[protocol] >= limits.max_requests_in_flight:
+                if limits.max_requests_in_flight and self.in_flight[protocol] >= limits.max_requests_in_flight:
                     self._refuse("in_flight")
                     raise StreamRefused(f"{protocol}: {limits.max_requests_in_flight} requests in flight")
                 self.in_flight[protocol] += 1

@@ -32,8 +32,14 @@ from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import RLPxError, WakuV1Error
 from wakustore.protocols.waku_v1 import (
-    DEFAULT_MAX_MESSAGE_SIZE, PeerStatus, decode_envelope_list, decode_status, encode_status,
-    envelope_hash, envelope_problem, key_from_password,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PeerStatus,
+    decode_envelope_list,
+    decode_status,
+    encode_status,
+    envelope_hash,
+    envelope_problem,
+    key_from_password,
 )
 from wakustore.storage.envelope_store import EnvelopeStore, StoredEnvelope
 
@@ -142,6 +148,7 @@ class MailserverStats:
 
 # --- entry points ----------------------------------------------------------------
 
+
 async def run_mailserver(
     config,
     envelope_store: EnvelopeStore,
@@ -189,8 +196,10 @@ def open_envelope_store(config, engine) -> EnvelopeStore:
     from wakustore.storage.table import DeltaTableRef
 
     store = EnvelopeStore(
-        DeltaTableRef(engine, config.envelopes_uri), Path(config.data_dir) / "wal" / "envelopes",
-        flush_interval_s=config.flush_interval_s, flush_max_envelopes=config.flush_max_messages,
+        DeltaTableRef(engine, config.envelopes_uri),
+        Path(config.data_dir) / "wal" / "envelopes",
+        flush_interval_s=config.flush_interval_s,
+        flush_max_envelopes=config.flush_max_messages,
     )
     store.open()
     return store
@@ -249,6 +258,7 @@ def enode_url(public_key: bytes, host: str, port: int) -> str:
 
 # --- the server ------------------------------------------------------------------
 
+
 class Mailserver:
     """Archives envelopes into ``store`` and answers requests from it."""
 
@@ -287,9 +297,13 @@ class Mailserver:
         try:
             async with stream:
                 session = await open_session(
-                    stream, self.private_key, local_status=self._status, listen_port=self._port,
+                    stream,
+                    self.private_key,
+                    local_status=self._status,
+                    listen_port=self._port,
                     max_message_size=self.settings.max_message_size,
-                    timeout_s=self.settings.handshake_timeout_s, read_timeout_s=self.settings.read_timeout_s,
+                    timeout_s=self.settings.handshake_timeout_s,
+                    read_timeout_s=self.settings.read_timeout_s,
                 )
                 await self._serve_session(session)
         except (*_CONNECTION_ENDED, RLPxError, trio.TooSlowError) as exc:
@@ -346,15 +360,26 @@ class Mailserver:
         rows = []
         for envelope, raw in envelopes:
             problem = envelope_problem(
-                envelope, now_s, minimum_pow=self.settings.minimum_pow,
+                envelope,
+                now_s,
+                minimum_pow=self.settings.minimum_pow,
                 max_size=self.settings.max_message_size,
             )
             if problem is not None:
                 self.stats.rejected += 1
                 log.debug("envelope %s not archived: %s", envelope_hash(raw).hex(), problem)
                 continue
-            rows.append(StoredEnvelope(envelope_hash(raw), raw, envelope.topic, envelope.expiry,
-                                       envelope.ttl, envelope.timestamp, arrival_ns))
+            rows.append(
+                StoredEnvelope(
+                    envelope_hash(raw),
+                    raw,
+                    envelope.topic,
+                    envelope.expiry,
+                    envelope.ttl,
+                    envelope.timestamp,
+                    arrival_ns,
+                )
+            )
         if not rows:
             return
         try:
@@ -396,7 +421,9 @@ class Mailserver:
             request = p2p.request
             if p2p.envelope is not None:
                 request = wms.open_request(
-                    p2p.envelope, self.symmetric_key, minimum_pow=self.settings.minimum_pow,
+                    p2p.envelope,
+                    self.symmetric_key,
+                    minimum_pow=self.settings.minimum_pow,
                 )
             request = wms.validate_request(request, int(self.settings.clock()))
             if not self.rate_limiter.allow(session.remote_id):
@@ -416,9 +443,15 @@ class Mailserver:
             await session.send(wms.P2P_MESSAGE, bundle)
         last = page.envelopes[-1] if page.envelopes else None
         cursor = wms.encode_cursor(last.sent, last.envelope_hash) if last and page.limit_reached else b""
-        await session.send(wms.P2P_REQUEST_COMPLETE, wms.encode_request_complete(
-            p2p.request_id, last.envelope_hash if last else _ZERO_HASH, cursor, layout=request.layout,
-        ))
+        await session.send(
+            wms.P2P_REQUEST_COMPLETE,
+            wms.encode_request_complete(
+                p2p.request_id,
+                last.envelope_hash if last else _ZERO_HASH,
+                cursor,
+                layout=request.layout,
+            ),
+        )
 
     def _query(self, request: wms.MessagesRequest):
         cursor = None
@@ -426,8 +459,12 @@ class Mailserver:
             decoded = wms.decode_cursor(request.cursor)
             cursor = (decoded.timestamp, decoded.envelope_hash)
         return self.store.query(
-            request.lower, request.upper, topics=list(request.topics),
-            bloom=None if request.topics else request.bloom, limit=request.limit, cursor=cursor,
+            request.lower,
+            request.upper,
+            topics=list(request.topics),
+            bloom=None if request.topics else request.bloom,
+            limit=request.limit,
+            cursor=cursor,
         )
 
     async def _refuse(self, session: WakuSession, request_id: bytes, message: str) -> None:
@@ -459,6 +496,7 @@ class RequestRateLimiter:
 
 
 # --- an RLPx session speaking waku/1 over a trio stream ------------------------------
+
 
 class SessionClosed(Exception):
     """The peer disconnected, closed the connection or does not speak waku/1."""
@@ -594,7 +632,10 @@ async def open_session(
     # A snappy frame may be 1/6 larger than what it carries (snappy's MaxEncodedLen).
     frame_limit = min(rlpx.MAX_FRAME_SIZE, max_message_size + max_message_size // 6 + 64)
     connection, events = rlpx.Connection.from_handshake(
-        handshake, hello, max_frame_size=frame_limit, max_message_size=max_message_size,
+        handshake,
+        hello,
+        max_frame_size=frame_limit,
+        max_message_size=max_message_size,
     )
     session = WakuSession(stream, connection, events, read_timeout_s)
     with trio.fail_after(timeout_s):

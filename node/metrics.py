@@ -32,8 +32,12 @@ class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ingested = Counter("wakustore_messages_ingested", "Messages accepted into the write path", ["source"], registry=r)
-        self.deduplicated = Counter("wakustore_messages_deduplicated", "Messages dropped as duplicates by MUID", ["source"], registry=r)
+        self.ingested = Counter(
+            "wakustore_messages_ingested", "Messages accepted into the write path", ["source"], registry=r
+        )
+        self.deduplicated = Counter(
+            "wakustore_messages_deduplicated", "Messages dropped as duplicates by MUID", ["source"], registry=r
+        )
         self.rejected = Counter("wakustore_messages_rejected", "Messages refused", ["source", "reason"], registry=r)
         self.queries = Counter("wakustore_queries", "Queries answered", ["protocol", "status"], registry=r)
         self.query_latency = Histogram(
@@ -42,12 +46,16 @@ class NodeMetrics:
         self.commit_latency = Histogram(
             "wakustore_commit_seconds", "Time of one Delta commit", ["table"], buckets=COMMIT_BUCKETS, registry=r
         )
-        self.wal_depth = Gauge("wakustore_wal_depth", "Records in the write-ahead log not yet committed", ["table"], registry=r)
+        self.wal_depth = Gauge(
+            "wakustore_wal_depth", "Records in the write-ahead log not yet committed", ["table"], registry=r
+        )
         self.table_bytes = Gauge("wakustore_table_bytes", "Bytes of live files in the table", ["table"], registry=r)
         self.table_rows = Gauge("wakustore_table_rows", "Rows in the table", ["table"], registry=r)
         self.engine_rss = Gauge("wakustore_engine_rss_bytes", "Resident memory of the embedded engine", registry=r)
         self.refused = Counter(
-            "wakustore_peer_limits_refused", "Connections and streams refused by a cap (node.limits)", ["reason"],
+            "wakustore_peer_limits_refused",
+            "Connections and streams refused by a cap (node.limits)",
+            ["reason"],
             registry=r,
         )
         self.engine_generation = Gauge(
@@ -55,8 +63,10 @@ class NodeMetrics:
         )
         # Waku Sync and Store Resume (node/sync.py).
         self.sync_sessions = Counter(
-            "wakustore_sync_sessions", "Waku Sync reconciliation sessions (with the transfer after them)",
-            ["role", "outcome"], registry=r,
+            "wakustore_sync_sessions",
+            "Waku Sync reconciliation sessions (with the transfer after them)",
+            ["role", "outcome"],
+            registry=r,
         )
         self.sync_transfer_messages = Counter(
             "wakustore_sync_transfer_messages", "Messages over /vac/waku/transfer/1.0.0", ["direction"], registry=r
@@ -64,8 +74,9 @@ class NodeMetrics:
         self.sync_transfer_streams = Counter(
             "wakustore_sync_transfer_streams", "Incoming transfer streams by how they ended", ["outcome"], registry=r
         )
-        self.resumes = Counter("wakustore_store_resumes", "Store Resume attempts, one per sync peer asked",
-                               ["outcome"], registry=r)
+        self.resumes = Counter(
+            "wakustore_store_resumes", "Store Resume attempts, one per sync peer asked", ["outcome"], registry=r
+        )
         self.resumed = Counter("wakustore_store_resumed_messages", "Messages stored by Store Resume", registry=r)
 
     def exposition(self) -> bytes:

@@ -65,9 +65,7 @@ class RateLimits:
         for text in settings:
             match = _RATE_PATTERN.fullmatch(text.strip())
             if match is None:
-                raise ValueError(
-                    f"rate limit {text!r}: expected [store|lightpush:]volume/period<h|m|s|ms>"
-                )
+                raise ValueError(f"rate limit {text!r}: expected [store|lightpush:]volume/period<h|m|s|ms>")
             protocol, volume, period, unit = match.groups()
             limit = RateLimit(int(volume), int(period) * _UNIT_SECONDS[unit])
             for name in (protocol,) if protocol else ("store", "lightpush"):
@@ -136,8 +134,7 @@ class PeerAndAddressBuckets:
     thread. ``clock`` is in seconds (monotonic).
     """
 
-    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic,
-                 max_keys: int = MAX_TRACKED_KEYS):
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic, max_keys: int = MAX_TRACKED_KEYS):
         self.limit = limit
         self._clock = clock
         self.peers = _Buckets(limit, max_keys)

@@ -178,11 +178,17 @@ class WakuGossipSub(GossipSub):
     def __init__(self) -> None:
         super().__init__(
             protocols=[TProtocol(PROTOCOL_ID)],
-            degree=MESH_DEGREE, degree_low=MESH_DEGREE_LOW, degree_high=MESH_DEGREE_HIGH,
-            time_to_live=FANOUT_TTL_S, gossip_window=HISTORY_GOSSIP, gossip_history=HISTORY_LENGTH,
+            degree=MESH_DEGREE,
+            degree_low=MESH_DEGREE_LOW,
+            degree_high=MESH_DEGREE_HIGH,
+            time_to_live=FANOUT_TTL_S,
+            gossip_window=HISTORY_GOSSIP,
+            gossip_history=HISTORY_LENGTH,
             heartbeat_interval=HEARTBEAT_INTERVAL_S,
-            prune_back_off=PRUNE_BACKOFF_S, unsubscribe_back_off=UNSUBSCRIBE_BACKOFF_S,
-            adaptive_gossip_enabled=False, spam_protection_enabled=False,
+            prune_back_off=PRUNE_BACKOFF_S,
+            unsubscribe_back_off=UNSUBSCRIBE_BACKOFF_S,
+            adaptive_gossip_enabled=False,
+            spam_protection_enabled=False,
             eclipse_protection_enabled=False,
         )
         # Shared with WakuPubsub as its message id constructor.
@@ -248,8 +254,13 @@ class WakuPubsub(Pubsub):
     def __init__(self, host: IHost, router: WakuGossipSub, topics: Iterable[str], max_rpc_size: int):
         logging.getLogger("libp2p.host.basic_host").addFilter(_NO_RELAY_PEER_FILTER)
         super().__init__(
-            host, router, strict_signing=False, msg_id_constructor=router.ids,
-            seen_ttl=SEEN_TTL_S, max_inbound_rpc_size=max_rpc_size, allowed_topics=frozenset(topics),
+            host,
+            router,
+            strict_signing=False,
+            msg_id_constructor=router.ids,
+            seen_ttl=SEEN_TTL_S,
+            max_inbound_rpc_size=max_rpc_size,
+            allowed_topics=frozenset(topics),
         )
         # Told of every relay stream that fails (ScoreKeeper.strike).
         self.on_failed_stream = None
@@ -302,8 +313,7 @@ class Relay:
         self.topics = sorted(ingest.pubsub_topics)
         self.peer_infos = [peer_info(addr) for addr in config.relay_peers]
         self.router = WakuGossipSub()
-        self.pubsub = WakuPubsub(host, self.router, self.topics,
-                                 max_rpc_size=config.max_message_size + RPC_OVERHEAD)
+        self.pubsub = WakuPubsub(host, self.router, self.topics, max_rpc_size=config.max_message_size + RPC_OVERHEAD)
         self.running = False
         self._store_send, self._store_receive = trio.open_memory_channel[tuple[str, Any, int]](STORE_QUEUE)
         self.scores = ScoreKeeper(self.router, self.pubsub, host.disconnect)
@@ -412,8 +422,12 @@ class Relay:
                         await self.host.connect(info)
                         await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
                 except Exception as exc:
-                    log.warning("relay peer %s: cannot connect (%s); retrying in %.0f s",
-                                info.peer_id, exc or type(exc).__name__, delay)
+                    log.warning(
+                        "relay peer %s: cannot connect (%s); retrying in %.0f s",
+                        info.peer_id,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
                     await trio.sleep(delay)
                     delay = min(delay * 2, REDIAL_MAX_S)
                     continue

@@ -71,7 +71,8 @@ ENFORCE_INTERVAL_S = 1.0
 def waku_score_params() -> ScoreParams:
     return ScoreParams(
         p2_first_message_deliveries=TopicScoreParams(
-            weight=FIRST_DELIVERY_WEIGHT, cap=FIRST_DELIVERY_CAP, decay=FIRST_DELIVERY_DECAY),
+            weight=FIRST_DELIVERY_WEIGHT, cap=FIRST_DELIVERY_CAP, decay=FIRST_DELIVERY_DECAY
+        ),
         p4_invalid_messages=TopicScoreParams(weight=INVALID_MESSAGE_WEIGHT, cap=0.0, decay=INVALID_MESSAGE_DECAY),
         gossip_threshold=GOSSIP_THRESHOLD,
         publish_threshold=PUBLISH_THRESHOLD,
@@ -114,8 +115,9 @@ class ScoreKeeper:
     ``clock`` is in seconds (monotonic).
     """
 
-    def __init__(self, router: Any, pubsub: Any, disconnect: Callable[[ID], Any],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, router: Any, pubsub: Any, disconnect: Callable[[ID], Any], clock: Callable[[], float] = time.monotonic
+    ):
         self.router = router
         self.pubsub = pubsub
         self.disconnect = disconnect

@@ -38,6 +38,7 @@ from wakustore.node.store_service import StoreService, running_store
 from wakustore.node.sync import SyncService
 from wakustore.storage.engine import Engine
 
+
 @dataclass
 class RunningNode:
     """What :func:`running_node` started; the parts left out are None."""
@@ -90,13 +91,16 @@ async def running_node(
                 serve_http, config.metrics_port, config.metrics_host, service.metrics, service.health
             )
         protocols = StoreProtocols(service, config, rate_limits, **protocol_options)
-        gatekeeper = Gatekeeper(ConnectionLimits.from_config(config),
-                                on_refused=lambda reason: service.metrics.refused.labels(reason).inc())
+        gatekeeper = Gatekeeper(
+            ConnectionLimits.from_config(config), on_refused=lambda reason: service.metrics.refused.labels(reason).inc()
+        )
         syncing = SyncService(service, config, protocols.ingest)
-        async with (running_mailserver(config, service.engine) if mailserver else nullcontext()) as mailserver_info, \
-                running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair, gatekeeper) as (host, info), \
-                (running_relay(host, config, protocols.ingest) if relay else nullcontext()) as the_relay, \
-                trio.open_nursery() as peer_tasks:
+        async with (
+            running_mailserver(config, service.engine) if mailserver else nullcontext() as mailserver_info,
+            running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair, gatekeeper) as (host, info),
+            running_relay(host, config, protocols.ingest) if relay else nullcontext() as the_relay,
+            trio.open_nursery() as peer_tasks,
+        ):
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
             peer_tasks.start_soon(syncing.run, host)
@@ -108,8 +112,16 @@ async def running_node(
                     peer_tasks.start_soon(_follow_community, config, service, pubkey)
             try:
                 yield RunningNode(
-                    config=config, service=service, protocols=protocols, host=host, info=info, relay=the_relay,
-                    mailserver=mailserver_info, metrics_port=metrics_port, seeder=seeder, gatekeeper=gatekeeper,
+                    config=config,
+                    service=service,
+                    protocols=protocols,
+                    host=host,
+                    info=info,
+                    relay=the_relay,
+                    mailserver=mailserver_info,
+                    metrics_port=metrics_port,
+                    seeder=seeder,
+                    gatekeeper=gatekeeper,
                     sync=syncing,
                 )
             finally:

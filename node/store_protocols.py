@@ -61,6 +61,7 @@ from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
 from wakustore.node.libp2p_tuning import answer_with_first_write, corked
 from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
+
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
@@ -115,8 +116,9 @@ class PeerBuckets:
     seconds (monotonic).
     """
 
-    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic,
-                 max_peers: int = MAX_TRACKED_PEERS):
+    def __init__(
+        self, limit: RateLimit, clock: Callable[[], float] = time.monotonic, max_peers: int = MAX_TRACKED_PEERS
+    ):
         self.limit = limit
         self._clock = clock
         self._max_peers = max_peers
@@ -189,12 +191,14 @@ class StoreProtocols:
     # --- stream handlers ----------------------------------------------------
 
     async def handle_store_v3(self, stream) -> None:
-        await self._serve(stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v3", self.answer_store_v3),
-                          _store_v3_framing_error)
+        await self._serve(
+            stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v3", self.answer_store_v3), _store_v3_framing_error
+        )
 
     async def handle_store_v2(self, stream) -> None:
-        await self._serve(stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v2", self.answer_store_v2),
-                          _store_v2_framing_error)
+        await self._serve(
+            stream, STORE_MAX_REQUEST_SIZE, self._timed("store-v2", self.answer_store_v2), _store_v2_framing_error
+        )
 
     def _timed(self, protocol: str, answer: Callable[[str, bytes], Awaitable[StoreReply]]):
         """``answer`` as a handler's answer (the body), counting each query
@@ -212,14 +216,10 @@ class StoreProtocols:
         return timed
 
     async def handle_lightpush_v3(self, stream) -> None:
-        await self._serve(
-            stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v3, _lightpush_v3_framing_error
-        )
+        await self._serve(stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v3, _lightpush_v3_framing_error)
 
     async def handle_lightpush_v2(self, stream) -> None:
-        await self._serve(
-            stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v2, _lightpush_v2_framing_error
-        )
+        await self._serve(stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v2, _lightpush_v2_framing_error)
 
     async def handle_metadata(self, stream) -> None:
         await self._serve(stream, METADATA_MAX_SIZE, self.answer_metadata, lambda exc: None)
@@ -278,9 +278,7 @@ class StoreProtocols:
             relayed = await self._ingest(request)
         except LightpushError as exc:
             return lightpush.encode_error_v3(exc)
-        return lightpush.encode_response_v3(
-            request.request_id, LightpushStatus.SUCCESS, relay_peer_count=relayed
-        )
+        return lightpush.encode_response_v3(request.request_id, LightpushStatus.SUCCESS, relay_peer_count=relayed)
 
     async def answer_lightpush_v2(self, peer: str, raw: bytes) -> bytes:
         try:
@@ -305,8 +303,7 @@ class StoreProtocols:
             log.debug("metadata from %s: %s", peer, exc)
             return None
         if theirs.cluster_id is not None and theirs.cluster_id != self.metadata.cluster_id:
-            log.debug("peer %s is on cluster %s, we are on %s",
-                      peer, theirs.cluster_id, self.metadata.cluster_id)
+            log.debug("peer %s is on cluster %s, we are on %s", peer, theirs.cluster_id, self.metadata.cluster_id)
         return metadata.encode_response(self.metadata)
 
     async def _ingest(self, request: PushRequest) -> int:
@@ -317,7 +314,8 @@ class StoreProtocols:
         if topic is None:
             raise LightpushError(
                 LightpushStatus.INVALID_MESSAGE,
-                "pubsub topic required: this node uses static sharding, not autosharding", rid,
+                "pubsub topic required: this node uses static sharding, not autosharding",
+                rid,
             )
         now = time.time_ns()
         store = True
@@ -333,9 +331,7 @@ class StoreProtocols:
                 await self.ingest.store([(topic, request.message, now)], source="lightpush")
             except Exception as exc:
                 log.warning("storing a pushed message failed: %s", exc)
-                raise LightpushError(
-                    LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid
-                ) from None
+                raise LightpushError(LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid) from None
         if self.relay is None:
             return 0
         try:
@@ -357,8 +353,9 @@ class StoreProtocols:
         peer = peer_of(stream)
         try:
             try:
-                raw = await read_frame(stream, max_size, idle_timeout_s=self.idle_timeout_s,
-                                       frame_timeout_s=self.read_timeout_s)
+                raw = await read_frame(
+                    stream, max_size, idle_timeout_s=self.idle_timeout_s, frame_timeout_s=self.read_timeout_s
+                )
             except ReadTimeout as exc:
                 log.debug("stream from %s: %s: resetting", peer, exc)
                 await reset_stream(stream)
@@ -402,8 +399,10 @@ def _v3_error(error: StoreError) -> StoreReply:
 
 def _v2_error(error: StoreError) -> StoreReply:
     legacy = store_v2.error_for_status(error.status_code)
-    return StoreReply(store_v2.encode_response(error.request_id, None, legacy),
-                      StatusCode.OK if legacy == store_v2.HistoryError.NONE else int(legacy))
+    return StoreReply(
+        store_v2.encode_response(error.request_id, None, legacy),
+        StatusCode.OK if legacy == store_v2.HistoryError.NONE else int(legacy),
+    )
 
 
 class ReadTimeout(Exception):
@@ -416,8 +415,9 @@ class ReadTimeout(Exception):
         self.idle = idle
 
 
-async def read_frame(stream, max_size: int, *, idle_timeout_s: float = math.inf,
-                     frame_timeout_s: float = math.inf) -> bytes | None:
+async def read_frame(
+    stream, max_size: int, *, idle_timeout_s: float = math.inf, frame_timeout_s: float = math.inf
+) -> bytes | None:
     """One length-prefixed frame of at most ``max_size`` bytes from ``stream``.
 
     None when the stream ends before its first byte; raises
@@ -443,17 +443,12 @@ async def read_frame(stream, max_size: int, *, idle_timeout_s: float = math.inf,
     raise ReadTimeout(idle=False, waited_s=frame_timeout_s)
 
 
-
-
-
-
 def _too_many(request_id: str) -> StoreError:
     return StoreError(StatusCode.TOO_MANY_REQUESTS, f"TOO_MANY_REQUESTS: {TOO_MANY_REQUESTS_TEXT}", request_id)
 
 
 def _unavailable(request_id: str) -> StoreError:
-    return StoreError(StatusCode.SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE: the store is unavailable",
-                      request_id)
+    return StoreError(StatusCode.SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE: the store is unavailable", request_id)
 
 
 def _push_too_many(request_id: str) -> LightpushError:

@@ -188,8 +188,9 @@ class StoreService:
         since = self.commit_since
         if since is not None and (running := time.monotonic() - since) >= COMMIT_STUCK_S:
             # Still waiting on the engine or the storage: as good as failed.
-            commit = MaintenanceRun(ok=False, at=time.time() - running,
-                                    error=f"a commit has been running for {running:.0f} s")
+            commit = MaintenanceRun(
+                ok=False, at=time.time() - running, error=f"a commit has been running for {running:.0f} s"
+            )
         return {
             # A failed maintenance run (retention, compaction) is the
             # operator's to see: the node answers, but is not well.
@@ -204,8 +205,10 @@ class StoreService:
             # index file missing or damaged: pages over them read through
             # DataFusion meanwhile), and whether the key filter is full
             # (a start fills it from the index files in the background).
-            "key_index": {**self.store.reader.index_state(),
-                          "key_filter_ready": self.store.writes.filter_ready.is_set()},
+            "key_index": {
+                **self.store.reader.index_state(),
+                "key_filter_ready": self.store.writes.filter_ready.is_set(),
+            },
         }
 
     async def _supervise_loop(self) -> None:

@@ -191,8 +191,9 @@ class SyncService:
     progress.
     """
 
-    def __init__(self, service: Any, config: NodeConfig, ingest: Ingest, *, clock=time.time_ns,
-                 jitter_s: float = RELAY_JITTER_S):
+    def __init__(
+        self, service: Any, config: NodeConfig, ingest: Ingest, *, clock=time.time_ns, jitter_s: float = RELAY_JITTER_S
+    ):
         self.service = service
         self.config = config
         self.ingest = ingest
@@ -250,8 +251,14 @@ class SyncService:
         for peer in peers:
             try:
                 await self.sync_with(peer)
-            except (SyncError, OSError, IOException, trio.TooSlowError, trio.BrokenResourceError,
-                    trio.ClosedResourceError) as exc:
+            except (
+                SyncError,
+                OSError,
+                IOException,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+            ) as exc:
                 self._count_failure(INITIATOR)
                 log.warning("sync with %s failed: %s", peer, exc)
             except Exception as exc:  # a dial failure is any libp2p error
@@ -292,8 +299,13 @@ class SyncService:
                 raise
             await close_stream(stream)
         self._allow_transfers(peer_id)
-        log.info("sync with %s: %d rounds, %d to send, %d to receive", peer_id, session.rounds,
-                 len(session.to_send), len(session.to_receive))
+        log.info(
+            "sync with %s: %d rounds, %d to send, %d to receive",
+            peer_id,
+            session.rounds,
+            len(session.to_send),
+            len(session.to_receive),
+        )
         await self._send_missing(info.peer_id, session)
         self._finished(INITIATOR)
         return session
@@ -321,8 +333,9 @@ class SyncService:
                     floor = self.clock() - int((self.config.sync_range_s + RESPONDER_SLACK_S) * NS)
                     lower = max(scope.lower_ns, floor)
                     session.floor_ns = lower
-                    session.ids = await self.load_ids(lower, max(lower, scope.upper_ns),
-                                                      scope.pubsub_topics, scope.content_topics)
+                    session.ids = await self.load_ids(
+                        lower, max(lower, scope.upper_ns), scope.pubsub_topics, scope.content_topics
+                    )
                 while True:
                     reply = session.answer(payload)
                     if reply is not None:
@@ -476,8 +489,9 @@ class SyncService:
 
     # --- shared plumbing ------------------------------------------------------
 
-    async def load_ids(self, lower_ns: int, upper_ns: int, pubsub_topics: tuple[str, ...],
-                       content_topics: tuple[str, ...]) -> sync.IdSet:
+    async def load_ids(
+        self, lower_ns: int, upper_ns: int, pubsub_topics: tuple[str, ...], content_topics: tuple[str, ...]
+    ) -> sync.IdSet:
         """The ids in [lower_ns, upper_ns) on the topics (empty: all), from
         the store plus the remembered ones; SyncError past MAX_LOCAL_IDS."""
         pubsub = frozenset(pubsub_topics)
@@ -485,10 +499,16 @@ class SyncService:
         ids: list[sync.SyncId] = []
         cursor = None
         while True:
-            page = await self.service.query(HistoryQuery(
-                time_start=lower_ns, time_end=upper_ns, forward=True, limit=ID_PAGE,
-                include_data=bool(content), cursor=cursor,
-            ))
+            page = await self.service.query(
+                HistoryQuery(
+                    time_start=lower_ns,
+                    time_end=upper_ns,
+                    forward=True,
+                    limit=ID_PAGE,
+                    include_data=bool(content),
+                    cursor=cursor,
+                )
+            )
             for m in page.messages:
                 if pubsub and m.pubsub_topic not in pubsub:
                     continue
@@ -543,7 +563,7 @@ class SyncService:
         sent = 0
         try:
             for start in range(0, len(hashes), HASH_LOOKUP_PAGE):
-                chunk = tuple(hashes[start:start + HASH_LOOKUP_PAGE])
+                chunk = tuple(hashes[start : start + HASH_LOOKUP_PAGE])
                 page = await self.service.query(HistoryQuery(message_hashes=chunk, limit=len(chunk)))
                 for m in page.messages:
                     if m.message is not None:

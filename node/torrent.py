@@ -71,8 +71,7 @@ MAX_QUEUED_DISK_BYTES = 32 * 1024 * 1024
 PRIORITY_SKIP, PRIORITY_NORMAL, PRIORITY_TOP = 0, 1, 7
 
 _ALERTS = (
-    lt.alert_category.error | lt.alert_category.status | lt.alert_category.storage
-    | lt.alert_category.piece_progress
+    lt.alert_category.error | lt.alert_category.status | lt.alert_category.storage | lt.alert_category.piece_progress
 )
 # Alerts held between two polls before libtorrent drops some: a piece
 # alert per 100 KiB, so a gigabyte fetched within one poll stays below it.
@@ -312,9 +311,15 @@ class Fetch:
     is in.
     """
 
-    def __init__(self, session: lt.session, magnet: str, save_path: Path,
-                 peers: Sequence[tuple[str, int]] = (), report: Callable[[str], None] | None = None,
-                 progress: Callable[[str, int, int], None] | None = None):
+    def __init__(
+        self,
+        session: lt.session,
+        magnet: str,
+        save_path: Path,
+        peers: Sequence[tuple[str, int]] = (),
+        report: Callable[[str], None] | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ):
         self.session = session
         self.peers = list(peers)
         self.report = report or (lambda text: None)
@@ -363,8 +368,9 @@ class Fetch:
         info = self.handle.torrent_file()
         wanted = set(pieces)
         index_pieces = _file_pieces(info, INDEX_FILE)
-        priorities = [PRIORITY_TOP if i in wanted or i in index_pieces else PRIORITY_SKIP
-                      for i in range(info.num_pieces())]
+        priorities = [
+            PRIORITY_TOP if i in wanted or i in index_pieces else PRIORITY_SKIP for i in range(info.num_pieces())
+        ]
         # A piece of a skipped file goes to libtorrent's part file, not to
         # `data`: unskip the file, then narrow down piece by piece. File
         # priorities take effect later, through the disk thread, and reset

@@ -242,8 +242,9 @@ class ArchiveWriter:
     new data is the old data plus new archives, byte for byte.
     """
 
-    def __init__(self, layout: Layout, index: bytes | None = None, data_size: int = 0,
-                 piece_length: int = PIECE_LENGTH):
+    def __init__(
+        self, layout: Layout, index: bytes | None = None, data_size: int = 0, piece_length: int = PIECE_LENGTH
+    ):
         self.layout = Layout(layout)
         self.piece_length = piece_length
         self._metadata: dict[str, bytes] = {}
@@ -274,21 +275,27 @@ class ArchiveWriter:
             parts.append(_spec_padding_field(raw, self.piece_length))
             padding, size = 0, raw + len(parts[-1])
             index_md = archive_spec_pb2.WakuMessageArchiveIndexMetadata(
-                version=SPEC_VERSION, metadata=metadata, offset=self.data_size,
+                version=SPEC_VERSION,
+                metadata=metadata,
+                offset=self.data_size,
                 num_pieces=size // self.piece_length,
             )
         else:
             padding = status_go_padding(raw, self.piece_length)
             size = raw + padding
             index_md = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
-                metadata=metadata, offset=self.data_size, size=size, padding=padding,
+                metadata=metadata,
+                offset=self.data_size,
+                size=size,
+                padding=padding,
             )
         if size - padding > MAX_ARCHIVE_SIZE:
             raise ArchiveError(f"archive of {size - padding} bytes exceeds {MAX_ARCHIVE_SIZE}")
         encoded_md = index_md.SerializeToString()
         archive_id = archive_key(encoded_md)
-        entry = IndexEntry(archive_id, window.start_ns, window.end_ns, tuple(content_topics),
-                           self.data_size, size, padding)
+        entry = IndexEntry(
+            archive_id, window.start_ns, window.end_ns, tuple(content_topics), self.data_size, size, padding
+        )
         self._metadata[archive_id] = encoded_md
         self.entries.append(entry)
         self.new_entries.append(entry)
@@ -319,8 +326,9 @@ def status_go_padding(raw_size: int, piece_length: int = PIECE_LENGTH) -> int:
     return piece_length - raw_size
 
 
-def parse_index(layout: Layout, raw: bytes, data_size: int | None = None,
-                piece_length: int = PIECE_LENGTH) -> list[IndexEntry]:
+def parse_index(
+    layout: Layout, raw: bytes, data_size: int | None = None, piece_length: int = PIECE_LENGTH
+) -> list[IndexEntry]:
     """The archives of an index, by offset. Checks each key against its
     metadata, that archives tile ``data`` from 0 without gaps on piece
     boundaries, the padding rule and, if given, the size of ``data``."""
@@ -342,8 +350,10 @@ def parse_index(layout: Layout, raw: bytes, data_size: int | None = None,
     position = 0
     for entry in entries:
         if entry.offset != position or entry.size <= 0 or entry.size % piece_length:
-            raise ArchiveError(f"archive {entry.archive_id} at offset {entry.offset} size {entry.size} "
-                               f"does not follow the previous one (expected offset {position})")
+            raise ArchiveError(
+                f"archive {entry.archive_id} at offset {entry.offset} size {entry.size} "
+                f"does not follow the previous one (expected offset {position})"
+            )
         if entry.encoded_size > MAX_ARCHIVE_SIZE:
             raise ArchiveError(f"archive {entry.archive_id} is larger than {MAX_ARCHIVE_SIZE} bytes")
         position += entry.size
@@ -352,9 +362,14 @@ def parse_index(layout: Layout, raw: bytes, data_size: int | None = None,
     return entries
 
 
-def read_archive(layout: Layout, entry: IndexEntry, data: bytes, default_pubsub_topic: str,
-                 allowed_topics: Iterable[str] | None = None,
-                 channel_keys: Mapping[str, bytes] | None = None) -> Archive:
+def read_archive(
+    layout: Layout,
+    entry: IndexEntry,
+    data: bytes,
+    default_pubsub_topic: str,
+    allowed_topics: Iterable[str] | None = None,
+    channel_keys: Mapping[str, bytes] | None = None,
+) -> Archive:
     """Decode and check one archive: ``data`` is the ``entry.size`` bytes
     at ``entry.offset`` of the torrent's ``data``.
 
@@ -372,16 +387,18 @@ def read_archive(layout: Layout, entry: IndexEntry, data: bytes, default_pubsub_
     return Archive(entry.start_ns, entry.end_ns, entry.content_topics, messages)
 
 
-def read_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
-                         allowed_topics: Iterable[str] | None = None) -> list[DecodedRecord]:
+def read_archive_records(
+    entry: IndexEntry, data: bytes, decoder: RecordDecoder, allowed_topics: Iterable[str] | None = None
+) -> list[DecodedRecord]:
     """:func:`read_archive`'s checks, the messages as
     :data:`DecodedRecord` tuples (what a member's table takes, without a
     message object per row). Raises ArchiveError."""
     return list(iter_archive_records(entry, data, decoder, allowed_topics))
 
 
-def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
-                         allowed_topics: Iterable[str] | None = None) -> Iterator[DecodedRecord]:
+def iter_archive_records(
+    entry: IndexEntry, data: bytes, decoder: RecordDecoder, allowed_topics: Iterable[str] | None = None
+) -> Iterator[DecodedRecord]:
     """:func:`read_archive_records` a record at a time (the archive's
     framing and metadata are checked before the first); raises ArchiveError
     at the first bad record."""
@@ -415,8 +432,7 @@ def iter_archive_records(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
             raise ArchiveError(f"archive {entry.archive_id} message {i}: topic {topic} is not the community's")
         ordering = record[5] or record[7]
         if not start <= ordering < end:
-            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} "
-                               f"outside [{start}, {end})")
+            raise ArchiveError(f"archive {entry.archive_id} message {i}: time {ordering} outside [{start}, {end})")
         yield record
 
 
@@ -426,31 +442,35 @@ class ArchiveColumns(NamedTuple):
     in buffers, topics as indexes into their distinct values."""
 
     count: int
-    content_topics: list[str]      # distinct, indexed by ``topic_index``
-    pubsub_topics: list[str]       # distinct, indexed by ``pubsub_index``
-    topic_index: np.ndarray        # int32
-    pubsub_index: np.ndarray       # int32
-    payload: tuple[bytes, bytes]   # (int32 offsets, values) of a binary column
+    content_topics: list[str]  # distinct, indexed by ``topic_index``
+    pubsub_topics: list[str]  # distinct, indexed by ``pubsub_index``
+    topic_index: np.ndarray  # int32
+    pubsub_index: np.ndarray  # int32
+    payload: tuple[bytes, bytes]  # (int32 offsets, values) of a binary column
     meta: tuple[bytes, bytes]
     proof: tuple[bytes, bytes]
-    version: np.ndarray            # int32
-    sender_ns: np.ndarray          # int64, 0 when unset
-    arrival_ns: np.ndarray         # int64
-    hashes: bytes                  # 32 bytes a record
+    version: np.ndarray  # int32
+    sender_ns: np.ndarray  # int64, 0 when unset
+    arrival_ns: np.ndarray  # int64
+    hashes: bytes  # 32 bytes a record
     muids: tuple[bytes, bytes]
-    digests: bytes                 # 32 bytes a record
+    digests: bytes  # 32 bytes a record
 
 
-def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
-                    allowed_topics: Iterable[str] | None = None) -> ArchiveColumns | None:
+def archive_columns(
+    entry: IndexEntry, data: bytes, decoder: RecordDecoder, allowed_topics: Iterable[str] | None = None
+) -> ArchiveColumns | None:
     """:func:`iter_archive_records` of a status-go archive, all of it at
     once by the compiled decoder, as table columns: every record the same
     row the reference decoder makes. None whenever the archive is not in
     the plain form the compiled decoder reads or fails a check: the caller
     then reads it with :func:`iter_archive_records`, which gives the same
     rows or raises the reference's error. Nothing here raises."""
-    if decoder.layout is not Layout.STATUS_GO or len(data) != entry.size or \
-            data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
+    if (
+        decoder.layout is not Layout.STATUS_GO
+        or len(data) != entry.size
+        or data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size
+    ):
         return None
     decoded = decoder.decode_columns(memoryview(data)[: entry.encoded_size])
     if decoded is None:
@@ -465,8 +485,23 @@ def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
         return None
     if not listed.issuperset(content_topics):
         return None
-    (pubsub_index, topic_index, payload_offsets, payload, meta_offsets, meta, proof_offsets, proof, version,
-     sender, arrival, hashes, muid_offsets, muids, digests) = buffers
+    (
+        pubsub_index,
+        topic_index,
+        payload_offsets,
+        payload,
+        meta_offsets,
+        meta,
+        proof_offsets,
+        proof,
+        version,
+        sender,
+        arrival,
+        hashes,
+        muid_offsets,
+        muids,
+        digests,
+    ) = buffers
     sender_ns, arrival_ns = np.frombuffer(sender, np.int64), np.frombuffer(arrival, np.int64)
     ordering = np.where(sender_ns != 0, sender_ns, arrival_ns)
     if count and not (int(ordering.min()) >= start and int(ordering.max()) < end):
@@ -474,14 +509,27 @@ def archive_columns(entry: IndexEntry, data: bytes, decoder: RecordDecoder,
     pubsub_index = np.frombuffer(pubsub_index, np.int32)
     # -1: a record of an archive status-go made, on the default pubsub topic (the last).
     pubsub_index = np.where(pubsub_index < 0, np.int32(len(raw_pubsub)), pubsub_index).astype(np.int32)
-    return ArchiveColumns(count, content_topics, pubsub_topics, np.frombuffer(topic_index, np.int32), pubsub_index,
-                          (payload_offsets, payload), (meta_offsets, meta), (proof_offsets, proof),
-                          np.frombuffer(version, np.int32), sender_ns, arrival_ns, hashes, (muid_offsets, muids),
-                          digests)
+    return ArchiveColumns(
+        count,
+        content_topics,
+        pubsub_topics,
+        np.frombuffer(topic_index, np.int32),
+        pubsub_index,
+        (payload_offsets, payload),
+        (meta_offsets, meta),
+        (proof_offsets, proof),
+        np.frombuffer(version, np.int32),
+        sender_ns,
+        arrival_ns,
+        hashes,
+        (muid_offsets, muids),
+        digests,
+    )
 
 
-def _window_checked(layout: Layout, entry: IndexEntry, metadata,
-                    allowed_topics: Iterable[str] | None) -> tuple[int, int, set[str]]:
+def _window_checked(
+    layout: Layout, entry: IndexEntry, metadata, allowed_topics: Iterable[str] | None
+) -> tuple[int, int, set[str]]:
     """(start ns, end ns, the content topics its messages may have) of an
     archive's metadata, which must name the window its index entry names."""
     if metadata is None:
@@ -536,7 +584,9 @@ def encode_magnet_message(private_key: bytes, magnet_uri: str, clock: int) -> by
         clock=clock, magnet_uri=magnet_uri
     ).SerializeToString()
     return application_metadata_pb2.ApplicationMetadataMessage(
-        signature=sign_recoverable(private_key, keccak256(payload)), payload=payload, type=_MAGNET_TYPE,
+        signature=sign_recoverable(private_key, keccak256(payload)),
+        payload=payload,
+        type=_MAGNET_TYPE,
     ).SerializeToString()
 
 
@@ -589,8 +639,9 @@ def verify_magnet_message(raw: bytes, community_public_key: bytes) -> MagnetLink
 # to Status clients; it is still accepted here so that old links verify.
 
 
-def wrap_magnet_for_status(app_metadata_bytes: bytes, magnet_chat_id: str, signing_key: bytes,
-                           installation_id: str = "") -> bytes:
+def wrap_magnet_for_status(
+    app_metadata_bytes: bytes, magnet_chat_id: str, signing_key: bytes, installation_id: str = ""
+) -> bytes:
     """The WakuMessage payload status-go sends for an encoded magnet-link
     ApplicationMetadataMessage (:func:`encode_magnet_message`) on
     ``magnet_chat_id`` (:func:`topics.magnet_chat_id`): wrapped in a
@@ -600,7 +651,8 @@ def wrap_magnet_for_status(app_metadata_bytes: bytes, magnet_chat_id: str, signi
     the sending node's identity key). ``installation_id`` is the sender's
     device id, unused by receivers for public messages."""
     inner = protocol_message_pb2.ProtocolMessage(
-        installation_id=installation_id, public_message=bytes(app_metadata_bytes),
+        installation_id=installation_id,
+        public_message=bytes(app_metadata_bytes),
     ).SerializeToString()
     try:
         return waku_v1.encrypt_symmetric(inner, _chat_key(magnet_chat_id), signing_key=signing_key)
@@ -655,11 +707,19 @@ def _is_magnet_metadata(raw: bytes) -> bool:
 
 
 def _index_class(layout: Layout):
-    return archive_spec_pb2.WakuMessageArchiveIndex if layout is Layout.SPEC else archive_status_go_pb2.WakuMessageArchiveIndex
+    return (
+        archive_spec_pb2.WakuMessageArchiveIndex
+        if layout is Layout.SPEC
+        else archive_status_go_pb2.WakuMessageArchiveIndex
+    )
 
 
 def _metadata_class(layout: Layout):
-    return archive_spec_pb2.WakuMessageArchiveMetadata if layout is Layout.SPEC else archive_status_go_pb2.WakuMessageArchiveMetadata
+    return (
+        archive_spec_pb2.WakuMessageArchiveMetadata
+        if layout is Layout.SPEC
+        else archive_status_go_pb2.WakuMessageArchiveMetadata
+    )
 
 
 def _index_pb(layout: Layout, raw: bytes):
@@ -674,7 +734,9 @@ def _index_pb(layout: Layout, raw: bytes):
 def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
     if layout is Layout.SPEC:
         return archive_spec_pb2.WakuMessageArchiveMetadata(
-            version=SPEC_VERSION, to=window.end_ns, contentTopic=list(content_topics),
+            version=SPEC_VERSION,
+            to=window.end_ns,
+            contentTopic=list(content_topics),
             **{"from": window.start_ns},
         )
     try:
@@ -682,7 +744,9 @@ def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
     except ProtocolError as exc:
         raise ArchiveError(str(exc)) from None
     return archive_status_go_pb2.WakuMessageArchiveMetadata(
-        to=window.end_s, contentTopic=raw_topics, **{"from": window.start_s},
+        to=window.end_s,
+        contentTopic=raw_topics,
+        **{"from": window.start_s},
     )
 
 
@@ -715,5 +779,3 @@ def _spec_padding_field(raw_size: int, piece_length: int) -> bytes:
             if n >= 0 and len(varint(n)) == length_size:
                 return b"\x22" + varint(n) + bytes(n)
         target += piece_length
-
-

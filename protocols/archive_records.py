@@ -114,8 +114,9 @@ def channel_key(community_id: str, chat_id: str) -> bytes:
     return waku_v1.key_from_password(community_id + chat_id)
 
 
-def encode_archived_message(layout: Layout, pubsub_topic: str, message: WakuMessage, arrival_ns: int,
-                            channel_key: bytes | None = None) -> Record:
+def encode_archived_message(
+    layout: Layout, pubsub_topic: str, message: WakuMessage, arrival_ns: int, channel_key: bytes | None = None
+) -> Record:
     """One entry of an archive's ``messages``. In the status-go layout,
     ``channel_key`` (the message's channel key) makes the record readable by
     Status clients (see the module docstring). Raises ArchiveError for a
@@ -125,8 +126,17 @@ def encode_archived_message(layout: Layout, pubsub_topic: str, message: WakuMess
         return Record(message_codec.encode_message(message) + ext, len(message.payload))
     encoder = RecordEncoder(layout, {message.content_topic: channel_key} if channel_key else {})
     m = message
-    data, payload_size = encoder.status_go(pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp,
-                                           m.rate_limit_proof, arrival_ns, message_hash(pubsub_topic, m))
+    data, payload_size = encoder.status_go(
+        pubsub_topic,
+        m.content_topic,
+        m.payload,
+        m.meta,
+        m.version,
+        m.timestamp,
+        m.rate_limit_proof,
+        arrival_ns,
+        message_hash(pubsub_topic, m),
+    )
     return Record(data, payload_size)
 
 
@@ -146,26 +156,43 @@ class RecordEncoder:
         self._topics: dict[str, bytes] = {}
         self._pubsub: dict[str, bytes] = {}
 
-    def encode_columns(self, pubsub_topics: Sequence[str], content_topics: Sequence[str],
-                       payloads: Sequence[bytes], metas: Sequence[bytes], versions: Sequence[int],
-                       timestamps: Sequence[int], proofs: Sequence[bytes], arrivals: Sequence[int],
-                       hashes: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
+    def encode_columns(
+        self,
+        pubsub_topics: Sequence[str],
+        content_topics: Sequence[str],
+        payloads: Sequence[bytes],
+        metas: Sequence[bytes],
+        versions: Sequence[int],
+        timestamps: Sequence[int],
+        proofs: Sequence[bytes],
+        arrivals: Sequence[int],
+        hashes: Sequence[bytes],
+    ) -> tuple[list[bytes], list[int]]:
         """(records, payload sizes) of a batch; ``timestamps`` are the
         sender timestamps (0 when unset), ``hashes`` the rows' message
         hashes (the table's column). Raises ArchiveError as
         :func:`encode_archived_message` does."""
         datas, sizes = [], []
-        for parts, size in self._records(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
-                                         proofs, arrivals, hashes):
+        for parts, size in self._records(
+            pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals, hashes
+        ):
             datas.append(b"".join(parts))
             sizes.append(size)
         return datas, sizes
 
-    def encode_framed(self, pubsub_topics: Sequence[str], content_topics: Sequence[str],
-                      payloads: Sequence[bytes], metas: Sequence[bytes], versions: Sequence[int],
-                      timestamps: Sequence[int], proofs: Sequence[bytes], arrivals: Sequence[int],
-                      hashes: Sequence[bytes], signers: Sequence[bytes | None] | None = None,
-                      ) -> tuple[bytes, list[int], list[int]]:
+    def encode_framed(
+        self,
+        pubsub_topics: Sequence[str],
+        content_topics: Sequence[str],
+        payloads: Sequence[bytes],
+        metas: Sequence[bytes],
+        versions: Sequence[int],
+        timestamps: Sequence[int],
+        proofs: Sequence[bytes],
+        arrivals: Sequence[int],
+        hashes: Sequence[bytes],
+        signers: Sequence[bytes | None] | None = None,
+    ) -> tuple[bytes, list[int], list[int]]:
         """:meth:`encode_columns` as an archive body holds the records:
         each one framed as a ``messages`` entry (field 3 of
         WakuMessageArchive), back to back in one bytes object, with the
@@ -176,8 +203,9 @@ class RecordEncoder:
         is not; a known signer spares the key recovery, the same bytes."""
         out, ends, sizes = [], [], []
         position = 0
-        for parts, size in self._records(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
-                                         proofs, arrivals, hashes, signers):
+        for parts, size in self._records(
+            pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals, hashes, signers
+        ):
             length = sum(map(len, parts))
             head = varint(length)
             out.append(_ARCHIVE_MESSAGE_KEY)
@@ -188,19 +216,34 @@ class RecordEncoder:
             sizes.append(size)
         return b"".join(out), ends, sizes
 
-    def _records(self, pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals,
-                 hashes, signers=None) -> Iterator[tuple[list[bytes], int]]:
+    def _records(
+        self,
+        pubsub_topics,
+        content_topics,
+        payloads,
+        metas,
+        versions,
+        timestamps,
+        proofs,
+        arrivals,
+        hashes,
+        signers=None,
+    ) -> Iterator[tuple[list[bytes], int]]:
         """(the record's bytes in parts, payload size) of each row."""
         if self.layout is Layout.SPEC:
-            for p, c, pl, m, v, t, r, a in zip(pubsub_topics, content_topics, payloads, metas, versions,
-                                                timestamps, proofs, arrivals):
+            for p, c, pl, m, v, t, r, a in zip(
+                pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals
+            ):
                 record = encode_archived_message(self.layout, p, WakuMessage(pl, c, v, t, m, False, r), a)
                 yield [record.data], record.payload_size
             return
         parts = self._status_go_parts
         known = itertools.repeat(None) if signers is None else signers
-        for row, numbers, signer in zip(zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps,
-                                            proofs, arrivals, hashes), _record_varints(timestamps, arrivals), known):
+        for row, numbers, signer in zip(
+            zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals, hashes),
+            _record_varints(timestamps, arrivals),
+            known,
+        ):
             yield parts(*row, numbers, signer)
 
     def cipher(self, content_topic: str) -> AESGCM | None:
@@ -226,8 +269,9 @@ class RecordEncoder:
             pubsub = self._pubsub[pubsub_topic] = field_bytes(EXT_PUBSUB_TOPIC, pubsub_topic.encode())
         return pubsub
 
-    def signers(self, content_topics: Sequence[str], versions: Sequence[int],
-                payloads: Sequence[bytes]) -> list[bytes | None]:
+    def signers(
+        self, content_topics: Sequence[str], versions: Sequence[int], payloads: Sequence[bytes]
+    ) -> list[bytes | None]:
         """The signer a status-go record of each row holds: the 65-byte
         key (secp256k1 recovery) of a payload sealed with its channel's key
         and signed, b"" for one sealed unsigned, None for a row whose
@@ -241,19 +285,40 @@ class RecordEncoder:
             found.append(None if opened is None else opened[2])
         return found
 
-    def status_go(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
-                  timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes) -> tuple[bytes, int]:
+    def status_go(
+        self,
+        pubsub_topic: str,
+        content_topic: str,
+        payload: bytes,
+        meta: bytes,
+        version: int,
+        timestamp: int,
+        proof: bytes,
+        arrival_ns: int,
+        hash_: bytes,
+    ) -> tuple[bytes, int]:
         """status-go's record plus the extra fields, written field by field
         in the order protobuf serialises them (by number), then the extra
         fields in their fixed order."""
-        parts, size = self._status_go_parts(pubsub_topic, content_topic, payload, meta, version, timestamp, proof,
-                                            arrival_ns, hash_, None, None)
+        parts, size = self._status_go_parts(
+            pubsub_topic, content_topic, payload, meta, version, timestamp, proof, arrival_ns, hash_, None, None
+        )
         return b"".join(parts), size
 
-    def _status_go_parts(self, pubsub_topic: str, content_topic: str, payload: bytes, meta: bytes, version: int,
-                         timestamp: int, proof: bytes, arrival_ns: int, hash_: bytes,
-                         numbers: tuple[bytes, bytes, bytes] | None,
-                         known_signer: bytes | None) -> tuple[list[bytes], int]:
+    def _status_go_parts(
+        self,
+        pubsub_topic: str,
+        content_topic: str,
+        payload: bytes,
+        meta: bytes,
+        version: int,
+        timestamp: int,
+        proof: bytes,
+        arrival_ns: int,
+        hash_: bytes,
+        numbers: tuple[bytes, bytes, bytes] | None,
+        known_signer: bytes | None,
+    ) -> tuple[list[bytes], int]:
         """:meth:`status_go` in parts; ``numbers``, when given, are the
         varints of the seconds, the arrival and the zigzagged timestamp
         (:func:`_record_varints`); ``known_signer``, the signer when known
@@ -310,8 +375,11 @@ def _record_varints(timestamps: Sequence[int], arrivals: Sequence[int]) -> Itera
         yield from itertools.repeat(None, count)
         return
     zigzag = (stamps << 1) ^ (stamps >> 63)
-    yield from zip(varints((ordering // NS_PER_S).view(np.uint64)), varints(arrived.view(np.uint64)),
-                   varints(zigzag.view(np.uint64)))
+    yield from zip(
+        varints((ordering // NS_PER_S).view(np.uint64)),
+        varints(arrived.view(np.uint64)),
+        varints(zigzag.view(np.uint64)),
+    )
 
 
 def varints(values: np.ndarray) -> list[bytes]:
@@ -337,15 +405,17 @@ def varint_blob(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     return groups[np.arange(_VARINT_MAX) < lengths[:, None]].tobytes(), lengths
 
 
-def decode_archived_message(layout: Layout, raw: bytes, default_pubsub_topic: str,
-                            channel_keys: Mapping[str, bytes] | None = None) -> ArchivedMessage:
+def decode_archived_message(
+    layout: Layout, raw: bytes, default_pubsub_topic: str, channel_keys: Mapping[str, bytes] | None = None
+) -> ArchivedMessage:
     """The message an archive entry stands for. A status-go record with the
     extra fields is rebuilt exactly (sealed again with ``channel_keys[topic]``
     when it holds a decrypted payload) and must match its ``hash``; without
     them it maps as the module docstring says. Raises ArchiveError for
     every malformed input (a bad message or topic field included)."""
     pubsub, topic, payload, meta, version, timestamp, proof, arrival, _ = RecordDecoder(
-        layout, default_pubsub_topic, channel_keys).decode(raw)
+        layout, default_pubsub_topic, channel_keys
+    ).decode(raw)
     return ArchivedMessage(pubsub, WakuMessage(payload, topic, version, timestamp, meta, False, proof), arrival)
 
 
@@ -365,8 +435,7 @@ class RecordDecoder:
     tuple (no message object), which a hydrating member turns into table
     columns. Checks and errors are :func:`decode_archived_message`'s."""
 
-    def __init__(self, layout: Layout, default_pubsub_topic: str,
-                 channel_keys: Mapping[str, bytes] | None = None):
+    def __init__(self, layout: Layout, default_pubsub_topic: str, channel_keys: Mapping[str, bytes] | None = None):
         self.layout = Layout(layout)
         self.default_pubsub_topic = default_pubsub_topic
         self._keys = dict(channel_keys or {})
@@ -389,15 +458,35 @@ class RecordDecoder:
             m = message_codec.decode_message(raw)
             _check_table_fit(m.version, arrival)
             pubsub_topic = _utf8(pubsub, "pubsub topic") if pubsub is not None else self.default_pubsub_topic
-            return (pubsub_topic, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof,
-                    arrival if arrival is not None else m.timestamp, message_hash(pubsub_topic, m))
+            return (
+                pubsub_topic,
+                m.content_topic,
+                m.payload,
+                m.meta,
+                m.version,
+                m.timestamp,
+                m.rate_limit_proof,
+                arrival if arrival is not None else m.timestamp,
+                message_hash(pubsub_topic, m),
+            )
         record = message_codec.parse_protobuf(archive_status_go_pb2.WakuMessage, raw)
         if record is None:
             raise ArchiveError("undecodable archive message")
-        return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash, pubsub,
-                             arrival, _ext_bytes(ext, EXT_NONCE), _ext_bytes(ext, EXT_SIGNATURE) or b"",
-                             _ext_int(ext, EXT_VERSION) or 0, _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
-                             _ext_bytes(ext, EXT_META) or b"", _ext_bytes(ext, EXT_PROOF) or b"")
+        return self._rebuild(
+            record.topic,
+            record.timestamp,
+            record.payload,
+            record.padding,
+            record.hash,
+            pubsub,
+            arrival,
+            _ext_bytes(ext, EXT_NONCE),
+            _ext_bytes(ext, EXT_SIGNATURE) or b"",
+            _ext_int(ext, EXT_VERSION) or 0,
+            _unzigzag(_ext_int(ext, EXT_TIMESTAMP) or 0),
+            _ext_bytes(ext, EXT_META) or b"",
+            _ext_bytes(ext, EXT_PROOF) or b"",
+        )
 
     def decode_columns(self, body: bytes | memoryview) -> tuple | None:
         """A status-go archive body decoded by the compiled decoder
@@ -431,8 +520,12 @@ class RecordDecoder:
         if self.layout is not Layout.STATUS_GO:
             return None
         parsed = message_codec.parse_protobuf(archive_status_go_pb2.ArchivedMessages, body)
-        if parsed is None or not parsed.HasField("metadata") or UnknownFieldSet(parsed) or \
-                UnknownFieldSet(parsed.metadata):
+        if (
+            parsed is None
+            or not parsed.HasField("metadata")
+            or UnknownFieldSet(parsed)
+            or UnknownFieldSet(parsed.metadata)
+        ):
             return None
         metadata = parsed.metadata.SerializeToString()
         head = _METADATA_KEY + varint(len(metadata))
@@ -445,17 +538,40 @@ class RecordDecoder:
     def decode_parsed(self, record: archive_status_go_pb2.ArchivedMessage) -> DecodedRecord:
         """:meth:`decode` of a record of :meth:`parse_archive`."""
         try:
-            return self._rebuild(record.topic, record.timestamp, record.payload, record.padding, record.hash,
-                                 record.pubsub_topic if record.HasField("pubsub_topic") else None,
-                                 record.arrival_ns if record.HasField("arrival_ns") else None,
-                                 record.nonce if record.HasField("nonce") else None, record.signature,
-                                 record.version, record.timestamp_ns, record.meta, record.rate_limit_proof)
+            return self._rebuild(
+                record.topic,
+                record.timestamp,
+                record.payload,
+                record.padding,
+                record.hash,
+                record.pubsub_topic if record.HasField("pubsub_topic") else None,
+                record.arrival_ns if record.HasField("arrival_ns") else None,
+                record.nonce if record.HasField("nonce") else None,
+                record.signature,
+                record.version,
+                record.timestamp_ns,
+                record.meta,
+                record.rate_limit_proof,
+            )
         except (MessageError, TopicError) as exc:
             raise ArchiveError(str(exc)) from None
 
-    def _rebuild(self, raw_topic: bytes, seconds: int, payload: bytes, padding: bytes, hash_: bytes,
-                 pubsub: bytes | None, arrival: int | None, nonce: bytes | None, signature: bytes, version: int,
-                 timestamp: int, meta: bytes, proof: bytes) -> DecodedRecord:
+    def _rebuild(
+        self,
+        raw_topic: bytes,
+        seconds: int,
+        payload: bytes,
+        padding: bytes,
+        hash_: bytes,
+        pubsub: bytes | None,
+        arrival: int | None,
+        nonce: bytes | None,
+        signature: bytes,
+        version: int,
+        timestamp: int,
+        meta: bytes,
+        proof: bytes,
+    ) -> DecodedRecord:
         """The table row a status-go record's fields stand for (the extra
         fields None or empty when absent), checked: see :meth:`decode`."""
         content_topic = self._topics.get(raw_topic)
@@ -466,8 +582,17 @@ class RecordDecoder:
             if ts > _INT64_MAX:
                 raise ArchiveError(f"timestamp {seconds} s does not fit the wire format's nanoseconds")
             pubsub_topic = self.default_pubsub_topic
-            return (pubsub_topic, content_topic, payload, b"", 0, ts, b"", ts,
-                    _hash(pubsub_topic, payload, content_topic, b"", ts))
+            return (
+                pubsub_topic,
+                content_topic,
+                payload,
+                b"",
+                0,
+                ts,
+                b"",
+                ts,
+                _hash(pubsub_topic, payload, content_topic, b"", ts),
+            )
         if pubsub is None:
             raise ArchiveError("archive message has an arrival time but no pubsub topic")
         if nonce is not None:
@@ -496,7 +621,8 @@ class RecordDecoder:
             key = self._keys.get(content_topic)
             if key is None:
                 raise ArchiveError(
-                    f"a message on {content_topic} is archived decrypted: rebuilding it needs its channel key")
+                    f"a message on {content_topic} is archived decrypted: rebuilding it needs its channel key"
+                )
             cipher = self._ciphers[content_topic] = AESGCM(key)
         return cipher
 
@@ -513,12 +639,14 @@ def _check_table_fit(version: int, arrival: int | None) -> None:
 def _hash(pubsub_topic: str, payload: bytes, content_topic: str, meta: bytes, timestamp: int) -> bytes:
     """:func:`message_hash` of the message these fields make, without
     making the message (the round-trip tests hold the two equal)."""
-    return hashlib.sha256(b"".join((pubsub_topic.encode(), payload, content_topic.encode(), meta,
-                                    _INT64_BE.pack(timestamp)))).digest()
+    return hashlib.sha256(
+        b"".join((pubsub_topic.encode(), payload, content_topic.encode(), meta, _INT64_BE.pack(timestamp)))
+    ).digest()
 
 
-def _open_reproducibly(data: bytes, cipher: AESGCM,
-                       known_signer: bytes | None = None) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
+def _open_reproducibly(
+    data: bytes, cipher: AESGCM, known_signer: bytes | None = None
+) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
     """(payload, padding, signer, signature, nonce) of a Waku v1 symmetric
     payload (waku_v1.decrypt_symmetric's format) whose plaintext is in the
     canonical form :func:`_seal` writes, so that sealing it again with the
@@ -780,9 +908,22 @@ class StatusGoKeys(NamedTuple):
     entry: bytes
 
 
-STATUS_GO_KEYS = StatusGoKeys(b"\x0a", b"\x10", b"\x1a", b"\x22", b"\x2a", b"\x32", _ARRIVAL_KEY, _NONCE_KEY,
-                              _SIGNATURE_KEY, _TIMESTAMP_KEY, _META_KEY, _VERSION_KEY, _PROOF_KEY,
-                              _ARCHIVE_MESSAGE_KEY)
+STATUS_GO_KEYS = StatusGoKeys(
+    b"\x0a",
+    b"\x10",
+    b"\x1a",
+    b"\x22",
+    b"\x2a",
+    b"\x32",
+    _ARRIVAL_KEY,
+    _NONCE_KEY,
+    _SIGNATURE_KEY,
+    _TIMESTAMP_KEY,
+    _META_KEY,
+    _VERSION_KEY,
+    _PROOF_KEY,
+    _ARCHIVE_MESSAGE_KEY,
+)
 
 
 def recover_signer(signature: bytes, signed: bytes) -> bytes | None:
@@ -790,5 +931,7 @@ def recover_signer(signature: bytes, signed: bytes) -> bytes | None:
     plaintext whose first bytes ``signed`` carry ``signature``; None when
     it recovers none."""
     return _recover_uncompressed(signature, keccak256(signed))
+
+
 _METADATA_KEY = _key(2, _WIRE_LEN)
 _VARINT_MAX = 10

@@ -54,9 +54,7 @@ def sha256(data: bytes) -> bytes:
 def public_key_from_bytes(raw: bytes) -> coincurve.PublicKey:
     """Parse a compressed (33) or uncompressed (65) secp256k1 public key."""
     if len(raw) not in (SECP256K1_COMPRESSED_SIZE, SECP256K1_UNCOMPRESSED_SIZE):
-        raise ProtocolError(
-            f"public key must be 33 or 65 bytes, got {len(raw)}"
-        )
+        raise ProtocolError(f"public key must be 33 or 65 bytes, got {len(raw)}")
     try:
         return coincurve.PublicKey(raw)
     except ValueError as exc:

@@ -32,13 +32,13 @@ from wakustore.protocols.errors import RLPxError
 
 # Sizes (go-ethereum crypto/ecies/params.go ECIES_AES128_SHA256 and
 # p2p/rlpx/rlpx.go eciesOverhead = 65 + 16 + 32).
-PUBLIC_KEY_SIZE = 64            # X || Y, the uncompressed key without its 0x04 tag
+PUBLIC_KEY_SIZE = 64  # X || Y, the uncompressed key without its 0x04 tag
 UNCOMPRESSED_KEY_SIZE = 65
 PRIVATE_KEY_SIZE = 32
-SHARED_SECRET_SIZE = 32         # the X coordinate of the ECDH point
-AES_KEY_SIZE = 16               # AES-128
-IV_SIZE = 16                    # one AES block
-TAG_SIZE = 32                   # HMAC-SHA256
+SHARED_SECRET_SIZE = 32  # the X coordinate of the ECDH point
+AES_KEY_SIZE = 16  # AES-128
+IV_SIZE = 16  # one AES block
+TAG_SIZE = 32  # HMAC-SHA256
 ECIES_OVERHEAD = UNCOMPRESSED_KEY_SIZE + IV_SIZE + TAG_SIZE
 
 _KDF_COUNTER = (1).to_bytes(4, "big")
@@ -82,9 +82,7 @@ def decrypt(private_key: bytes, ciphertext: bytes, shared_mac_data: bytes = b"")
     The tag is compared in constant time before anything is decrypted.
     """
     if len(ciphertext) <= ECIES_OVERHEAD:
-        raise RLPxError(
-            f"ecies: ciphertext of {len(ciphertext)} bytes is too short"
-        )
+        raise RLPxError(f"ecies: ciphertext of {len(ciphertext)} bytes is too short")
     if ciphertext[0] != 0x04:
         # go-ethereum only ever writes uncompressed ephemeral keys.
         raise RLPxError("ecies: ephemeral key is not an uncompressed point")

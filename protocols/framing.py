@@ -105,14 +105,14 @@ class FrameReader:
             if not self._body and len(view) >= self._body_length:
                 # The whole body is in this chunk (the usual case): one copy.
                 frames.append(bytes(view[: self._body_length]))
-                view = view[self._body_length:]
+                view = view[self._body_length :]
                 self._body_length = None
                 if not view:
                     break
                 continue
             taken = view[: self._body_length - len(self._body)]
             self._body += taken
-            view = view[len(taken):]
+            view = view[len(taken) :]
             if len(self._body) < self._body_length:
                 break
             frames.append(bytes(self._body))
@@ -127,10 +127,7 @@ class FrameReader:
         if self._failed:
             raise FramingError("frame reader already failed")
         if self._body_length is not None:
-            raise FramingError(
-                f"stream ended inside a frame: {len(self._body)} of "
-                f"{self._body_length} bytes"
-            )
+            raise FramingError(f"stream ended inside a frame: {len(self._body)} of {self._body_length} bytes")
         if self._prefix:
             raise FramingError("stream ended inside a length prefix")
 
@@ -154,7 +151,7 @@ class FrameReader:
             self._body_length = _partial_value(self._prefix)
             self._prefix.clear()
             return view[index + 1 :]
-        return view[len(view):]
+        return view[len(view) :]
 
     def _fail(self, reason: str, error: type[FramingError] = FramingError) -> None:
         self._failed = True

@@ -97,6 +97,7 @@ _ZERO_HASH = bytes(HASH_SIZE)
 
 # --- requests ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class MessagesRequest:
     """A request for archived envelopes.
@@ -160,11 +161,11 @@ def decode_request_payload(raw: bytes) -> MessagesRequest:
     bloom = _bytes(items[2], "bloom")
     if isinstance(items[3], list):
         if len(items) != 7:
-            raise _decode_error(
-                f"the status-go request payload has 7 elements, got {len(items)}"
-            )
+            raise _decode_error(f"the status-go request payload has 7 elements, got {len(items)}")
         return MessagesRequest(
-            lower=lower, upper=upper, bloom=bloom,
+            lower=lower,
+            upper=upper,
+            bloom=bloom,
             topics=_topics(items[3]),
             limit=_uint(items[4], "limit"),
             cursor=_bytes(items[5], "cursor"),
@@ -179,7 +180,10 @@ def decode_request_payload(raw: bytes) -> MessagesRequest:
             raise _decode_error("expected input list for topics")
         topics = _topics(items[5])
     return MessagesRequest(
-        lower=lower, upper=upper, bloom=bloom, topics=topics,
+        lower=lower,
+        upper=upper,
+        bloom=bloom,
+        topics=topics,
         limit=_uint(items[3], "limit"),
         cursor=_bytes(items[4], "cursor") if len(items) > 4 else b"",
         batch=True,
@@ -199,10 +203,17 @@ def encode_request_payload(request: MessagesRequest, layout: str | None = None) 
         layout = LAYOUT_STATUS_GO
     topics = list(request.topics)
     if layout == LAYOUT_STATUS_GO:
-        return rlp_encode([
-            request.lower, request.upper, request.bloom, topics,
-            request.limit, request.cursor, bool(request.batch),
-        ])
+        return rlp_encode(
+            [
+                request.lower,
+                request.upper,
+                request.bloom,
+                topics,
+                request.limit,
+                request.cursor,
+                bool(request.batch),
+            ]
+        )
     if layout == LAYOUT_SPEC:
         fields = [request.lower, request.upper, request.bloom, request.limit, request.cursor]
         if topics:
@@ -243,10 +254,17 @@ def encode_direct_request(request: MessagesRequest) -> bytes:
     """status-go's direct request; ``request.request_id`` must be 32 bytes."""
     if len(request.request_id) != HASH_SIZE:
         raise WakuV1Error("invalid 'ID', expected a 32-byte slice")
-    return rlp_encode([
-        request.request_id, request.lower, request.upper, request.limit,
-        request.cursor, request.bloom, list(request.topics),
-    ])
+    return rlp_encode(
+        [
+            request.request_id,
+            request.lower,
+            request.upper,
+            request.limit,
+            request.cursor,
+            request.bloom,
+            list(request.topics),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -276,8 +294,7 @@ def decode_p2p_request(payload: bytes) -> P2PRequest:
             request = decode_direct_request(payload)
         except WakuV1Error as direct_error:
             raise WakuV1Error(
-                f"invalid p2p request message: not an envelope ({envelope_error}) "
-                f"nor a direct request ({direct_error})"
+                f"invalid p2p request message: not an envelope ({envelope_error}) nor a direct request ({direct_error})"
             ) from None
     return P2PRequest(request_id=request.request_id, request=request)
 
@@ -342,13 +359,13 @@ def validate_request(request: MessagesRequest, now_s: int) -> MessagesRequest:
         raise WakuV1Error(f"request is invalid: bloom filter must be {BLOOM_SIZE} bytes")
     if request.cursor and len(request.cursor) != CURSOR_SIZE:
         raise WakuV1Error(
-            f"request is invalid: invalid cursor size: expected {CURSOR_SIZE} "
-            f"but got {len(request.cursor)}"
+            f"request is invalid: invalid cursor size: expected {CURSOR_SIZE} but got {len(request.cursor)}"
         )
     return replace(request, upper=upper, limit=limit)
 
 
 # --- cursors -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Cursor:
@@ -384,6 +401,7 @@ def envelope_cursor(raw_envelope: bytes) -> bytes:
 
 
 # --- Request Complete ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RequestComplete:
@@ -443,9 +461,11 @@ def decode_request_complete(raw: bytes) -> RequestComplete:
     if isinstance(item, list):
         return _decode_spec_complete(item)
     if len(item) >= len(ERROR_PREFIX) + HASH_SIZE and item.startswith(ERROR_PREFIX):
-        rest = item[len(ERROR_PREFIX):]
+        rest = item[len(ERROR_PREFIX) :]
         return RequestComplete(
-            request_id=rest[:HASH_SIZE], last_envelope_hash=_ZERO_HASH, cursor=b"",
+            request_id=rest[:HASH_SIZE],
+            last_envelope_hash=_ZERO_HASH,
+            cursor=b"",
             error=rest[HASH_SIZE:].decode("utf-8", errors="replace"),
             layout=LAYOUT_STATUS_GO,
         )
@@ -453,8 +473,8 @@ def decode_request_complete(raw: bytes) -> RequestComplete:
         raise WakuV1Error(f"unexpected payload size: {len(item)}")
     return RequestComplete(
         request_id=item[:HASH_SIZE],
-        last_envelope_hash=item[HASH_SIZE:2 * HASH_SIZE] or _ZERO_HASH,
-        cursor=item[2 * HASH_SIZE:],
+        last_envelope_hash=item[HASH_SIZE : 2 * HASH_SIZE] or _ZERO_HASH,
+        cursor=item[2 * HASH_SIZE :],
         error=None,
         layout=LAYOUT_STATUS_GO,
     )
@@ -469,16 +489,18 @@ def _decode_spec_complete(items: list) -> RequestComplete:
         raise WakuV1Error(f"request id and envelope hash must be {HASH_SIZE} bytes")
     cursor = _bytes(items[2], "cursor", plain=True) if len(items) == 3 else b""
     return RequestComplete(
-        request_id=request_id, last_envelope_hash=last_hash, cursor=cursor,
-        error=None, layout=LAYOUT_SPEC,
+        request_id=request_id,
+        last_envelope_hash=last_hash,
+        cursor=cursor,
+        error=None,
+        layout=LAYOUT_SPEC,
     )
 
 
 # --- bundles -------------------------------------------------------------------
 
-def bundle_envelopes(
-    raw_envelopes: Iterable[bytes], max_packet_size: int = MAX_PACKET_SIZE
-) -> list[bytes]:
+
+def bundle_envelopes(raw_envelopes: Iterable[bytes], max_packet_size: int = MAX_PACKET_SIZE) -> list[bytes]:
     """Group RLP-encoded envelopes into 0x7f packet payloads, in order.
 
     Each payload is an RLP list of the envelopes, byte for byte, at most
@@ -494,9 +516,7 @@ def bundle_envelopes(
         if not raw:
             raise WakuV1Error("an encoded envelope cannot be empty")
         if _list_size(len(raw)) > max_packet_size:
-            raise WakuV1Error(
-                f"envelope of {len(raw)} bytes does not fit a {max_packet_size}-byte packet"
-            )
+            raise WakuV1Error(f"envelope of {len(raw)} bytes does not fit a {max_packet_size}-byte packet")
         if current and _list_size(body_size + len(raw)) > max_packet_size:
             bundles.append(encode_envelope_list(current))
             current, body_size = [], 0
@@ -513,11 +533,14 @@ def _list_size(body_size: int) -> int:
 
 # --- private helpers -----------------------------------------------------------
 
+
 def _decode_request_rlp(raw: bytes) -> list:
     try:
         items = decode_rlp(
-            raw, max_size=MAX_REQUEST_PAYLOAD_SIZE,
-            max_depth=REQUEST_RLP_DEPTH, max_items=MAX_REQUEST_RLP_ITEMS,
+            raw,
+            max_size=MAX_REQUEST_PAYLOAD_SIZE,
+            max_depth=REQUEST_RLP_DEPTH,
+            max_items=MAX_REQUEST_RLP_ITEMS,
         )
     except WakuV1Error as exc:
         raise _decode_error(str(exc)) from None

@@ -60,8 +60,17 @@ def message_hash(pubsub_topic: str, message: WakuMessage) -> bytes:
     """
     # One buffer, one call: this runs once per message on the ingest path
     # (an update() per field cost more than the hashing).
-    return _sha256(b"".join((pubsub_topic.encode(), message.payload, message.content_topic.encode(), message.meta,
-                             _TIMESTAMP.pack(message.timestamp)))).digest()
+    return _sha256(
+        b"".join(
+            (
+                pubsub_topic.encode(),
+                message.payload,
+                message.content_topic.encode(),
+                message.meta,
+                _TIMESTAMP.pack(message.timestamp),
+            )
+        )
+    ).digest()
 
 
 def muid(pubsub_topic: str, message: WakuMessage) -> bytes:
@@ -75,8 +84,10 @@ def muid(pubsub_topic: str, message: WakuMessage) -> bytes:
     the table of record.
     """
     meta = message.meta
-    return _sha256(b"".join((pubsub_topic.encode(), message.content_topic.encode(), meta,
-                             message.payload))).digest() + meta[:_MUID_META_PART]
+    return (
+        _sha256(b"".join((pubsub_topic.encode(), message.content_topic.encode(), meta, message.payload))).digest()
+        + meta[:_MUID_META_PART]
+    )
 
 
 # The table keeps a message's version (uint32 on the wire) as a signed
@@ -149,8 +160,7 @@ def check_storable(
     if message.timestamp and abs(message.timestamp - now_ns) > limits.max_time_drift_ns:
         raise InvalidMessage(
             Rejection.TIMESTAMP_DRIFT,
-            f"timestamp {message.timestamp} is more than "
-            f"{limits.max_time_drift_ns} ns from {now_ns}",
+            f"timestamp {message.timestamp} is more than {limits.max_time_drift_ns} ns from {now_ns}",
         )
     if message.ephemeral:
         raise InvalidMessage(Rejection.EPHEMERAL, "ephemeral messages are not stored")

@@ -39,9 +39,7 @@ def decode_message(raw: bytes) -> WakuMessage:
     """Decode one encoded WakuMessage; raise :class:`MessageError` if it is
     not a valid protobuf encoding or is larger than MAX_ENCODED_MESSAGE_SIZE."""
     if len(raw) > MAX_ENCODED_MESSAGE_SIZE:
-        raise MessageError(
-            f"message is {len(raw)} bytes, hard limit {MAX_ENCODED_MESSAGE_SIZE}"
-        )
+        raise MessageError(f"message is {len(raw)} bytes, hard limit {MAX_ENCODED_MESSAGE_SIZE}")
     pb = parse_protobuf(waku_message_pb2.WakuMessage, raw)
     if pb is None:
         raise MessageError("undecodable WakuMessage")

@@ -43,7 +43,7 @@ from wakustore.protocols.waku_v1 import decode_rlp, rlp_uint, split_rlp_list
 
 # Handshake (go-ethereum p2p/rlpx/rlpx.go: sigLen, pubLen, shaLen, authMsgV4).
 AUTH_VERSION = 4
-SIGNATURE_SIZE = 65                      # R || S || V, V in {0, 1}
+SIGNATURE_SIZE = 65  # R || S || V, V in {0, 1}
 NONCE_SIZE = 32
 # Pre-EIP-8 packets have fixed sizes: go-ethereum's encAuthMsgLen
 # (sig 65 + keccak(ephemeral key) 32 + pubkey 64 + nonce 32 + flag 1 + ECIES
@@ -76,13 +76,13 @@ _ZERO_HEADER_DATA = b"\xc2\x80\x80"
 
 # Base protocol (go-ethereum p2p/peer.go).
 BASE_PROTOCOL_VERSION = 5
-SNAPPY_PROTOCOL_VERSION = 5              # snappyProtocolVersion
-BASE_PROTOCOL_LENGTH = 16                # codes 0x00-0x0f; capabilities follow
-MAX_HELLO_SIZE = 2 * 1024                # baseProtocolMaxMsgSize
-PING_INTERVAL_S = 15                     # pingInterval, seconds
+SNAPPY_PROTOCOL_VERSION = 5  # snappyProtocolVersion
+BASE_PROTOCOL_LENGTH = 16  # codes 0x00-0x0f; capabilities follow
+MAX_HELLO_SIZE = 2 * 1024  # baseProtocolMaxMsgSize
+PING_INTERVAL_S = 15  # pingInterval, seconds
 NODE_ID_SIZE = 64
 HELLO, DISCONNECT, PING, PONG = 0x00, 0x01, 0x02, 0x03
-_EMPTY_LIST = b"\xc0"                    # the payload of Ping and Pong
+_EMPTY_LIST = b"\xc0"  # the payload of Ping and Pong
 
 # Disconnect reasons (go-ethereum p2p/peer_error.go DiscReason).
 DISCONNECT_REQUESTED = 0x00
@@ -124,6 +124,7 @@ _MAX_UINT64 = 2**64 - 1
 
 # --- handshake -----------------------------------------------------------------
 
+
 @dataclass
 class Secrets:
     """Session keys of one side of an RLPx connection.
@@ -133,9 +134,9 @@ class Secrets:
     :class:`FrameCodec` built from these secrets advances them.
     """
 
-    remote_public_key: bytes   # 64 bytes, the peer's node id
-    aes_secret: bytes          # 32 bytes, AES-256-CTR key of both directions
-    mac_secret: bytes          # 32 bytes, AES-256 key of the frame MACs
+    remote_public_key: bytes  # 64 bytes, the peer's node id
+    aes_secret: bytes  # 32 bytes, AES-256-CTR key of both directions
+    mac_secret: bytes  # 32 bytes, AES-256 key of the frame MACs
     egress_mac: object
     ingress_mac: object
 
@@ -169,15 +170,14 @@ class Handshake:
         self.initiator = remote_public_key is not None
         self._key = bytes(private_key)
         self.public_key = ecies.public_key_of(self._key)
-        self._ephemeral = coincurve.PrivateKey(
-            ephemeral_key if ephemeral_key is not None else _random.token_bytes(32)
-        )
+        self._ephemeral = coincurve.PrivateKey(ephemeral_key if ephemeral_key is not None else _random.token_bytes(32))
         self._nonce = nonce if nonce is not None else _random.token_bytes(NONCE_SIZE)
         if len(self._nonce) != NONCE_SIZE:
             raise ValueError(f"nonce must be {NONCE_SIZE} bytes")
         self._remote = (
             ecies.parse_public_key(remote_public_key).format(compressed=False)[1:]
-            if remote_public_key is not None else None
+            if remote_public_key is not None
+            else None
         )
         self._remote_ephemeral: bytes | None = None
         self._remote_nonce: bytes | None = None
@@ -198,9 +198,7 @@ class Handshake:
         if not self.initiator or self._auth is not None:
             raise RuntimeError("initiate() is for a fresh initiator handshake only")
         static_shared = ecies.ecdh_x(self._key, self._remote)
-        signature = self._ephemeral.sign_recoverable(
-            _xor(static_shared, self._nonce), hasher=None
-        )
+        signature = self._ephemeral.sign_recoverable(_xor(static_shared, self._nonce), hasher=None)
         body = [signature, self.public_key, self._nonce, AUTH_VERSION]
         self._auth = _seal_eip8(self._remote, body)
         return self._auth
@@ -271,9 +269,7 @@ class Handshake:
             remote_ephemeral = plain[: ecies.PUBLIC_KEY_SIZE]
             remote_nonce = plain[ecies.PUBLIC_KEY_SIZE : ecies.PUBLIC_KEY_SIZE + NONCE_SIZE]
         else:
-            remote_ephemeral, remote_nonce = _decode_body(
-                plain, (ecies.PUBLIC_KEY_SIZE, NONCE_SIZE), "ack"
-            )
+            remote_ephemeral, remote_nonce = _decode_body(plain, (ecies.PUBLIC_KEY_SIZE, NONCE_SIZE), "ack")
         ecies.parse_public_key(remote_ephemeral)
         self._remote_ephemeral = remote_ephemeral
         self._remote_nonce = remote_nonce
@@ -319,8 +315,7 @@ class Handshake:
     def _finish(self, *, auth: bytes, ack: bytes) -> None:
         ecdhe = ecies.ecdh_x(self._ephemeral.secret, self._remote_ephemeral)
         init_nonce, resp_nonce = (
-            (self._nonce, self._remote_nonce) if self.initiator
-            else (self._remote_nonce, self._nonce)
+            (self._nonce, self._remote_nonce) if self.initiator else (self._remote_nonce, self._nonce)
         )
         shared = keccak256(ecdhe + keccak256(resp_nonce + init_nonce))
         aes_secret = keccak256(ecdhe + shared)
@@ -351,9 +346,7 @@ def _decode_body(plain: bytes, sizes: tuple[int, ...], what: str) -> list[bytes]
         raise RLPxError(f"{what}: malformed rlp") from None
     if kind is not list:
         raise RLPxError(f"{what}: body is not an rlp list")
-    items = _rlp(
-        split_rlp_list, plain[: start + length], max_size=len(plain), max_depth=MAX_RLP_DEPTH
-    )
+    items = _rlp(split_rlp_list, plain[: start + length], max_size=len(plain), max_depth=MAX_RLP_DEPTH)
     if len(items) < len(sizes) + 1:
         raise RLPxError(f"{what}: {len(items)} list elements, need {len(sizes) + 1}")
     fields = []
@@ -378,6 +371,7 @@ def _recover(signature: bytes, digest: bytes) -> bytes:
 
 # --- frames --------------------------------------------------------------------
 
+
 class FrameCodec:
     """RLPx frames: ``encode_frame(content)`` and ``receive_data(bytes)``.
 
@@ -401,7 +395,7 @@ class FrameCodec:
         self._ingress = secrets.ingress_mac
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
-        self._pending: int | None = None   # size of a frame whose header was read
+        self._pending: int | None = None  # size of a frame whose header was read
         self._failed = False
 
     def encode_frame(self, content: bytes) -> bytes:
@@ -412,10 +406,7 @@ class FrameCodec:
         header = size.to_bytes(3, "big") + _ZERO_HEADER_DATA
         header = self._enc.encrypt(header + bytes(FRAME_HEADER_SIZE - len(header)))
         body = self._enc.encrypt(bytes(content) + bytes(_padding(size)))
-        return (
-            header + self._header_mac(self._egress, header)
-            + body + self._frame_mac(self._egress, body)
-        )
+        return header + self._header_mac(self._egress, header) + body + self._frame_mac(self._egress, body)
 
     def receive_data(self, data: bytes) -> list[bytes]:
         """Feed received bytes; returns the contents of the completed frames."""
@@ -484,6 +475,7 @@ class FrameCodec:
 
 # --- base protocol -------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Capability:
     name: str
@@ -502,13 +494,19 @@ class Hello:
     client_id: str
     capabilities: tuple[Capability, ...]
     listen_port: int
-    node_id: bytes            # 64 bytes: the sender's public key without 0x04
+    node_id: bytes  # 64 bytes: the sender's public key without 0x04
 
     def encode(self) -> bytes:
         caps = [[c.name.encode(), c.version] for c in self.capabilities]
-        return rlp.encode([
-            self.protocol_version, self.client_id.encode(), caps, self.listen_port, self.node_id,
-        ])
+        return rlp.encode(
+            [
+                self.protocol_version,
+                self.client_id.encode(),
+                caps,
+                self.listen_port,
+                self.node_id,
+            ]
+        )
 
     @classmethod
     def decode(cls, payload: bytes) -> Hello:
@@ -520,9 +518,7 @@ class Hello:
             raise RLPxError(f"Hello has {len(items)} elements, need 5")
         version = _rlp_int(items[0], _MAX_UINT64, "Hello version")
         client_id = _rlp_string(items[1], "Hello client id").decode("utf-8", "replace")
-        cap_items = _rlp(
-            decode_rlp, items[2], max_size=MAX_HELLO_SIZE, max_depth=2, max_items=MAX_HELLO_SIZE
-        )
+        cap_items = _rlp(decode_rlp, items[2], max_size=MAX_HELLO_SIZE, max_depth=2, max_items=MAX_HELLO_SIZE)
         if not isinstance(cap_items, list):
             raise RLPxError("Hello capabilities are not a list")
         caps = []
@@ -604,9 +600,7 @@ class Connection:
         self._failed = False
 
     @classmethod
-    def from_handshake(
-        cls, handshake: Handshake, local_hello: Hello, **limits
-    ) -> tuple[Connection, list[Event]]:
+    def from_handshake(cls, handshake: Handshake, local_hello: Hello, **limits) -> tuple[Connection, list[Event]]:
         """A connection for a completed handshake and the events of the
         bytes that arrived right behind the handshake packet."""
         if not handshake.complete:
@@ -691,7 +685,7 @@ class Connection:
         if code == PONG:
             return Pong()
         if code < BASE_PROTOCOL_LENGTH:
-            return None   # other base-protocol codes are ignored, as go-ethereum does
+            return None  # other base-protocol codes are ignored, as go-ethereum does
         return Message(code, payload)
 
     def _disconnect_reason(self, payload: bytes) -> int | None:
@@ -720,6 +714,7 @@ class Connection:
 
 # --- capabilities --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SharedCapability:
     """A capability both sides run, with its wire code range
@@ -731,9 +726,7 @@ class SharedCapability:
     length: int
 
 
-def match_capabilities(
-    local: Mapping[Capability, int], remote: Iterable[Capability]
-) -> dict[str, SharedCapability]:
+def match_capabilities(local: Mapping[Capability, int], remote: Iterable[Capability]) -> dict[str, SharedCapability]:
     """Capabilities in common and their code offsets, as go-ethereum's
     matchProtocols assigns them: sorted by name then version, the highest
     shared version of each name kept, offsets from 0x10 in that order.
@@ -753,9 +746,7 @@ def match_capabilities(
     return result
 
 
-def to_wire_code(
-    code: int, *, offset: int = BASE_PROTOCOL_LENGTH, length: int = WAKU_V1_CODE_COUNT
-) -> int:
+def to_wire_code(code: int, *, offset: int = BASE_PROTOCOL_LENGTH, length: int = WAKU_V1_CODE_COUNT) -> int:
     """A capability's message code as sent: ``offset + code``. The defaults
     are Waku v1 as the first capability (waku packet ``c`` is ``0x10 + c``)."""
     if not 0 <= code < length:
@@ -763,9 +754,7 @@ def to_wire_code(
     return offset + code
 
 
-def from_wire_code(
-    wire_code: int, *, offset: int = BASE_PROTOCOL_LENGTH, length: int = WAKU_V1_CODE_COUNT
-) -> int:
+def from_wire_code(wire_code: int, *, offset: int = BASE_PROTOCOL_LENGTH, length: int = WAKU_V1_CODE_COUNT) -> int:
     """The capability's own code of a received wire code."""
     if not offset <= wire_code < offset + length:
         raise RLPxError(f"message code {wire_code:#x} is out of range")
@@ -773,6 +762,7 @@ def from_wire_code(
 
 
 # --- helpers -------------------------------------------------------------------
+
 
 def _split_code(content: bytes) -> tuple[int, bytes]:
     """Frame content = rlp(code) || payload; the code a canonical uint64."""
@@ -810,9 +800,7 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
 def _decode_reason(payload: bytes) -> int | None:
     """go-ethereum's decodeDisconnectMessage: ``[reason, ...]`` or a bare reason."""
     try:
-        item = decode_rlp(
-            payload, max_size=MAX_HELLO_SIZE, max_depth=MAX_RLP_DEPTH, max_items=MAX_HELLO_SIZE
-        )
+        item = decode_rlp(payload, max_size=MAX_HELLO_SIZE, max_depth=MAX_RLP_DEPTH, max_items=MAX_HELLO_SIZE)
         if isinstance(item, list):
             if not item:
                 return None

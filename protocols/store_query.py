@@ -294,8 +294,11 @@ def matches(
     """Is this row on the page of ``query`` from ``key``? (The Python
     evaluation of :func:`predicates`.)"""
     return matcher(query, key)(
-        pubsub_topic=pubsub_topic, content_topic=content_topic, message_hash=message_hash,
-        timestamp=timestamp, digest=digest,
+        pubsub_topic=pubsub_topic,
+        content_topic=content_topic,
+        message_hash=message_hash,
+        timestamp=timestamp,
+        digest=digest,
     )
 
 

@@ -166,9 +166,7 @@ def decode_request(raw: bytes) -> tuple[str, HistoryQuery]:
         )
     try:
         if paging.direction not in (_BACKWARD, _FORWARD):
-            raise StoreError(
-                StatusCode.BAD_REQUEST, f"BAD_REQUEST: unknown direction {paging.direction}"
-            )
+            raise StoreError(StatusCode.BAD_REQUEST, f"BAD_REQUEST: unknown direction {paging.direction}")
         history_query = validate_v2(
             pubsub_topic=query.pubsub_topic if query.HasField("pubsub_topic") else None,
             content_topics=[f.content_topic for f in query.content_filters],

@@ -90,9 +90,7 @@ def encode_response(
     message hash of ``page.next_cursor``, absent when nothing is left.
     Messages are written in the order given (ascending, per the spec).
     """
-    pb = store_v3_pb2.StoreQueryResponse(
-        request_id=request_id, status_code=int(status_code), status_desc=status_desc
-    )
+    pb = store_v3_pb2.StoreQueryResponse(request_id=request_id, status_code=int(status_code), status_desc=status_desc)
     if page is not None:
         for stored in page.messages:
             entry = pb.messages.add(message_hash=stored.message_hash)

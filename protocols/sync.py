@@ -211,8 +211,12 @@ def encode_payload(payload: RangesData) -> bytes:
             last: SyncId | None = None
             for item in r.items:
                 item_time, item_hash = item
-                if len(item_hash) != HASH_SIZE or item < previous or item >= r.upper or \
-                        (last is not None and item <= last):
+                if (
+                    len(item_hash) != HASH_SIZE
+                    or item < previous
+                    or item >= r.upper
+                    or (last is not None and item <= last)
+                ):
                     raise SyncError("item set ids must be ascending 32-byte ids inside their range")
                 out += encode_uvarint(item_time - last_time)
                 out += item_hash
@@ -327,14 +331,14 @@ class IdSet:
         acc = 0
         for i, (_, h) in enumerate(unique, start=1):
             acc ^= int.from_bytes(h, "big")
-            prefix[i * HASH_SIZE:(i + 1) * HASH_SIZE] = acc.to_bytes(HASH_SIZE, "big")
+            prefix[i * HASH_SIZE : (i + 1) * HASH_SIZE] = acc.to_bytes(HASH_SIZE, "big")
         self._prefix = bytes(prefix)
 
     def __len__(self) -> int:
         return len(self._times)
 
     def __getitem__(self, i: int) -> SyncId:
-        return self._times[i], self._hashes[i * HASH_SIZE:(i + 1) * HASH_SIZE]
+        return self._times[i], self._hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]
 
     def __contains__(self, item: SyncId) -> bool:
         i = self.index(item)
@@ -349,7 +353,7 @@ class IdSet:
         hi = bisect.bisect_right(self._times, time, lo)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._hashes[mid * HASH_SIZE:(mid + 1) * HASH_SIZE] < hash_:
+            if self._hashes[mid * HASH_SIZE : (mid + 1) * HASH_SIZE] < hash_:
                 lo = mid + 1
             else:
                 hi = mid
@@ -362,8 +366,8 @@ class IdSet:
 
     def fingerprint(self, i: int, j: int) -> bytes:
         """XOR of the hashes of ids i..j-1."""
-        a = int.from_bytes(self._prefix[i * HASH_SIZE:(i + 1) * HASH_SIZE], "big")
-        b = int.from_bytes(self._prefix[j * HASH_SIZE:(j + 1) * HASH_SIZE], "big")
+        a = int.from_bytes(self._prefix[i * HASH_SIZE : (i + 1) * HASH_SIZE], "big")
+        b = int.from_bytes(self._prefix[j * HASH_SIZE : (j + 1) * HASH_SIZE], "big")
         return (a ^ b).to_bytes(HASH_SIZE, "big")
 
     def slice(self, i: int, j: int) -> tuple[SyncId, ...]:
@@ -440,7 +444,9 @@ class Session:
         lower, upper = (lower_ns, ZERO_HASH), (upper_ns, ZERO_HASH)
         i, j = ids.span(lower, upper)
         payload = RangesData(
-            self.pubsub_topics, self.content_topics, lower,
+            self.pubsub_topics,
+            self.content_topics,
+            lower,
             (Range(upper, RangeType.FINGERPRINT, fingerprint=ids.fingerprint(i, j)),),
         )
         return encode_payload(payload)
@@ -452,8 +458,12 @@ class Session:
         self.rounds += 1
         if self.rounds > self.limits.max_rounds:
             raise SyncError(f"no agreement after {self.limits.max_rounds} rounds")
-        payload = decode_payload(raw, max_size=self.limits.max_payload_size,
-                                 max_ranges=self.limits.max_ranges, max_items=self.limits.max_items)
+        payload = decode_payload(
+            raw,
+            max_size=self.limits.max_payload_size,
+            max_ranges=self.limits.max_ranges,
+            max_items=self.limits.max_items,
+        )
         if payload.finished:
             self.done = True
         return payload
@@ -618,7 +628,7 @@ class _Reader:
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
             raise SyncError("payload ends early")
-        value = self.data[self.pos:self.pos + n]
+        value = self.data[self.pos : self.pos + n]
         self.pos += n
         return value
 

@@ -60,13 +60,13 @@ DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 ENVELOPE_HEADER_SIZE = 20
 
 # Symmetric payloads (status-go waku/common/const.go and message.go).
-AES_KEY_SIZE = 32          # AESKeyLength
-AES_NONCE_SIZE = 12        # aesNonceLength, Go's standard GCM nonce
-GCM_TAG_SIZE = 16          # cipher.NewGCM's tag, appended by gcm.Seal
-SIGNATURE_SIZE = 65        # crypto.SignatureLength: R || S || V
-PADDING_BLOCK = 256        # padSizeLimit: plaintext is padded to a multiple
-FLAG_SIGNED = 0x04         # signatureFlag
-SIZE_FIELD_MASK = 0x03     # SizeMask: byte count of the payload size field
+AES_KEY_SIZE = 32  # AESKeyLength
+AES_NONCE_SIZE = 12  # aesNonceLength, Go's standard GCM nonce
+GCM_TAG_SIZE = 16  # cipher.NewGCM's tag, appended by gcm.Seal
+SIGNATURE_SIZE = 65  # crypto.SignatureLength: R || S || V
+PADDING_BLOCK = 256  # padSizeLimit: plaintext is padded to a multiple
+FLAG_SIGNED = 0x04  # signatureFlag
+SIZE_FIELD_MASK = 0x03  # SizeMask: byte count of the payload size field
 # The size field is at most 3 bytes (flags & 3); status-go would overflow
 # into the signature flag for a 4-byte field, so payloads stay below 2^24.
 MAX_PAYLOAD_SIZE = 2**24 - 1
@@ -85,6 +85,7 @@ RlpItem = Union[bytes, list]
 
 
 # --- envelopes -----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Envelope:
@@ -136,14 +137,13 @@ class Envelope:
     @classmethod
     def decode(cls, raw: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Envelope:
         """Decode one envelope; exactly five elements and no trailing bytes."""
-        items = decode_rlp(
-            raw, max_size=max_size, max_depth=ENVELOPE_RLP_DEPTH, max_items=ENVELOPE_RLP_ITEMS
-        )
+        items = decode_rlp(raw, max_size=max_size, max_depth=ENVELOPE_RLP_DEPTH, max_items=ENVELOPE_RLP_ITEMS)
         if not isinstance(items, list):
             raise WakuV1Error("rlp: expected input list for Envelope")
         if len(items) != 5:
             raise WakuV1Error(
-                "rlp: too few elements for Envelope" if len(items) < 5
+                "rlp: too few elements for Envelope"
+                if len(items) < 5
                 else "rlp: input list has too many elements for Envelope"
             )
         topic = rlp_bytes(items[2], "Envelope.Topic")
@@ -163,9 +163,7 @@ def envelope_hash(raw_rlp: bytes) -> bytes:
     return keccak256(bytes(raw_rlp))
 
 
-def decode_envelope_list(
-    payload: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE
-) -> list[tuple[Envelope, bytes]]:
+def decode_envelope_list(payload: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> list[tuple[Envelope, bytes]]:
     """Decode the RLP list of envelopes a Messages (1) or P2P Message (0x7f) packet carries.
 
     Returns each envelope with its encoding exactly as received. Any
@@ -183,6 +181,7 @@ def encode_envelope_list(raw_envelopes: Iterable[bytes]) -> bytes:
 
 
 # --- proof of work ---------------------------------------------------------------
+
 
 def pow_value(envelope: Envelope, ttl: int | None = None) -> float:
     """status-go's ``Envelope.PoW()``.
@@ -241,8 +240,7 @@ def seal(envelope: Envelope, target_pow: float, max_iterations: int) -> Envelope
         return envelope
     prefix = envelope.rlp_without_nonce()
     needed = next(
-        (bits for bits in range(257)
-         if float(2**bits) / float(len(prefix)) / float(envelope.ttl) >= target_pow),
+        (bits for bits in range(257) if float(2**bits) / float(len(prefix)) / float(envelope.ttl) >= target_pow),
         None,
     )
     if needed is None:
@@ -259,6 +257,7 @@ def _leading_zero_bits(digest: bytes) -> int:
 
 
 # --- topic bloom filters ---------------------------------------------------------
+
 
 def topic_to_bloom(topic: bytes) -> bytes:
     """The 64-byte bloom of one 4-byte topic, as status-go's ``TopicToBloom``.
@@ -300,6 +299,7 @@ def bloom_matches(bloom_filter: bytes, sample: bytes) -> bool:
 
 
 # --- symmetric payloads ----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DecryptedPayload:
@@ -411,14 +411,14 @@ def _parse_plaintext(plain: bytes) -> DecryptedPayload:
     if count:
         if end < begin + count:
             raise WakuV1Error("payload size field is truncated")
-        size = int.from_bytes(plain[begin:begin + count], "little")
+        size = int.from_bytes(plain[begin : begin + count], "little")
         begin += count
         if begin + size > end:
             raise WakuV1Error("payload size exceeds the decrypted data")
     return DecryptedPayload(
-        payload=plain[begin:begin + size],
+        payload=plain[begin : begin + size],
         signature_public_key=signer,
-        padding=plain[begin + size:end],
+        padding=plain[begin + size : end],
     )
 
 
@@ -442,6 +442,7 @@ def _check_uint(value: int, max_value: int, what: str) -> None:
 
 # --- strict RLP --------------------------------------------------------------------
 # Shared by every Waku v1 codec (envelopes here, mailserver payloads).
+
 
 def decode_rlp(raw: bytes, *, max_size: int, max_depth: int, max_items: int) -> RlpItem:
     """Decode one RLP item (bytes or nested lists of them) with no trailing data.
@@ -500,7 +501,8 @@ def _walk_rlp(raw, max_size, max_depth, max_items, *, build):
         end = payload_start + length
         if end > limit:
             raise WakuV1Error(
-                "rlp: element is larger than containing list" if stack
+                "rlp: element is larger than containing list"
+                if stack
                 else "rlp: value size exceeds available input length"
             )
         if kind is list:
@@ -584,16 +586,24 @@ class PeerStatus:
 
 
 def encode_status(
-    minimum_pow: float, bloom: bytes | None = None, *, light_node: bool = False, confirmations: bool = False,
+    minimum_pow: float,
+    bloom: bytes | None = None,
+    *,
+    light_node: bool = False,
+    confirmations: bool = False,
 ) -> bytes:
     """Our status packet as status-go's StatusOptions encodes it: a list of
     ``[key, value]``; PoW requirement (key 0) as the float64's bits, bloom
     (1, default all ones: a full node), light node (2), confirmations (3)."""
     pow_bits = struct.unpack(">Q", struct.pack(">d", float(minimum_pow)))[0]
-    return rlp_encode([
-        [0, pow_bits], [1, full_bloom() if bloom is None else bloom],
-        [2, bool(light_node)], [3, bool(confirmations)],
-    ])
+    return rlp_encode(
+        [
+            [0, pow_bits],
+            [1, full_bloom() if bloom is None else bloom],
+            [2, bool(light_node)],
+            [3, bool(confirmations)],
+        ]
+    )
 
 
 def decode_status(payload: bytes) -> PeerStatus:
@@ -604,8 +614,13 @@ def decode_status(payload: bytes) -> PeerStatus:
         item = decode_rlp(payload, max_size=len(payload) or 1, max_depth=4, max_items=MAX_STATUS_ITEMS)
     except WakuV1Error:
         return PeerStatus()
-    if isinstance(item, list) and len(item) == 1 and isinstance(item[0], list) \
-            and item[0] and all(isinstance(pair, list) for pair in item[0]):
+    if (
+        isinstance(item, list)
+        and len(item) == 1
+        and isinstance(item[0], list)
+        and item[0]
+        and all(isinstance(pair, list) for pair in item[0])
+    ):
         item = item[0]
     values: dict = {}
     for pair in item if isinstance(item, list) else ():

@@ -30,8 +30,9 @@ _SIGNATURE = waku_v1.SIGNATURE_SIZE
 _EMPTY = pa.scalar(b"", pa.binary())
 
 
-def encode_framed(encoder: RecordEncoder, batch: pa.Table,
-                  signers: pa.Array | pa.ChunkedArray | None = None) -> tuple[bytes, list[int], list[int]] | None:
+def encode_framed(
+    encoder: RecordEncoder, batch: pa.Table, signers: pa.Array | pa.ChunkedArray | None = None
+) -> tuple[bytes, list[int], list[int]] | None:
     """:meth:`RecordEncoder.encode_framed` of an export batch (the
     columns of :data:`archive_window.EXPORT_COLUMNS`), status-go layout;
     ``signers``: known signers, null where unknown. None when the batch
@@ -77,7 +78,7 @@ def encode_framed(encoder: RecordEncoder, batch: pa.Table,
     body = framed.buffers()[2]
     start = int(ends[0])
     sizes = _lengths(payload_out) + np.where(opened.signed, _lengths(opened.signer), 0)
-    return body[start:int(ends[-1])].to_pybytes(), (ends[1:] - start).tolist(), sizes.tolist()
+    return body[start : int(ends[-1])].to_pybytes(), (ends[1:] - start).tolist(), sizes.tolist()
 
 
 class _Opened:
@@ -85,8 +86,9 @@ class _Opened:
     ``_open_reproducibly`` finds them, parsed a column at a time. The
     plaintexts are decrypted into one buffer, back to back."""
 
-    def __init__(self, encoder: RecordEncoder, content: pa.Array, payload: pa.Array, version: np.ndarray,
-                 known: pa.Array | None):
+    def __init__(
+        self, encoder: RecordEncoder, content: pa.Array, payload: pa.Array, version: np.ndarray, known: pa.Array | None
+    ):
         n = len(payload)
         self.mask = np.zeros(n, bool)
         self.signed = np.zeros(n, bool)
@@ -95,8 +97,11 @@ class _Opened:
         offsets = _offsets(payload)
         lengths = offsets[1:] - offsets[:-1]
         topic_no = pc.index_in(content, value_set=topics).to_numpy(zero_copy_only=False)
-        keyed = (version == 1) & np.array([c is not None for c in ciphers], bool)[topic_no] \
+        keyed = (
+            (version == 1)
+            & np.array([c is not None for c in ciphers], bool)[topic_no]
             & (lengths > _NONCE + waku_v1.GCM_TAG_SIZE)
+        )
         rows = np.flatnonzero(keyed)
         ends = np.zeros(len(rows) + 1, np.int64)  # of each plaintext in ``plain``
         np.cumsum(lengths[rows] - _NONCE - waku_v1.GCM_TAG_SIZE, out=ends[1:])
@@ -104,12 +109,19 @@ class _Opened:
         decrypted = np.ones(len(rows), bool)
         if len(rows):
             sealed, into = memoryview(payload.buffers()[2]).cast("B"), memoryview(plain)
-            for k, (topic, at, stop, begin, finish) in enumerate(zip(
-                    topic_no[rows].tolist(), offsets[rows].tolist(), offsets[rows + 1].tolist(),
-                    ends[:-1].tolist(), ends[1:].tolist())):
+            for k, (topic, at, stop, begin, finish) in enumerate(
+                zip(
+                    topic_no[rows].tolist(),
+                    offsets[rows].tolist(),
+                    offsets[rows + 1].tolist(),
+                    ends[:-1].tolist(),
+                    ends[1:].tolist(),
+                )
+            ):
                 try:
-                    ciphers[topic].decrypt_into(sealed[stop - _NONCE : stop], sealed[at : stop - _NONCE], None,
-                                                into[begin:finish])
+                    ciphers[topic].decrypt_into(
+                        sealed[stop - _NONCE : stop], sealed[at : stop - _NONCE], None, into[begin:finish]
+                    )
                 except (InvalidTag, ValueError):
                     decrypted[k] = False
         start, length = ends[:-1], ends[1:] - ends[:-1]
@@ -122,8 +134,14 @@ class _Opened:
             byte = plain[np.minimum(start + 1 + i, len(plain) - 1)].astype(np.int64)
             size |= np.where(count > i, byte << (8 * i), 0)
         minimal = 1 + (size >= 1 << 8) + (size >= 1 << 16)
-        good = decrypted & ((flags & ~(waku_v1.SIZE_FIELD_MASK | waku_v1.FLAG_SIGNED)) == 0) & (count != 0) \
-            & (end >= 1 + count) & (count == minimal) & (1 + count + size <= end)
+        good = (
+            decrypted
+            & ((flags & ~(waku_v1.SIZE_FIELD_MASK | waku_v1.FLAG_SIGNED)) == 0)
+            & (count != 0)
+            & (end >= 1 + count)
+            & (count == minimal)
+            & (1 + count + size <= end)
+        )
         # Signers: the known ones, the others recovered (a signature that
         # recovers no key leaves the payload as it is, as the reference does).
         if known is None:
@@ -145,15 +163,17 @@ class _Opened:
         if recovered:
             place = np.zeros(n, bool)
             place[recovered_rows] = True
-            self.signer = pc.if_else(pa.array(place), _scatter(n, np.array(recovered_rows),
-                                                               pa.array(recovered, pa.binary())), self.signer)
+            self.signer = pc.if_else(
+                pa.array(place), _scatter(n, np.array(recovered_rows), pa.array(recovered, pa.binary())), self.signer
+            )
         buffer = pa.py_buffer(plain)
         first = start + 1 + count
         opened_payload = _scatter(n, rows_good, _views(buffer, first[good], size[good]))
         self.payload = opened_payload if self.mask.all() else pc.if_else(pa.array(self.mask), opened_payload, payload)
         self.padding = _scatter(n, rows_good, _views(buffer, (first + size)[good], (end - 1 - count - size)[good]))
-        self.signature = _scatter(n, rows_good, _views(buffer, (start + end)[good],
-                                                         np.where(signed, _SIGNATURE, 0)[good]))
+        self.signature = _scatter(
+            n, rows_good, _views(buffer, (start + end)[good], np.where(signed, _SIGNATURE, 0)[good])
+        )
         self.nonce = pc.binary_slice(payload, -_NONCE)
 
 
@@ -219,15 +239,17 @@ def _join(*parts, where: np.ndarray | None = None) -> pa.Array:
 def _mapped(column: pa.Array, values: dict[str, bytes]) -> pa.Array:
     listed = list(values)
     return pa.array([values[t] for t in listed], pa.binary()).take(
-        pc.index_in(column, value_set=pa.array(listed, column.type)))
+        pc.index_in(column, value_set=pa.array(listed, column.type))
+    )
 
 
 def _varints(values: np.ndarray) -> pa.Array:
     values = np.ascontiguousarray(values, np.int64)
     if len(values) and 0 <= values.min() and values.max() < 0x80:  # lengths, flags: one byte each
         offsets = np.arange(len(values) + 1, dtype=np.int32)
-        return pa.Array.from_buffers(pa.binary(), len(values),
-                                     [None, pa.py_buffer(offsets), pa.py_buffer(values.astype(np.uint8))])
+        return pa.Array.from_buffers(
+            pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(values.astype(np.uint8))]
+        )
     blob, lengths = varint_blob(values.view(np.uint64))
     offsets = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -237,8 +259,11 @@ def _varints(values: np.ndarray) -> pa.Array:
 def _offsets(array: pa.Array) -> np.ndarray:
     """The value offsets of a binary array (int64)."""
     buffer = array.buffers()[1]
-    return np.frombuffer(buffer, np.int32, len(array) + 1, array.offset * 4).astype(np.int64) if buffer else \
-        np.zeros(len(array) + 1, np.int64)
+    return (
+        np.frombuffer(buffer, np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
+        if buffer
+        else np.zeros(len(array) + 1, np.int64)
+    )
 
 
 def _lengths(array: pa.Array) -> np.ndarray:
@@ -251,4 +276,3 @@ def _numbers(batch: pa.Table, name: str) -> np.ndarray:
 
 def _chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-

@@ -41,8 +41,17 @@ def oldest_timestamp_ns(table: DeltaTableRef, content_topics: Sequence[str]) -> 
 
 # What an archive record is made of, in the order
 # protocols.archive_records.RecordEncoder.encode_columns takes it.
-EXPORT_COLUMNS = ("pubsub_topic", "content_topic", "payload", "meta", "version", "sender_timestamp",
-                  "rate_limit_proof", "arrival_time", "message_hash")
+EXPORT_COLUMNS = (
+    "pubsub_topic",
+    "content_topic",
+    "payload",
+    "meta",
+    "version",
+    "sender_timestamp",
+    "rate_limit_proof",
+    "arrival_time",
+    "message_hash",
+)
 
 
 # The column of a batch with the rows' signers when known (SignerCache).
@@ -101,8 +110,9 @@ def encode_export_batch(encoder: RecordEncoder, batch: bytes) -> tuple[bytes, li
 
 # What a signer batch holds (SignerCache.batches): what opening a payload takes.
 SIGNER_INPUT_COLUMNS = ("content_topic", "version", "payload", "message_hash")
-_SIGNERS = pa.schema([pa.field("message_hash", pa.binary(), nullable=False),
-                      pa.field(SIGNER_COLUMN, pa.binary(), nullable=False)])
+_SIGNERS = pa.schema(
+    [pa.field("message_hash", pa.binary(), nullable=False), pa.field(SIGNER_COLUMN, pa.binary(), nullable=False)]
+)
 # Files a day may have before they are merged into one (a control node adds
 # one a day at each preparation, every few minutes).
 SIGNER_FILES_PER_DAY = 16
@@ -176,8 +186,10 @@ class SignerCache:
         worked out, sealed channel messages (``content_topics``, version
         1), as Arrow IPC batches of :data:`SIGNER_INPUT_COLUMNS` for
         worker processes."""
-        mask = pc.and_(pc.is_in(table.column("content_topic"), value_set=pa.array(list(content_topics), pa.string())),
-                       pc.equal(table.column("version"), 1))
+        mask = pc.and_(
+            pc.is_in(table.column("content_topic"), value_set=pa.array(list(content_topics), pa.string())),
+            pc.equal(table.column("version"), 1),
+        )
         return _ipc_batches(table.select(list(SIGNER_INPUT_COLUMNS)).filter(mask), rows)
 
 

@@ -73,27 +73,38 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
     if "deletionVectors" in (table.protocol().reader_features or []):
         return False
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-    files = [(path, size) for path, size, file_day in
-             zip(actions["path"], actions["size_bytes"], actions.get("partition.day", []))
-             if _as_day(file_day) == day]
+    files = [
+        (path, size)
+        for path, size, file_day in zip(actions["path"], actions["size_bytes"], actions.get("partition.day", []))
+        if _as_day(file_day) == day
+    ]
     if len(files) <= 1:
         return False
     staging = staging_dir(uri)
     staging.mkdir(parents=True)
     written: list[Path] = []
     committed = False
-    layout = window_files.FileLayout(row_group_rows=row_group_rows, target_bytes=TARGET_FILE_BYTES, durable=True,
-                                     bloom_columns=("muid", "message_hash"))
+    layout = window_files.FileLayout(
+        row_group_rows=row_group_rows,
+        target_bytes=TARGET_FILE_BYTES,
+        durable=True,
+        bloom_columns=("muid", "message_hash"),
+    )
     try:
         runs, pairs, stamps = _write_runs(uri, files, str(staging))
         # Chunks of whole row groups (a batch is written as row groups of its own).
         chunk = max(row_group_rows, CHUNK_ROWS // row_group_rows * row_group_rows)
         adds = window_files.write_days(Path(uri), _merged(runs, pairs, stamps, day, chunk), written, layout)
         now_ms = int(time.time() * 1000)
-        removes = [RemoveAction(path, True, now_ms, size, {schema.MESSAGES_PARTITION: day.isoformat()})
-                   for path, size in files]
-        table.create_write_transaction(removes + [AddAction(*action) for action in adds], "append", table.schema(),
-                                       partition_by=[schema.MESSAGES_PARTITION])
+        removes = [
+            RemoveAction(path, True, now_ms, size, {schema.MESSAGES_PARTITION: day.isoformat()}) for path, size in files
+        ]
+        table.create_write_transaction(
+            removes + [AddAction(*action) for action in adds],
+            "append",
+            table.schema(),
+            partition_by=[schema.MESSAGES_PARTITION],
+        )
         committed = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -126,18 +137,23 @@ def _write_runs(uri: str, files: Sequence[tuple[str, int]], staging: str):
     for number, group in enumerate(groups):
         rows = pa.concat_tables([pq.read_table(p, schema=stored) for p in group]).sort_by(_SORT_KEYS)
         run = os.path.join(staging, f"run-{number}.parquet")
-        pq.write_table(rows, run, row_group_size=RUN_GROUP_ROWS, compression="NONE", use_dictionary=False,
-                       write_statistics=False)
+        pq.write_table(
+            rows, run, row_group_size=RUN_GROUP_ROWS, compression="NONE", use_dictionary=False, write_statistics=False
+        )
         runs.append(run)
-        pairs.append(pc.binary_join_element_wise(rows.column("pubsub_topic").cast(pa.string()),
-                                                 rows.column("content_topic").cast(pa.string()), "\n"))
+        pairs.append(
+            pc.binary_join_element_wise(
+                rows.column("pubsub_topic").cast(pa.string()), rows.column("content_topic").cast(pa.string()), "\n"
+            )
+        )
         stamps.append(rows.column("timestamp").to_numpy())
         del rows
     return runs, pairs, stamps
 
 
-def _merged(runs: list[str], pairs: list, stamps: list[np.ndarray], day: dt.date,
-            chunk_rows: int) -> Iterator[pa.RecordBatch]:
+def _merged(
+    runs: list[str], pairs: list, stamps: list[np.ndarray], day: dt.date, chunk_rows: int
+) -> Iterator[pa.RecordBatch]:
     """The rows of the runs in their merged order, a batch of ``chunk_rows`` at a time."""
     # Each topic pair's rank among all the day's pairs: the runs' keys compare as integers.
     distinct = pc.unique(pa.chunked_array([p for run in pairs for p in run.chunks])).sort()
@@ -153,7 +169,7 @@ def _merged(runs: list[str], pairs: list, stamps: list[np.ndarray], day: dt.date
 
     def chunks() -> Iterator[pa.RecordBatch]:
         for start in range(0, len(run_of), chunk_rows):
-            runs_here, rows_here = run_of[start:start + chunk_rows], row_of[start:start + chunk_rows]
+            runs_here, rows_here = run_of[start : start + chunk_rows], row_of[start : start + chunk_rows]
             pieces = []
             offsets = np.zeros(len(readers), dtype=np.int64)
             at = 0

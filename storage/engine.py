@@ -505,7 +505,9 @@ class Engine:
             raise EngineUnavailable("the engine is closed")
         log.info(
             "engine session %d ready at %s in %.2f s%s",
-            self._generation, url, time.monotonic() - started,
+            self._generation,
+            url,
+            time.monotonic() - started,
             f" (pid {child.pid})" if child is not None else "",
         )
 
@@ -544,14 +546,16 @@ class Engine:
         # default session, which still points at the old server's port.
         session = SparkSession.builder.remote(url).create()
         retries = CLIENT_RETRIES_EMBEDDED if self.is_embedded else CLIENT_RETRIES_REMOTE
-        session.client.set_retry_policies([
-            DefaultPolicy(
-                max_retries=retries,
-                initial_backoff=CLIENT_INITIAL_BACKOFF_MS,
-                backoff_multiplier=CLIENT_BACKOFF_MULTIPLIER,
-                max_backoff=CLIENT_MAX_BACKOFF_MS,
-            )
-        ])
+        session.client.set_retry_policies(
+            [
+                DefaultPolicy(
+                    max_retries=retries,
+                    initial_backoff=CLIENT_INITIAL_BACKOFF_MS,
+                    backoff_multiplier=CLIENT_BACKOFF_MULTIPLIER,
+                    max_backoff=CLIENT_MAX_BACKOFF_MS,
+                )
+            ]
+        )
         try:
             self._probe(session)
             for key, value in self._session_conf.items():

@@ -41,8 +41,9 @@ class StoredEnvelope:
     @classmethod
     def from_raw(cls, raw: bytes, arrival_ns: int) -> StoredEnvelope:
         envelope = Envelope.decode(raw)
-        return cls(envelope_hash(raw), raw, envelope.topic, envelope.expiry, envelope.ttl,
-                   envelope.timestamp, arrival_ns)
+        return cls(
+            envelope_hash(raw), raw, envelope.topic, envelope.expiry, envelope.ttl, envelope.timestamp, arrival_ns
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +62,14 @@ _RECORD = struct.Struct(">q")
 def _decode(record: bytes) -> StoredEnvelope:
     """A record of a log written one envelope per record (earlier versions)."""
     (arrival,) = _RECORD.unpack_from(record)
-    return StoredEnvelope.from_raw(record[_RECORD.size:], arrival)
+    return StoredEnvelope.from_raw(record[_RECORD.size :], arrival)
 
 
 def _from_arrow(table: pa.Table) -> list[StoredEnvelope]:
-    columns = [table.column(name).to_pylist() for name in ("envelope_hash", "raw", "topic", "expiry", "ttl", "sent",
-                                                           "arrival_time")]
+    columns = [
+        table.column(name).to_pylist()
+        for name in ("envelope_hash", "raw", "topic", "expiry", "ttl", "sent", "arrival_time")
+    ]
     return [StoredEnvelope(*values) for values in zip(*columns)]
 
 
@@ -99,8 +102,9 @@ ENVELOPE_CODEC = RowCodec(
 class EnvelopeStore:
     """The envelope table and its write path. Thread-safe."""
 
-    def __init__(self, table: DeltaTableRef, wal_dir: Path | str, flush_interval_s: float = 1.0,
-                 flush_max_envelopes: int = 5000):
+    def __init__(
+        self, table: DeltaTableRef, wal_dir: Path | str, flush_interval_s: float = 1.0, flush_max_envelopes: int = 5000
+    ):
         self.table = table
         self.writes = WritePath(table, wal_dir, ENVELOPE_CODEC, RECENT_HASHES, flush_interval_s, flush_max_envelopes)
 
@@ -140,11 +144,15 @@ class EnvelopeStore:
                 return EnvelopePage(self._pending(lower_s, upper_s, (), bloom, cursor, limit), False)
         found = self.table.envelope_page(lower_s, upper_s, list(topics), cursor, limit + 1)
         rows = [
-            StoredEnvelope(r["envelope_hash"], r["raw"], r["topic"], r["expiry"], r["ttl"], r["sent"], r["arrival_time"])
+            StoredEnvelope(
+                r["envelope_hash"], r["raw"], r["topic"], r["expiry"], r["ttl"], r["sent"], r["arrival_time"]
+            )
             for r in found.to_pylist()
         ]
         seen = {r.envelope_hash for r in rows}
-        rows += [r for r in self._pending(lower_s, upper_s, topics, bloom, cursor, limit + 1) if r.envelope_hash not in seen]
+        rows += [
+            r for r in self._pending(lower_s, upper_s, topics, bloom, cursor, limit + 1) if r.envelope_hash not in seen
+        ]
         rows.sort(key=lambda r: (r.sent, r.envelope_hash))
         return EnvelopePage(rows[:limit], len(rows) >= limit)
 

@@ -114,9 +114,9 @@ def serve(infd: int, outfd: int) -> None:
         body = memoryview(buffer)[:size]
         _read_into(infd, body)
         lengths = array("I")
-        lengths.frombytes(body[:16 * count])
+        lengths.frombytes(body[: 16 * count])
         sender = array("q")
-        sender.frombytes(body[16 * count:24 * count])
+        sender.frombytes(body[16 * count : 24 * count])
         if sys.byteorder != "little":
             lengths.byteswap()
             sender.byteswap()
@@ -139,8 +139,16 @@ def serve(infd: int, outfd: int) -> None:
         if sys.byteorder != "little":
             muid_lengths.byteswap()
         muid_bytes = b"".join(muids)
-        _write_all(outfd, [_HEAD.pack(count, len(muid_bytes)), b"".join(hashes), b"".join(digests),
-                           muid_lengths.tobytes(), muid_bytes])
+        _write_all(
+            outfd,
+            [
+                _HEAD.pack(count, len(muid_bytes)),
+                b"".join(hashes),
+                b"".join(digests),
+                muid_lengths.tobytes(),
+                muid_bytes,
+            ],
+        )
         del hashes, digests, muids, muid_bytes, body
 
 
@@ -165,8 +173,9 @@ class BatchHasher:
         self.batches = 0
         self.failures = 0
 
-    def hash(self, pubsub: list[bytes], payload: list[bytes], content: list[bytes], meta: list[bytes],
-             sender: list[int]) -> tuple[bytes, bytes, array, bytes] | None:
+    def hash(
+        self, pubsub: list[bytes], payload: list[bytes], content: list[bytes], meta: list[bytes], sender: list[int]
+    ) -> tuple[bytes, bytes, array, bytes] | None:
         """(message hashes, digests: 32 bytes each back to back; MUID
         lengths; MUIDs back to back) of the messages given as columns, or
         None when the child could not answer (hash in process then)."""
@@ -195,10 +204,10 @@ class BatchHasher:
                 return None
             self.batches += 1
         muid_lengths = array("I")
-        muid_lengths.frombytes(body[64 * count:68 * count])
+        muid_lengths.frombytes(body[64 * count : 68 * count])
         if sys.byteorder != "little":
             muid_lengths.byteswap()
-        return body[:32 * count], body[32 * count:64 * count], muid_lengths, body[68 * count:]
+        return body[: 32 * count], body[32 * count : 64 * count], muid_lengths, body[68 * count :]
 
     def close(self) -> None:
         with self._lock:
@@ -208,7 +217,10 @@ class BatchHasher:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-c", _CHILD, os.path.dirname(os.path.abspath(__file__))],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+                close_fds=True,
             )
             for pipe in (self._process.stdin, self._process.stdout):
                 _widen(pipe.fileno())

@@ -74,9 +74,26 @@ _NO_ROWS = np.empty(0, dtype=np.int64)
 class _Chunk:
     """Rows added together (the table's Arrow schema) and their indexes."""
 
-    __slots__ = ("table", "ts", "pair_ids", "pair_bounds", "order", "ts_ordered", "hash_prefix", "hash_row",
-                 "muid_prefix", "muid_row", "ts_sorted", "size_sorted", "size_cum", "dead", "rows", "batches",
-                 "batch_starts", "held_bytes")
+    __slots__ = (
+        "table",
+        "ts",
+        "pair_ids",
+        "pair_bounds",
+        "order",
+        "ts_ordered",
+        "hash_prefix",
+        "hash_row",
+        "muid_prefix",
+        "muid_row",
+        "ts_sorted",
+        "size_sorted",
+        "size_cum",
+        "dead",
+        "rows",
+        "batches",
+        "batch_starts",
+        "held_bytes",
+    )
 
     def __init__(self, table: pa.Table, pairs: TopicPairs):
         self.table = table
@@ -99,11 +116,13 @@ class _Chunk:
         by_prefix = np.argsort(prefix, kind="stable")
         self.muid_prefix = prefix[by_prefix]
         self.muid_row = by_prefix.astype(np.int32)
-        sizes = (pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False).astype(np.int64)
-                 + pc.binary_length(table.column("meta")).to_numpy(zero_copy_only=False)
-                 + pc.binary_length(table.column("content_topic")).to_numpy(zero_copy_only=False)
-                 + pc.binary_length(table.column("pubsub_topic")).to_numpy(zero_copy_only=False)
-                 + ROW_OVERHEAD_BYTES)
+        sizes = (
+            pc.binary_length(table.column("payload")).to_numpy(zero_copy_only=False).astype(np.int64)
+            + pc.binary_length(table.column("meta")).to_numpy(zero_copy_only=False)
+            + pc.binary_length(table.column("content_topic")).to_numpy(zero_copy_only=False)
+            + pc.binary_length(table.column("pubsub_topic")).to_numpy(zero_copy_only=False)
+            + ROW_OVERHEAD_BYTES
+        )
         by_time = np.argsort(ts, kind="stable")
         self.ts_sorted = ts[by_time]
         self.size_sorted = sizes[by_time]
@@ -150,9 +169,23 @@ class _Chunk:
 
     @property
     def nbytes(self) -> int:
-        return self.table.get_total_buffer_size() + sum(a.nbytes for a in (
-            self.ts, self.pair_ids, self.pair_bounds, self.order, self.ts_ordered, self.hash_prefix, self.hash_row,
-            self.muid_prefix, self.muid_row, self.ts_sorted, self.size_sorted, self.size_cum))
+        return self.table.get_total_buffer_size() + sum(
+            a.nbytes
+            for a in (
+                self.ts,
+                self.pair_ids,
+                self.pair_bounds,
+                self.order,
+                self.ts_ordered,
+                self.hash_prefix,
+                self.hash_row,
+                self.muid_prefix,
+                self.muid_row,
+                self.ts_sorted,
+                self.size_sorted,
+                self.size_cum,
+            )
+        )
 
     def segment(self, pair: int) -> tuple[int, int] | None:
         at = int(np.searchsorted(self.pair_ids, pair))
@@ -262,8 +295,9 @@ class HotTier:
             if self.start_ns is None:
                 return
             topics = set(content_topics)
-            doomed_pairs = np.array(sorted(i for (_, content), i in self._pairs.items() if content in topics),
-                                    dtype=np.int64)
+            doomed_pairs = np.array(
+                sorted(i for (_, content), i in self._pairs.items() if content in topics), dtype=np.int64
+            )
             for chunk in self._chunks:
                 if not len(doomed_pairs):
                     break
@@ -356,9 +390,12 @@ class HotTier:
         """Drop the chunks all below the floor, rebuild those mostly
         invisible, and count the bytes again."""
         self._chunks = [c for c in self._chunks if c.rows and c.ts_sorted[-1] >= self._floor]
-        sparse = [c for c in self._chunks
-                  if c.rows - c.visible_from(self._floor) - (0 if c.dead is None else int(c.dead.sum()))
-                  < (1 - REBUILD_SHARE) * c.rows]
+        sparse = [
+            c
+            for c in self._chunks
+            if c.rows - c.visible_from(self._floor) - (0 if c.dead is None else int(c.dead.sum()))
+            < (1 - REBUILD_SHARE) * c.rows
+        ]
         for chunk in sparse:
             self._rebuild([chunk])
         self._count()
@@ -403,8 +440,9 @@ class HotTier:
 
     def _oldest(self) -> int:
         """The lowest visible time (dead rows included: a bound)."""
-        oldest = [c.ts_sorted[c.visible_from(self._floor)] for c in self._chunks
-                  if c.visible_from(self._floor) < c.rows]
+        oldest = [
+            c.ts_sorted[c.visible_from(self._floor)] for c in self._chunks if c.visible_from(self._floor) < c.rows
+        ]
         return int(min(oldest)) if oldest else 2**63 - 1
 
     def _complete(self, query: HistoryQuery, key: Key | None, filled: bool) -> bool:
@@ -420,8 +458,9 @@ class HotTier:
         # is the right page, since everything newer than start_ns is here.
         return not query.forward and filled
 
-    def _scan(self, chunk: _Chunk, pair: int, low: Key | None, high: Key | None, forward: bool,
-              fetch: int) -> np.ndarray | None:
+    def _scan(
+        self, chunk: _Chunk, pair: int, low: Key | None, high: Key | None, forward: bool, fetch: int
+    ) -> np.ndarray | None:
         """Rows of one topic pair of a chunk that hold its first ``fetch``
         visible rows strictly between ``low`` and ``high``
         (store_query.key_range) in query order, and more: whole groups of
@@ -443,18 +482,19 @@ class HotTier:
             ties = int(np.searchsorted(times, times[a], "right")) - a
             stop = min(b, a + fetch + ties)
             stop = min(b, int(np.searchsorted(times, times[stop - 1], "right")))
-            picked = chunk.order[start + a:start + stop]
+            picked = chunk.order[start + a : start + stop]
         else:
             ties = b - int(np.searchsorted(times, times[b - 1], "left"))
             first = max(a, b - fetch - ties)
             first = max(a, int(np.searchsorted(times, times[first], "left")))
-            picked = chunk.order[start + first:start + b]
+            picked = chunk.order[start + first : start + b]
         if chunk.dead is not None:
             picked = picked[~chunk.dead[picked]]
         return picked if len(picked) else None
 
-    def _rows(self, picks: list[tuple[_Chunk, np.ndarray]], low: Key | None, high: Key | None, forward: bool,
-              fetch: int) -> list[Row]:
+    def _rows(
+        self, picks: list[tuple[_Chunk, np.ndarray]], low: Key | None, high: Key | None, forward: bool, fetch: int
+    ) -> list[Row]:
         """The rows of the chunks' candidates (``_scan``) that can be among
         the first ``fetch`` over all chunks: by time first (whole groups of
         a time kept), then read and tested exactly."""
@@ -475,9 +515,12 @@ class HotTier:
                 rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
             if not len(rows):
                 continue
-            out.extend(r for r in rows_from_arrow(chunk.take(rows.astype(np.int64)))
-                       if (low is None or (r.timestamp, r.message_hash) > low)
-                       and (high is None or (r.timestamp, r.message_hash) < high))
+            out.extend(
+                r
+                for r in rows_from_arrow(chunk.take(rows.astype(np.int64)))
+                if (low is None or (r.timestamp, r.message_hash) > low)
+                and (high is None or (r.timestamp, r.message_hash) < high)
+            )
         return out
 
     def _by_hash(self, hashes: Sequence[bytes]) -> dict[bytes, Row]:
@@ -520,7 +563,8 @@ class HotTier:
         rows = [found[h] for h in dict.fromkeys(query.message_hashes)]
         match = store_query.matcher(query, key)
         matched = [
-            row for row in rows
+            row
+            for row in rows
             if match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
         ]
         matched.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)

@@ -178,8 +178,15 @@ class IndexDirectory:
             raise IndexDamaged(f"an index of another file ({header.path}, {header.size} bytes)")
         return Mapped(header, mapped)
 
-    def write(self, data_path: str, size: int, rows: int, pairs: Iterable[tuple[str, str]],
-              footer_head: int, sections: Mapping[str, np.ndarray | bytes]) -> None:
+    def write(
+        self,
+        data_path: str,
+        size: int,
+        rows: int,
+        pairs: Iterable[tuple[str, str]],
+        footer_head: int,
+        sections: Mapping[str, np.ndarray | bytes],
+    ) -> None:
         """Write the index of the data file at ``data_path`` durably."""
         body: list[bytes | memoryview] = []
         placed: dict[str, tuple[int, int]] = {}
@@ -200,8 +207,14 @@ class IndexDirectory:
         for chunk in body:
             crc = zlib.crc32(chunk, crc)
         # Offsets are from the start of the body until the header's length is known.
-        draft = {"path": data_path, "size": int(size), "rows": int(rows), "pairs": [list(p) for p in pairs],
-                 "footer_head": int(footer_head), "body_crc": crc}
+        draft = {
+            "path": data_path,
+            "size": int(size),
+            "rows": int(rows),
+            "pairs": [list(p) for p in pairs],
+            "footer_head": int(footer_head),
+            "body_crc": crc,
+        }
         header = _encode_header(draft, placed)
         replace_durably(self.path_of(data_path), [header, *body])
 
@@ -238,8 +251,9 @@ def _encode_header(draft: dict, placed: Mapping[str, tuple[int, int]]) -> bytes:
     while True:
         base = _PREAMBLE.size + length
         base += -base % 8
-        text = json.dumps({**draft, "sections": {k: [base + o, n] for k, (o, n) in placed.items()}},
-                          separators=(",", ":")).encode()
+        text = json.dumps(
+            {**draft, "sections": {k: [base + o, n] for k, (o, n) in placed.items()}}, separators=(",", ":")
+        ).encode()
         if len(text) <= length:
             break
         length = len(text) + 16  # room for the offsets' digits to grow
@@ -256,15 +270,21 @@ def _header(mapped: mmap.mmap) -> Header:
         raise IndexDamaged(f"index format {version}, not {FORMAT}")
     if length > min(MAX_HEADER_BYTES, len(mapped) - _PREAMBLE.size):
         raise IndexDamaged("header longer than the file")
-    text = mapped[_PREAMBLE.size:_PREAMBLE.size + length]
+    text = mapped[_PREAMBLE.size : _PREAMBLE.size + length]
     if zlib.crc32(text) != crc:
         raise IndexDamaged("header CRC mismatch")
     try:
         fields = json.loads(text)
         sections = {str(k): (int(v[0]), int(v[1])) for k, v in fields["sections"].items()}
-        header = Header(str(fields["path"]), int(fields["size"]), int(fields["rows"]),
-                        tuple((str(p), str(c)) for p, c in fields["pairs"]), int(fields["footer_head"]),
-                        int(fields["body_crc"]), sections)
+        header = Header(
+            str(fields["path"]),
+            int(fields["size"]),
+            int(fields["rows"]),
+            tuple((str(p), str(c)) for p, c in fields["pairs"]),
+            int(fields["footer_head"]),
+            int(fields["body_crc"]),
+            sections,
+        )
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise IndexDamaged(f"header unreadable: {exc}") from None
     for name, (offset, size) in sections.items():

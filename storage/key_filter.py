@@ -93,8 +93,12 @@ class DayKeyFilter:
     Thread-safe.
     """
 
-    def __init__(self, capacity_per_day: int = DEFAULT_DAY_CAPACITY, fpp: float = DEFAULT_DAY_FPP,
-                 capacity: int = DEFAULT_CAPACITY):
+    def __init__(
+        self,
+        capacity_per_day: int = DEFAULT_DAY_CAPACITY,
+        fpp: float = DEFAULT_DAY_FPP,
+        capacity: int = DEFAULT_CAPACITY,
+    ):
         self.capacity_per_day = capacity_per_day
         self.capacity = capacity
         self.fpp = fpp

@@ -56,8 +56,17 @@ COMPACTED_CODEC = "SNAPPY"
 # Keep removed files a week for time travel and readers mid-query.
 DEFAULT_VACUUM_HOURS = 168
 
-_UNITS = {"b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2,
-          "gb": 1024**3, "gib": 1024**3, "tb": 1024**4, "tib": 1024**4}
+_UNITS = {
+    "b": 1,
+    "kb": 1024,
+    "kib": 1024,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
 
 
@@ -259,7 +268,9 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
     whole, with bloom filters on the keys); bin-pack today once it has
     many files."""
     if not table.engine.is_embedded:
-        table.engine.run(lambda spark: spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect())
+        table.engine.run(
+            lambda spark: spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect()
+        )
         return {"optimized": 1}
     from deltalake import DeltaTable, write_deltalake
 
@@ -271,18 +282,27 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
     rewritten = 0
     local = is_local(table.uri)
     for day, files in sorted(files_per_day.items()):
-        if day < today and files > 1 and rewrite_finished_days and local \
-                and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS):
+        if (
+            day < today
+            and files > 1
+            and rewrite_finished_days
+            and local
+            and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS)
+        ):
             rewritten += 1  # streamed: the node never holds the day
         elif day < today and files > 1 and rewrite_finished_days:
             dtable = DeltaTable(table.uri)
             data = dtable.to_pyarrow_table(filters=[("day", "=", day)])
-            data = data.sort_by([("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")])
+            data = data.sort_by(
+                [("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")]
+            )
             # Written over the version read (dtable): rows another writer
             # added to the day meanwhile fail the commit instead of being
             # overwritten.
             write_deltalake(
-                dtable, data.cast(schema.MESSAGES), mode="overwrite",
+                dtable,
+                data.cast(schema.MESSAGES),
+                mode="overwrite",
                 predicate=f"day = '{day.isoformat()}'",
                 writer_properties=_writer_properties(),
             )
@@ -306,8 +326,9 @@ SMALL_FILES_PER_TIER = 16
 COMPACTION_TIERS = (8 << 20, 64 << 20, 512 << 20)
 
 
-def crowded_days(sizes_by_day: Mapping[dt.date | None, Sequence[int]],
-                 days: Iterable[dt.date] | None = None) -> list[tuple[dt.date, int]]:
+def crowded_days(
+    sizes_by_day: Mapping[dt.date | None, Sequence[int]], days: Iterable[dt.date] | None = None
+) -> list[tuple[dt.date, int]]:
     """(day, target file size) of each day (of ``days``, default all) that
     holds :data:`SMALL_FILES_PER_TIER` files or more under one of the
     :data:`COMPACTION_TIERS`: the smallest such tier."""
@@ -368,7 +389,9 @@ def compact_day(table: DeltaTableRef, day: dt.date, target_size: int) -> int:
     # 1.26 s instead of 0.95.
     metrics = DeltaTable(table.uri).optimize.compact(
         partition_filters=[(schema.MESSAGES_PARTITION, "=", day.isoformat())],
-        target_size=target_size, writer_properties=_writer_properties(), max_concurrent_tasks=1,
+        target_size=target_size,
+        writer_properties=_writer_properties(),
+        max_concurrent_tasks=1,
     )
     return int(metrics.get("numFilesRemoved", 0))
 
@@ -382,7 +405,9 @@ def vacuum(table: DeltaTableRef, retention_hours: int = DEFAULT_VACUUM_HOURS) ->
     stay (a write in flight). Returns the files removed (0 on a cluster,
     whose VACUUM reports none)."""
     if not table.engine.is_embedded:
-        table.engine.run(lambda spark: spark.sql(f"VACUUM delta.`{table.uri}` RETAIN {int(retention_hours)} HOURS").collect())
+        table.engine.run(
+            lambda spark: spark.sql(f"VACUUM delta.`{table.uri}` RETAIN {int(retention_hours)} HOURS").collect()
+        )
         return 0
     from deltalake import DeltaTable
 

@@ -38,7 +38,15 @@ from wakustore.protocols.store_query import (
     unknown_cursor,
 )
 from wakustore.storage import maintenance, schema
-from wakustore.storage.rows import Row, binary_prefixes, decode_record, from_arrow, messages_to_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.rows import (
+    Row,
+    binary_prefixes,
+    decode_record,
+    from_arrow,
+    messages_to_arrow,
+    rows_from_arrow,
+    to_arrow,
+)
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, HotTier
@@ -188,7 +196,9 @@ class StagedWindow:
         repeated = ordered[1:][ordered[1:] == ordered[:-1]]
         earlier = self.sorted_prefixes
         found = np.searchsorted(earlier, prefixes)
-        hit = earlier[np.minimum(found, len(earlier) - 1)] == prefixes if len(earlier) else np.zeros(len(prefixes), bool)
+        hit = (
+            earlier[np.minimum(found, len(earlier) - 1)] == prefixes if len(earlier) else np.zeros(len(prefixes), bool)
+        )
         suspects = np.unique(np.concatenate([repeated, prefixes[hit]]))
         if len(suspects):
             known = set()
@@ -254,8 +264,12 @@ class MessageStore:
         # the engine.
         table.bulk_in_process = not config.shared_table and table.engine.is_embedded and is_local(table.uri)
         self.writes = WritePath(
-            table, wal_dir, MESSAGE_CODEC, config.recent_muids,
-            config.flush_interval_s, config.flush_max_messages,
+            table,
+            wal_dir,
+            MESSAGE_CODEC,
+            config.recent_muids,
+            config.flush_interval_s,
+            config.flush_max_messages,
             key_filter=None if config.shared_table else DayKeyFilter(config.messages_per_day),
             on_commit=self.reader.committed,
             # The reader advances on every commit (on_commit) before its
@@ -271,8 +285,11 @@ class MessageStore:
             # A fleet's MERGEs read every file of the days they touch: each
             # node compacts those days as it commits to them (delta-rs, so
             # the embedded engine on this machine's or a shared file system).
-            after_commit=(self._compact_crowded
-                          if config.shared_table and table.engine.is_embedded and is_local(table.uri) else None),
+            after_commit=(
+                self._compact_crowded
+                if config.shared_table and table.engine.is_embedded and is_local(table.uri)
+                else None
+            ),
         )
         self.compactions = 0
         # The put path's hashes, in a child process started on the first
@@ -364,13 +381,17 @@ class MessageStore:
             if oldest is None or oldest >= since:
                 start = ALL_TIME
         pending = to_arrow(self.writes.pending_rows())
-        self.hot.start(start, pa.concat_tables([recent.select(pending.schema.names).cast(pending.schema), pending]),
-                       now)
+        self.hot.start(
+            start, pa.concat_tables([recent.select(pending.schema.names).cast(pending.schema), pending]), now
+        )
         if self.hot.start_ns == ALL_TIME:
             log.info("hot tier: %d messages, the whole table", len(self.hot))
         else:
-            log.info("hot tier: %d messages, complete from %s", len(self.hot),
-                     datetime.fromtimestamp(self.hot.start_ns / 1e9, timezone.utc).isoformat(timespec="seconds"))
+            log.info(
+                "hot tier: %d messages, complete from %s",
+                len(self.hot),
+                datetime.fromtimestamp(self.hot.start_ns / 1e9, timezone.utc).isoformat(timespec="seconds"),
+            )
 
     def _fill_filter(self) -> None:
         """Fill the key filter with the MUIDs of every data file, read from
@@ -440,8 +461,9 @@ class MessageStore:
         fresh, accepted = self.writes.put_table(table, keys)
         if accepted is not None and self.hot.enabled and self.hot.start_ns is not None:
             if self.writes.has_unresolved:
-                accepted = accepted.filter(pa.array(
-                    [not self.writes.is_unresolved(k) for k in accepted.column("muid").to_pylist()]))
+                accepted = accepted.filter(
+                    pa.array([not self.writes.is_unresolved(k) for k in accepted.column("muid").to_pylist()])
+                )
             self.hot.add_table(accepted, time.time_ns())
         if len(groups) == 1:
             return [PutResult(accepted=len(fresh), duplicates=len(flat) - len(fresh))]
@@ -496,7 +518,9 @@ class MessageStore:
             # whether they were new: the tier takes those that landed.
             try:
                 stored = self.table.existing_keys(
-                    "message_hash", [r.message_hash for r in decided], schema.MESSAGES_PARTITION,
+                    "message_hash",
+                    [r.message_hash for r in decided],
+                    schema.MESSAGES_PARTITION,
                     sorted({schema.day_of_ns(r.timestamp) for r in decided}),
                 )
             except Exception:
@@ -603,9 +627,7 @@ class MessageStore:
 
     # --- windows for archives --------------------------------------------
 
-    def stream_window(
-        self, start_ns: int, end_ns: int, content_topics: Sequence[str]
-    ) -> Iterator[list[Row]]:
+    def stream_window(self, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> Iterator[list[Row]]:
         """Messages with start <= timestamp < end on these topics, in
         timestamp order, one day at a time (memory bounded by a day)."""
         for table in self.stream_window_tables(start_ns, end_ns, content_topics):
@@ -626,16 +648,21 @@ class MessageStore:
         while day <= last:
             rows = self.reader.day_rows(day, start_ns, end_ns, content_topics)
             if rows is None:  # the files alone do not say (deletion vectors): the engine does
-                rows = next(iter(self.table.window_days(max(start_ns, schema.day_start_ns(day)),
-                                                        min(end_ns, schema.day_start_ns(day) + schema.NS_PER_DAY),
-                                                        content_topics)), None)
+                rows = next(
+                    iter(
+                        self.table.window_days(
+                            max(start_ns, schema.day_start_ns(day)),
+                            min(end_ns, schema.day_start_ns(day) + schema.NS_PER_DAY),
+                            content_topics,
+                        )
+                    ),
+                    None,
+                )
             if rows is not None and rows.num_rows:
                 yield rows
             day += timedelta(days=1)
 
-    def replace_window(
-        self, start_ns: int, end_ns: int, content_topics: Sequence[str], messages: Iterable[Row]
-    ) -> int:
+    def replace_window(self, start_ns: int, end_ns: int, content_topics: Sequence[str], messages: Iterable[Row]) -> int:
         """Make ``messages`` the whole content of the window for these topics,
         in one Delta transaction; returns the number of rows written.
 
@@ -670,9 +697,7 @@ class MessageStore:
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
 
-    def replace_window_tables(
-        self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable
-    ) -> int:
+    def replace_window_tables(self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable) -> int:
         """:meth:`replace_window` for rows given a batch at a time in the
         table's Arrow schema (:func:`rows.records_to_arrow`), so that a
         window of a million messages builds no object per message. The same
@@ -706,8 +731,11 @@ class MessageStore:
                 if not table.num_rows:
                     continue
                 low, high = (v.as_py() for v in pc.min_max(table.column("timestamp")).values())
-                if low < start_ns or high >= end_ns or not pc.all(
-                        pc.is_in(table.column("content_topic"), value_set=listed)).as_py():
+                if (
+                    low < start_ns
+                    or high >= end_ns
+                    or not pc.all(pc.is_in(table.column("content_topic"), value_set=listed)).as_py()
+                ):
                     raise ValueError("a message lies outside the window it replaces")
                 table = window.first_copies(table)
                 window.rows.add_table(table)
@@ -731,12 +759,16 @@ class MessageStore:
         self.flush()
         with self.writes.commits_held():  # see replace_window
             with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
-                retry_on_conflict(lambda: self.table.replace_where(
-                    window.source, window.start_ns, window.end_ns, window.content_topics))
+                retry_on_conflict(
+                    lambda: self.table.replace_where(
+                        window.source, window.start_ns, window.end_ns, window.content_topics
+                    )
+                )
             self.reader.committed()
             self._forget_removed()
-            self.writes.remember_columns(pa.chunked_array(window.muids, pa.binary()),
-                                         pa.chunked_array(window.days, pa.date32()))
+            self.writes.remember_columns(
+                pa.chunked_array(window.muids, pa.binary()), pa.chunked_array(window.days, pa.date32())
+            )
         self.hot.replace(window.start_ns, window.end_ns, window.content_topics, window.recent)
         if window.older is not None:
             self.hot.add([window.older], window.now_ns)
@@ -797,7 +829,9 @@ class MessageStore:
             for i in range(0, len(recent), IMPORT_LOOKUP_KEYS):
                 chunk = recent[i : i + IMPORT_LOOKUP_KEYS]
                 stored |= self.table.existing_keys(
-                    "message_hash", [r.message_hash for r in chunk], schema.MESSAGES_PARTITION,
+                    "message_hash",
+                    [r.message_hash for r in chunk],
+                    schema.MESSAGES_PARTITION,
                     sorted({seen[r.muid] for r in chunk}),
                 )
             joining = [r for r in recent if r.message_hash in stored]

@@ -260,22 +260,34 @@ class TableReader:
                 days = None
                 partition = actions.column("partition") if "partition" in actions.column_names else None
                 if partition is not None and partition.type.get_field_index(schema.MESSAGES_PARTITION) >= 0:
-                    days = [d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
-                            for d in pc.struct_field(partition, schema.MESSAGES_PARTITION).to_pylist()]
+                    days = [
+                        d if isinstance(d, dt.date) else dt.date.fromisoformat(str(d))
+                        for d in pc.struct_field(partition, schema.MESSAGES_PARTITION).to_pylist()
+                    ]
                 paths = actions.column("path").to_pylist()
                 files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
                 sizes = tuple(actions.column("size_bytes").to_pylist())
-                self._snapshot = _Snapshot(version, builder, files,
-                                           None if days is None else tuple(sorted(set(days))),
-                                           sizes, dict(zip(paths, sizes)))
+                self._snapshot = _Snapshot(
+                    version,
+                    builder,
+                    files,
+                    None if days is None else tuple(sorted(set(days))),
+                    sizes,
+                    dict(zip(paths, sizes)),
+                )
                 self.refreshes += 1
                 deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
                 # Deletion vectors only where the protocol allows them; the
                 # unflattened actions may not name them, the flattened do.
                 features = self._table.protocol().reader_features or []
-                self._indexable = (self.key_index and deletion_vectors.lower() != "true" and not (
-                    "deletionVectors" in features
-                    and _has_deletion_vectors(pa.table(self._table.get_add_actions(flatten=True)))))
+                self._indexable = (
+                    self.key_index
+                    and deletion_vectors.lower() != "true"
+                    and not (
+                        "deletionVectors" in features
+                        and _has_deletion_vectors(pa.table(self._table.get_add_actions(flatten=True)))
+                    )
+                )
                 self._prune_index(paths)
         except Exception as exc:
             raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
@@ -318,11 +330,17 @@ class TableReader:
                 self._map_kept(live)
                 if first:
                     built = sum(1 for path in live if path not in self._indexes)
-                    log.info("key index: %d of %d data files mapped from %s%s", len(live) - built, len(live),
-                             self._files.directory, f", {built} to build in the background" if built else "")
+                    log.info(
+                        "key index: %d of %d data files mapped from %s%s",
+                        len(live) - built,
+                        len(live),
+                        self._files.directory,
+                        f", {built} to build in the background" if built else "",
+                    )
         missing = any(path not in self._indexes for path in live)
-        unverified = any(index.mapped is not None and not index.mapped.verified
-                         for index in list(self._indexes.values()))
+        unverified = any(
+            index.mapped is not None and not index.mapped.verified for index in list(self._indexes.values())
+        )
         if (missing or unverified) and self._indexable and self.index_in_background:
             with self._index_lock:
                 self._index_wanted = True
@@ -353,8 +371,15 @@ class TableReader:
             mapped = self._files.open(path, size)
             if mapped is None:
                 return None
-            index = row_index.FileIndex(path, mapped.header.rows, mapped.header.pairs, mapped.header.footer_head,
-                                        mapped.arrays, self._pairs, mapped)
+            index = row_index.FileIndex(
+                path,
+                mapped.header.rows,
+                mapped.header.pairs,
+                mapped.header.footer_head,
+                mapped.arrays,
+                self._pairs,
+                mapped,
+            )
         except (index_files.IndexDamaged, OSError, KeyError, ValueError) as exc:
             self.index_damaged += 1
             log.warning("key index of %s is damaged or stale, building it again: %s", path, _one_line(exc))
@@ -505,8 +530,7 @@ class TableReader:
         """Can :meth:`muid_words` give every file's MUIDs (the index is on,
         kept on disk, and the table partitioned by day)?"""
         snapshot = self._snapshot
-        return (self._indexable and self._files is not None and snapshot is not None
-                and snapshot.days is not None)
+        return self._indexable and self._files is not None and snapshot is not None and snapshot.days is not None
 
     def files(self) -> list[tuple[str, dt.date | None]]:
         """(path, day) of each data file of the latest version known."""
@@ -536,7 +560,9 @@ class TableReader:
         return {
             "files": len(files),
             "building": sum(1 for path, _ in files if path not in self._indexes) if self._indexable else 0,
-            "built": self.index_builds, "mapped": self.index_loads, "damaged": self.index_damaged,
+            "built": self.index_builds,
+            "mapped": self.index_loads,
+            "damaged": self.index_damaged,
         }
 
     def _location(self, path: str):
@@ -551,8 +577,9 @@ class TableReader:
             self._filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
         return path, self._filesystem
 
-    def _read_group(self, index: row_index.FileIndex, group: int, columns: Sequence[str],
-                    cache: bool = True) -> pa.Table:
+    def _read_group(
+        self, index: row_index.FileIndex, group: int, columns: Sequence[str], cache: bool = True
+    ) -> pa.Table:
         """Row group ``group`` of a data file; those read with every column
         a page returns are kept (least recently used dropped first, within
         ``row_group_cache_bytes``): the next page of a query, or another
@@ -600,16 +627,23 @@ class TableReader:
                         self._cache_size -= dropped.nbytes
         return table
 
-    def _indexed_rows(self, candidates: row_index.Candidates, columns: Sequence[str], query: HistoryQuery,
-                      key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
+    def _indexed_rows(
+        self,
+        candidates: row_index.Candidates,
+        columns: Sequence[str],
+        query: HistoryQuery,
+        key: tuple[int, bytes] | None,
+        fetch: int,
+    ) -> pa.Table:
         wanted = list(dict.fromkeys([*columns, *row_index.MATCH_COLUMNS]))
         if query.message_hashes:
             # Bodies by hash: a row group each, anywhere in the history, no
             # locality for a cache (which cost a quarter of the time), read
             # side by side (pyarrow decodes without the GIL): bench store,
             # 50 hashes with data, 45 -> 30 ms.
-            table = row_index.read_rows(candidates, wanted, functools.partial(self._read_group, cache=False),
-                                        self._lookup_pool().map)
+            table = row_index.read_rows(
+                candidates, wanted, functools.partial(self._read_group, cache=False), self._lookup_pool().map
+            )
         else:
             table = row_index.read_rows(candidates, wanted, self._read_group)
         found = row_index.finish(table, query, key, fetch)
@@ -696,8 +730,14 @@ class TableReader:
 
         return self._execute(read, columns)
 
-    def _try_index(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
-                   fetch: int, columns: Sequence[str]) -> pa.Table | None:
+    def _try_index(
+        self,
+        snapshot: _Snapshot,
+        query: HistoryQuery,
+        key: tuple[int, bytes] | None,
+        fetch: int,
+        columns: Sequence[str],
+    ) -> pa.Table | None:
         """The answer through the key index, or None: DataFusion answers
         (and reports a table that cannot be read)."""
         if not self._indexable:
@@ -705,12 +745,21 @@ class TableReader:
         try:
             return self._indexed_page(snapshot, query, key, fetch, columns)
         except Exception as exc:
-            log.info("key index could not answer at version %d (read through DataFusion): %s",
-                     snapshot.version, _one_line(exc))
+            log.info(
+                "key index could not answer at version %d (read through DataFusion): %s",
+                snapshot.version,
+                _one_line(exc),
+            )
             return None
 
-    def _indexed_page(self, snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] | None,
-                      fetch: int, columns: Sequence[str]) -> pa.Table | None:
+    def _indexed_page(
+        self,
+        snapshot: _Snapshot,
+        query: HistoryQuery,
+        key: tuple[int, bytes] | None,
+        fetch: int,
+        columns: Sequence[str],
+    ) -> pa.Table | None:
         """The page through the key index; None when it cannot answer
         (a lookup while files are still being indexed; a page over every
         topic)."""
@@ -722,7 +771,9 @@ class TableReader:
             if set(columns) <= _INDEX_ANSWERS:
                 # Presence checks (status-go: 50 hashes every 3 s per
                 # client) and cursors: the index alone, no data file read.
-                found = row_index.finish(row_index.hash_keys(indexes, query.message_hashes, self._pairs), query, key, fetch)
+                found = row_index.finish(
+                    row_index.hash_keys(indexes, query.message_hashes, self._pairs), query, key, fetch
+                )
                 self.indexed_answers += 1
                 return _result_schema(columns).empty_table() if found is None else found
             candidates = row_index.hash_candidates(indexes, query.message_hashes)
@@ -778,8 +829,11 @@ class TableReader:
             index_files.trim_resident()
             return row_index.existing_keys(indexes, keys)
         except Exception as exc:
-            log.info("key index could not look up MUIDs at version %d (asking the engine): %s",
-                     snapshot.version, _one_line(exc))
+            log.info(
+                "key index could not look up MUIDs at version %d (asking the engine): %s",
+                snapshot.version,
+                _one_line(exc),
+            )
             return None
 
     def newest_rows(self, since_ns: int, max_bytes: int) -> tuple[pa.Table, int] | None:
@@ -802,7 +856,9 @@ class TableReader:
             return None
         sizes = self._snapshot_sizes()
         stamps = [index.ts[index.ts >= since_ns] for index in indexes]
-        weights = [np.full(len(ts), sizes.get(index.path, 0) / max(index.rows, 1)) for ts, index in zip(stamps, indexes)]
+        weights = [
+            np.full(len(ts), sizes.get(index.path, 0) / max(index.rows, 1)) for ts, index in zip(stamps, indexes)
+        ]
         cut = since_ns
         if sum(float(w.sum()) for w in weights) > max_bytes:
             ts = np.concatenate(stamps)
@@ -818,14 +874,17 @@ class TableReader:
                 files.append(index)
                 rows.append(np.sort(index.rows_at(positions)))
         columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
-        table = row_index.read_rows(row_index.Candidates(files, rows), columns,
-                                    functools.partial(self._read_group, cache=False))
+        table = row_index.read_rows(
+            row_index.Candidates(files, rows), columns, functools.partial(self._read_group, cache=False)
+        )
         if table is None:
             table = _result_schema(columns).empty_table()
         days = pc.cast(pc.divide(table.column("timestamp"), schema.NS_PER_DAY), pa.int32())
         return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32())), cut
 
-    def day_rows(self, day: dt.date, start_ns: int, end_ns: int, content_topics: Sequence[str] | None) -> pa.Table | None:
+    def day_rows(
+        self, day: dt.date, start_ns: int, end_ns: int, content_topics: Sequence[str] | None
+    ) -> pa.Table | None:
         """The rows of the day partition ``day`` with start <= timestamp <
         end on ``content_topics`` (None: all), with the ``day`` column, in
         (timestamp, message_hash) order, as :meth:`DeltaTableRef.window_days`
@@ -844,14 +903,14 @@ class TableReader:
         if not located:
             return schema.MESSAGES.empty_table()
         stored = pa.schema([schema.MESSAGES.field(name) for name in columns])
-        dataset = ds.dataset([path for path, _ in located], schema=stored, format="parquet",
-                             filesystem=located[0][1])
+        dataset = ds.dataset([path for path, _ in located], schema=stored, format="parquet", filesystem=located[0][1])
         condition = (ds.field("timestamp") >= start_ns) & (ds.field("timestamp") < end_ns)
         if content_topics is not None:
             condition &= ds.field("content_topic").isin(list(content_topics))
         table = dataset.to_table(columns=columns, filter=condition)
-        table = table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION),
-                                    pa.array([day] * table.num_rows, pa.date32()))
+        table = table.append_column(
+            schema.MESSAGES.field(schema.MESSAGES_PARTITION), pa.array([day] * table.num_rows, pa.date32())
+        )
         if table.num_rows > 1:
             order = pc.sort_indices(table, sort_keys=[("timestamp", "ascending"), ("message_hash", "ascending")])
             if not np.array_equal(order.to_numpy(), np.arange(table.num_rows)):  # a copy of the day otherwise

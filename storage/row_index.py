@@ -100,11 +100,34 @@ class FileIndex:
     (an ingest file holds hundreds of pairs, and 2,000 such files held
     1.4M objects)."""
 
-    __slots__ = ("path", "rows", "_pairs", "pair_ids", "_by_id", "_id_order", "pair_bounds", "ts", "row",
-                 "hashes", "hash_pos", "muids", "footers", "group_starts", "mapped")
+    __slots__ = (
+        "path",
+        "rows",
+        "_pairs",
+        "pair_ids",
+        "_by_id",
+        "_id_order",
+        "pair_bounds",
+        "ts",
+        "row",
+        "hashes",
+        "hash_pos",
+        "muids",
+        "footers",
+        "group_starts",
+        "mapped",
+    )
 
-    def __init__(self, path: str, rows: int, pair_names: Sequence[tuple[str, str]], footer_head: int,
-                 sections: Mapping[str, np.ndarray], pairs: TopicPairs, mapped: index_files.Mapped | None = None):
+    def __init__(
+        self,
+        path: str,
+        rows: int,
+        pair_names: Sequence[tuple[str, str]],
+        footer_head: int,
+        sections: Mapping[str, np.ndarray],
+        pairs: TopicPairs,
+        mapped: index_files.Mapped | None = None,
+    ):
         self.path = path
         self.rows = rows
         self.mapped = mapped  # the map the arrays view (None: held)
@@ -144,8 +167,9 @@ class FileIndex:
         """Bytes held in memory (not counting what is mapped)."""
         held = self.pair_ids.nbytes + self._id_order.nbytes + self._by_id.nbytes
         if self.mapped is None:
-            held += self.footers.nbytes + sum(a.nbytes for a in (self.pair_bounds, self.ts, self.hashes, self.hash_pos,
-                                                                 self.group_starts))
+            held += self.footers.nbytes + sum(
+                a.nbytes for a in (self.pair_bounds, self.ts, self.hashes, self.hash_pos, self.group_starts)
+            )
             held += sum(a.nbytes for a in (self.row, self.muids) if a is not None)
         return held
 
@@ -186,8 +210,11 @@ def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str
         follows[bounds - 1] = True  # a pair's first position follows nothing
     contiguous = bool(follows.all())
     pair_names = local_pairs.names(sorted_pair[starts].tolist())
-    pair_bounds = np.stack([starts, ends, order[starts] if contiguous else np.full(len(starts), -1)], axis=1) \
-        if n else np.empty((0, 3), dtype=np.int64)
+    pair_bounds = (
+        np.stack([starts, ends, order[starts] if contiguous else np.full(len(starts), -1)], axis=1)
+        if n
+        else np.empty((0, 3), dtype=np.int64)
+    )
     hashes = _fixed_keys(table.column("message_hash"))
     by_hash = _sorted_order(hashes)
     position_of_row = np.empty(n, dtype=np.int64)
@@ -202,8 +229,9 @@ def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str
         "muids": None,
         "footer": footers.buffer,
         "footer_bounds": np.asarray(footers.bounds, dtype=np.int64),
-        "group_starts": np.cumsum([0] + [file.metadata.row_group(i).num_rows
-                                         for i in range(file.metadata.num_row_groups)]).astype(np.int64),
+        "group_starts": np.cumsum(
+            [0] + [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
+        ).astype(np.int64),
     }
     if "muid" in table.column_names:
         muids = _fixed_keys(table.column("muid"))
@@ -223,12 +251,12 @@ def _fixed_keys(column) -> np.ndarray:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     n = len(array)
     if not array.null_count and pa.types.is_binary(array.type) and n:
-        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:array.offset + n + 1]
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset : array.offset + n + 1]
         lengths = np.diff(offsets)
         data = np.frombuffer(array.buffers()[2], dtype=np.uint8)
         if (lengths == KEY_BYTES).all():
             first = int(offsets[0])
-            return data[first:first + n * KEY_BYTES].reshape(n, KEY_BYTES).copy()
+            return data[first : first + n * KEY_BYTES].reshape(n, KEY_BYTES).copy()
         if (lengths >= KEY_BYTES).all():  # MUIDs: checksum, then meta
             return data[offsets[:-1, None] + np.arange(KEY_BYTES)]
     values = [bytes(v or b"")[:KEY_BYTES].ljust(KEY_BYTES, b"\0") for v in array.cast(pa.binary()).to_pylist()]
@@ -263,8 +291,9 @@ def topic_pair_ids(pubsub_topics, content_topics, pairs: TopicPairs) -> np.ndarr
     # Local pair = pubsub index * |content dictionary| + content index,
     # mapped to the shared ids through the pairs present.
     width = max(len(content.dictionary), 1)
-    local = pubsub.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width \
-        + content.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    local = pubsub.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width + content.indices.to_numpy(
+        zero_copy_only=False
+    ).astype(np.int64)
     present, inverse = np.unique(local, return_inverse=True)
     pubsub_names = pubsub.dictionary.to_pylist()
     content_names = content.dictionary.to_pylist()
@@ -322,8 +351,9 @@ class Candidates:
         return sum(len(r) for r in self.rows)
 
 
-def page_candidates(indexes: Sequence[FileIndex], pairs: TopicPairs, query: HistoryQuery,
-                    key: tuple[int, bytes] | None, fetch: int) -> Candidates:
+def page_candidates(
+    indexes: Sequence[FileIndex], pairs: TopicPairs, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int
+) -> Candidates:
     """Rows that hold the first ``fetch`` rows of the page of ``query``
     after ``key`` (a query with a pubsub topic and content topics)."""
     ids = [pairs.get(query.pubsub_topic, t) for t in query.content_topics]
@@ -433,13 +463,15 @@ def hash_keys(indexes: Sequence[FileIndex], hashes: Sequence[bytes], pairs: Topi
     if not keys:
         return None
     names = pairs.names(np.concatenate(ids).tolist())
-    return pa.table({
-        "pubsub_topic": pa.array([n[0] for n in names], pa.string()),
-        "content_topic": pa.array([n[1] for n in names], pa.string()),
-        "timestamp": pa.array(np.concatenate(stamps), pa.int64()),
-        "message_hash": pa.array(keys, pa.binary()),
-        "digest": pa.array([b""] * len(keys), pa.binary()),
-    })
+    return pa.table(
+        {
+            "pubsub_topic": pa.array([n[0] for n in names], pa.string()),
+            "content_topic": pa.array([n[1] for n in names], pa.string()),
+            "timestamp": pa.array(np.concatenate(stamps), pa.int64()),
+            "message_hash": pa.array(keys, pa.binary()),
+            "digest": pa.array([b""] * len(keys), pa.binary()),
+        }
+    )
 
 
 def existing_keys(indexes: Sequence[FileIndex], keys: Sequence[bytes]) -> set[bytes] | None:

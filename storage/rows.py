@@ -34,8 +34,13 @@ class Row:
         # Positional: once per message on the ingest path, and keywords
         # cost a third more here.
         return cls(
-            muid(pubsub_topic, message), message_hash(pubsub_topic, message), legacy_digest(message),
-            pubsub_topic, message, message.timestamp or arrival_ns, arrival_ns,
+            muid(pubsub_topic, message),
+            message_hash(pubsub_topic, message),
+            legacy_digest(message),
+            pubsub_topic,
+            message,
+            message.timestamp or arrival_ns,
+            arrival_ns,
         )
 
     def stored(self, include_data: bool = True) -> StoredMessage:
@@ -68,11 +73,21 @@ def encode_record(pubsub_topic: str, message: WakuMessage, arrival_ns: int) -> b
     content = message.content_topic.encode()
     payload, meta, proof = message.payload, message.meta, message.rate_limit_proof
     pack = _LEN.pack
-    return b"".join((
-        _HEAD.pack(arrival_ns, message.timestamp, message.version),
-        pack(len(pubsub)), pubsub, pack(len(content)), content, pack(len(payload)), payload,
-        pack(len(meta)), meta, pack(len(proof)), proof,
-    ))
+    return b"".join(
+        (
+            _HEAD.pack(arrival_ns, message.timestamp, message.version),
+            pack(len(pubsub)),
+            pubsub,
+            pack(len(content)),
+            content,
+            pack(len(payload)),
+            payload,
+            pack(len(meta)),
+            meta,
+            pack(len(proof)),
+            proof,
+        )
+    )
 
 
 def decode_record(record: bytes) -> Row:
@@ -149,8 +164,11 @@ def from_arrow(table: pa.Table, include_data: bool = True) -> list[StoredMessage
     digests = columns.get("digest") or [b""] * n
     return [
         StoredMessage(
-            columns["message_hash"][i], columns["pubsub_topic"][i],
-            _message_at(columns, i) if include_data else None, columns["timestamp"][i], digests[i],
+            columns["message_hash"][i],
+            columns["pubsub_topic"][i],
+            _message_at(columns, i) if include_data else None,
+            columns["timestamp"][i],
+            digests[i],
         )
         for i in range(n)
     ]
@@ -185,8 +203,14 @@ def messages_to_arrow(messages: Sequence[tuple[str, WakuMessage, int]], hasher: 
         return schema.MESSAGES.empty_table()
     pubsub, wire, arrival = zip(*messages)
     return _columns_to_arrow(
-        pubsub, [m.content_topic for m in wire], [m.payload for m in wire], [m.meta for m in wire],
-        [m.version for m in wire], [m.timestamp for m in wire], [m.rate_limit_proof for m in wire], arrival,
+        pubsub,
+        [m.content_topic for m in wire],
+        [m.payload for m in wire],
+        [m.meta for m in wire],
+        [m.version for m in wire],
+        [m.timestamp for m in wire],
+        [m.rate_limit_proof for m in wire],
+        arrival,
         hasher=hasher,
     )
 
@@ -216,14 +240,24 @@ def archive_columns_to_arrow(columns) -> pa.Table:
     def strings(values: list[str], index) -> pa.Array:
         return pa.array(values, pa.string()).take(pa.array(index, pa.int32()))
 
-    return _table(binary(columns.muids), _fixed32(count, columns.hashes), _fixed32(count, columns.digests),
-                  strings(columns.pubsub_topics, columns.pubsub_index),
-                  strings(columns.content_topics, columns.topic_index), binary(columns.payload),
-                  binary(columns.meta), columns.version, columns.sender_ns, binary(columns.proof), columns.arrival_ns)
+    return _table(
+        binary(columns.muids),
+        _fixed32(count, columns.hashes),
+        _fixed32(count, columns.digests),
+        strings(columns.pubsub_topics, columns.pubsub_index),
+        strings(columns.content_topics, columns.topic_index),
+        binary(columns.payload),
+        binary(columns.meta),
+        columns.version,
+        columns.sender_ns,
+        binary(columns.proof),
+        columns.arrival_ns,
+    )
 
 
-def _columns_to_arrow(pubsub, content, payload, meta, version, sender, proof, arrival, hashes=None,
-                      hasher: BatchHasher | None = None) -> pa.Table:
+def _columns_to_arrow(
+    pubsub, content, payload, meta, version, sender, proof, arrival, hashes=None, hasher: BatchHasher | None = None
+) -> pa.Table:
     """The message table's rows from its stored columns (equal-length
     sequences); the message hashes are computed unless given. Each hash
     is one call over one joined buffer, in one comprehension per column:
@@ -327,4 +361,4 @@ def leading_bytes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
     # other: the data buffer is the array (4x a numpy gather of the bytes).
     cut = pc.binary_slice(values, 0, width)
     start = int(np.frombuffer(cut.buffers()[1], dtype=np.int32)[cut.offset])
-    return np.frombuffer(cut.buffers()[2], dtype=np.uint8)[start:start + count * width].reshape(count, width)
+    return np.frombuffer(cut.buffers()[2], dtype=np.uint8)[start : start + count * width].reshape(count, width)

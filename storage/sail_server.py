@@ -63,11 +63,23 @@ def spawn(env: Mapping[str, str], timeout_s: float, host: str = "127.0.0.1") -> 
     Raises :class:`ServerStartError` after ``timeout_s`` or if it exits.
     """
     command = [
-        sys.executable, "-m", "wakustore.storage.sail_server", "--host", host, "--port", "0",
-        "--parent-pid", str(os.getpid()), "--exit-on-stdin-eof",
+        sys.executable,
+        "-m",
+        "wakustore.storage.sail_server",
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--parent-pid",
+        str(os.getpid()),
+        "--exit-on-stdin-eof",
     ]
     child = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env), start_new_session=True,
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
     )
     try:
         return child, _read_ready_port(child, timeout_s)

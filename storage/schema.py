@@ -71,8 +71,16 @@ MIGRATIONS: dict[int, list[str]] = {}
 # answered from the key index alone) no digest: it orders by hash, and
 # only the legacy Store's cursors, which have no lookups by hash, use one.
 DATA_COLUMNS = (
-    "message_hash", "digest", "pubsub_topic", "content_topic", "payload", "meta",
-    "version", "timestamp", "sender_timestamp", "rate_limit_proof",
+    "message_hash",
+    "digest",
+    "pubsub_topic",
+    "content_topic",
+    "payload",
+    "meta",
+    "version",
+    "timestamp",
+    "sender_timestamp",
+    "rate_limit_proof",
 )
 KEY_COLUMNS = ("message_hash", "digest", "pubsub_topic", "timestamp")
 LOOKUP_COLUMNS = ("message_hash", "pubsub_topic", "timestamp")

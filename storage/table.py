@@ -40,6 +40,7 @@ _WINDOW_ORDER = ("timestamp", "message_hash")
 # one window). Days stay a few files each, which compaction rewrites.
 REPLACE_TARGET_FILE_BYTES = 8 * 1024 * 1024
 
+
 def fetch_arrow(frame) -> pa.Table:
     """The result of ``frame`` as Arrow in one round trip.
 
@@ -107,7 +108,10 @@ class DeltaTableRef:
                 table = DeltaTable(self.uri)
             except TableNotFoundError:
                 table = DeltaTable.create(
-                    self.uri, arrow_schema, partition_by=[partition], description=description,
+                    self.uri,
+                    arrow_schema,
+                    partition_by=[partition],
+                    description=description,
                     mode="ignore",
                 )
                 try:
@@ -262,9 +266,7 @@ class DeltaTableRef:
             dataset = DeltaTable(self.uri).to_pyarrow_dataset()
             batches = (b.column(0) for b in dataset.to_batches(columns=[column], batch_size=batch_rows))
         else:
-            table = self.engine.run(
-                lambda spark: fetch_arrow(spark.read.format("delta").load(self.uri).select(column))
-            )
+            table = self.engine.run(lambda spark: fetch_arrow(spark.read.format("delta").load(self.uri).select(column)))
             batches = (b.column(0) for b in table.to_batches(max_chunksize=batch_rows))
         for values in batches:
             yield binary_prefixes(values, 8)
@@ -277,7 +279,8 @@ class DeltaTableRef:
 
         def run(spark):
             return (
-                spark.read.format("delta").load(self.uri)
+                spark.read.format("delta")
+                .load(self.uri)
                 .where(F.col(partition).isin(list(days)) & F.col(column).isin(list(keys)))
                 .select(column)
             )
@@ -285,9 +288,7 @@ class DeltaTableRef:
         found = self.engine.run(lambda spark: fetch_arrow(run(spark)))
         return set(found.column(0).to_pylist())
 
-    def replace_where(
-        self, batch: pa.Table | str, start_ns: int, end_ns: int, content_topics: Sequence[str]
-    ) -> None:
+    def replace_where(self, batch: pa.Table | str, start_ns: int, end_ns: int, content_topics: Sequence[str]) -> None:
         """One transaction: the window's rows for these topics become ``batch``
         (an Arrow table, or the path of staged Parquet files the engine reads).
         With :attr:`bulk_in_process`, written and committed here
@@ -310,8 +311,13 @@ class DeltaTableRef:
                 frame = spark.createDataFrame(batch)
             else:
                 frame = spark.createDataFrame([], _spark_schema(spark, batch.schema))
-            (frame.write.format("delta").mode("overwrite").option("replaceWhere", predicate)
-             .option("targetFileSize", str(REPLACE_TARGET_FILE_BYTES)).save(self.uri))
+            (
+                frame.write.format("delta")
+                .mode("overwrite")
+                .option("replaceWhere", predicate)
+                .option("targetFileSize", str(REPLACE_TARGET_FILE_BYTES))
+                .save(self.uri)
+            )
 
         self.engine.run(run)
 
@@ -391,6 +397,7 @@ class DeltaTableRef:
         last = schema.day_of_ns(max(end_ns - 1, start_ns))
         staged = self.engine.is_embedded and is_local(self.uri)
         while day <= last:
+
             def run(spark, day=day):
                 condition = (
                     (F.col("day") == F.lit(day))
@@ -422,8 +429,9 @@ class DeltaTableRef:
 
         out = staging_dir(self.uri)
         try:
-            self.engine.run(lambda spark: frame(spark).write.mode("overwrite")
-                            .option("compression", "none").parquet(str(out)))
+            self.engine.run(
+                lambda spark: frame(spark).write.mode("overwrite").option("compression", "none").parquet(str(out))
+            )
             table = pq.read_table(str(out)) if out.exists() else None
         finally:
             shutil.rmtree(out, ignore_errors=True)
@@ -443,7 +451,8 @@ class DeltaTableRef:
         def run(spark):
             sent = F.col("sent")
             condition = (
-                (sent >= F.lit(lower_s)) & (sent <= F.lit(upper_s))
+                (sent >= F.lit(lower_s))
+                & (sent <= F.lit(upper_s))
                 & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
                 & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s)))
             )
@@ -451,11 +460,16 @@ class DeltaTableRef:
                 condition = condition & F.col("topic").isin(topics)
             if cursor is not None:
                 ts, digest = cursor
-                condition = condition & ((sent > F.lit(ts)) | ((sent == F.lit(ts)) & (F.col("envelope_hash") > F.lit(digest))))
+                condition = condition & (
+                    (sent > F.lit(ts)) | ((sent == F.lit(ts)) & (F.col("envelope_hash") > F.lit(digest)))
+                )
             return (
-                spark.read.format("delta").load(self.uri).where(condition)
+                spark.read.format("delta")
+                .load(self.uri)
+                .where(condition)
                 .select("envelope_hash", "raw", "topic", "expiry", "ttl", "sent", "arrival_time")
-                .orderBy("sent", "envelope_hash").limit(fetch)
+                .orderBy("sent", "envelope_hash")
+                .limit(fetch)
             )
 
         return self.engine.run(lambda spark: fetch_arrow(run(spark)))
@@ -465,11 +479,16 @@ class DeltaTableRef:
 
         def run(spark):
             return (
-                spark.read.format("delta").load(self.uri)
-                .where((F.col("sent") >= F.lit(lower_s)) & (F.col("sent") <= F.lit(upper_s))
-                       & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
-                       & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s))))
-                .select("topic").distinct()
+                spark.read.format("delta")
+                .load(self.uri)
+                .where(
+                    (F.col("sent") >= F.lit(lower_s))
+                    & (F.col("sent") <= F.lit(upper_s))
+                    & (F.col("day") >= F.lit(schema.day_of_seconds(lower_s)))
+                    & (F.col("day") <= F.lit(schema.day_of_seconds(upper_s)))
+                )
+                .select("topic")
+                .distinct()
             )
 
         return [t for t in self.engine.run(lambda spark: fetch_arrow(run(spark))).column(0).to_pylist()]
@@ -480,7 +499,8 @@ class DeltaTableRef:
 
         def run(spark):
             return (
-                spark.read.format("delta").load(self.uri)
+                spark.read.format("delta")
+                .load(self.uri)
                 .where((F.col("timestamp") >= F.lit(since_ns)) & (F.col("day") >= F.lit(schema.day_of_ns(since_ns))))
                 .orderBy(F.col("timestamp").desc(), F.col("message_hash").desc())
                 .limit(limit)
@@ -538,8 +558,13 @@ def _query_condition(F, preds: Sequence[store_query.Predicate], after: store_que
             parts.append((ts < F.lit(after.timestamp)) | ((ts == F.lit(after.timestamp)) & (key < F.lit(after.key))))
         # Rows after the cursor lie on its day or later (before it: on its
         # day or earlier): the other days need not be opened.
-        parts.append(_day_bound(F, store_query.GE if after.forward else store_query.LT,
-                                after.timestamp if after.forward else after.timestamp + 1))
+        parts.append(
+            _day_bound(
+                F,
+                store_query.GE if after.forward else store_query.LT,
+                after.timestamp if after.forward else after.timestamp + 1,
+            )
+        )
     condition = None
     for part in parts:
         condition = part if condition is None else condition & part
@@ -573,8 +598,12 @@ def _sql_literal(value: Any) -> str:
 
 
 _SPARK_TYPES = {
-    pa.binary(): "BINARY", pa.string(): "STRING", pa.int32(): "INT",
-    pa.int64(): "BIGINT", pa.date32(): "DATE", pa.bool_(): "BOOLEAN",
+    pa.binary(): "BINARY",
+    pa.string(): "STRING",
+    pa.int32(): "INT",
+    pa.int64(): "BIGINT",
+    pa.date32(): "DATE",
+    pa.bool_(): "BOOLEAN",
 }
 
 

@@ -241,5 +241,3 @@ def _read_frames(path: Path, tolerate_tail: bool) -> Iterator[bytes]:
             if len(body) < length or zlib.crc32(body) != crc:
                 raise WalCorruption(f"{path}: damaged record")
             yield body
-
-

@@ -126,8 +126,9 @@ class StagedFiles:
             _remove(self._written)
 
 
-def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int, end_ns: int,
-                   content_topics: Sequence[str]) -> None:
+def replace_window(
+    uri: str, source: pa.Table | str | StagedFiles, start_ns: int, end_ns: int, content_topics: Sequence[str]
+) -> None:
     """Make ``source`` (an Arrow table of the messages schema, a directory
     of staged Parquet files of it, or :class:`StagedFiles` already in
     place) the whole content of the window [``start_ns``, ``end_ns``) for
@@ -159,8 +160,9 @@ def replace_window(uri: str, source: pa.Table | str | StagedFiles, start_ns: int
             adds += [AddAction(*action) for action in write_days(root, _batches(source), written)]
         if not removes and not adds:
             return
-        table.create_write_transaction(removes + adds, "append", table.schema(),
-                                       partition_by=[schema.MESSAGES_PARTITION])
+        table.create_write_transaction(
+            removes + adds, "append", table.schema(), partition_by=[schema.MESSAGES_PARTITION]
+        )
         committed = True
         if isinstance(source, StagedFiles):
             source.committed = True
@@ -195,12 +197,15 @@ def _files_of_window(table, first, last, start_ns: int, end_ns: int) -> Iterator
 
 def _in_window(batch: pa.RecordBatch | pa.Table, start_ns: int, end_ns: int, topics: pa.Array) -> pa.Array:
     stamps = batch.column("timestamp")
-    return pc.and_(pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns)),
-                   pc.is_in(batch.column("content_topic"), value_set=topics))
+    return pc.and_(
+        pc.and_(pc.greater_equal(stamps, start_ns), pc.less(stamps, end_ns)),
+        pc.is_in(batch.column("content_topic"), value_set=topics),
+    )
 
 
-def _rewrite_without_window(root: Path, path: str, day: str, start_ns: int, end_ns: int, topics: pa.Array,
-                            written: list[Path]) -> list[tuple] | None:
+def _rewrite_without_window(
+    root: Path, path: str, day: str, start_ns: int, end_ns: int, topics: pa.Array, written: list[Path]
+) -> list[tuple] | None:
     """None when the file holds no row of the window; else the add actions
     of its other rows, written to a new file (none when it held only rows
     of the window)."""
@@ -209,8 +214,10 @@ def _rewrite_without_window(root: Path, path: str, day: str, start_ns: int, end_
     if not pc.any(_in_window(keys, start_ns, end_ns, topics)).as_py():
         return None
     del keys
-    kept = (batch.filter(pc.invert(_in_window(batch, start_ns, end_ns, topics)))
-            for batch in _file_batches(source, _PHYSICAL.names))
+    kept = (
+        batch.filter(pc.invert(_in_window(batch, start_ns, end_ns, topics)))
+        for batch in _file_batches(source, _PHYSICAL.names)
+    )
     with _DayFiles(root, written) as files:
         for batch in kept:
             if batch.num_rows:
@@ -236,8 +243,9 @@ def _file_batches(source: pq.ParquetFile, columns: list[str] | None = None) -> I
         del group
 
 
-def write_days(root: Path, batches: Iterator[pa.RecordBatch], written: list[Path],
-               layout: FileLayout = WINDOW_LAYOUT) -> list[tuple]:
+def write_days(
+    root: Path, batches: Iterator[pa.RecordBatch], written: list[Path], layout: FileLayout = WINDOW_LAYOUT
+) -> list[tuple]:
     """The rows of ``batches`` (with their day column) written into their
     days' partitions under ``root`` (every file's path is added to
     ``written`` as it is opened); the add actions of the files, as
@@ -302,9 +310,14 @@ class _File:
         self.path = root / self.relative
         self.path.parent.mkdir(parents=True, exist_ok=True)
         blooms = {name: {"ndv": layout.row_group_rows, "fpp": layout.bloom_fpp} for name in layout.bloom_columns}
-        self.writer = pq.ParquetWriter(str(self.path), _PHYSICAL, compression=_COMPRESSION,
-                                       use_dictionary=_DICTIONARY_COLUMNS, write_statistics=list(_STATS_COLUMNS),
-                                       bloom_filter_options=blooms or None)
+        self.writer = pq.ParquetWriter(
+            str(self.path),
+            _PHYSICAL,
+            compression=_COMPRESSION,
+            use_dictionary=_DICTIONARY_COLUMNS,
+            write_statistics=list(_STATS_COLUMNS),
+            bloom_filter_options=blooms or None,
+        )
         self.rows = 0
         self.bytes = 0
 
@@ -352,8 +365,14 @@ class _File:
             "maxValues": high,
             "nullCount": {name: 0 for name in _PHYSICAL.names},  # every column is non-nullable
         }
-        return (self.relative, stat.st_size, {schema.MESSAGES_PARTITION: self.day}, int(stat.st_mtime * 1000),
-                True, json.dumps(stats))
+        return (
+            self.relative,
+            stat.st_size,
+            {schema.MESSAGES_PARTITION: self.day},
+            int(stat.st_mtime * 1000),
+            True,
+            json.dumps(stats),
+        )
 
 
 def _remove(paths: list[Path]) -> None:

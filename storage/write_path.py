@@ -246,9 +246,7 @@ class _Pending(Generic[R]):
         self._index()
         return self._by_hash.get(hash_)
 
-    def entries(
-        self, low_ts: int | None, high_ts: int | None, reverse: bool, group: object = None
-    ) -> Iterator[tuple]:
+    def entries(self, low_ts: int | None, high_ts: int | None, reverse: bool, group: object = None) -> Iterator[tuple]:
         """(timestamp, hash, key) with low <= timestamp <= high (None:
         unbounded), of one group or (None) of all, ascending unless ``reverse``."""
         if self._order is None:
@@ -475,8 +473,9 @@ class WritePath(Generic[R]):
                     # key index cannot answer): writes pause, they do not
                     # fail. The rows are made durable and decided at
                     # commit; until then no query shows them.
-                    log.info("%d keys to check while the engine is unavailable (%s): deciding at commit",
-                             len(maybe), exc)
+                    log.info(
+                        "%d keys to check while the engine is unavailable (%s): deciding at commit", len(maybe), exc
+                    )
                     known, unresolved = set(), maybe
                 finally:
                     self.lookup_seconds += time.perf_counter() - started
@@ -567,7 +566,7 @@ class WritePath(Generic[R]):
         # A replay after a crash may ask about a whole buffer at once: keep
         # each IN list a small request.
         for start in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[start:start + LOOKUP_CHUNK]
+            chunk = keys[start : start + LOOKUP_CHUNK]
             found |= self.table.existing_keys(self.codec.key_column, chunk, self.codec.partition_column, days)
         return found
 
@@ -598,7 +597,7 @@ class WritePath(Generic[R]):
         """:meth:`remember` for Arrow columns (a window of a million rows):
         no object per key but for the newest the recent set keeps."""
         with self._lock:
-            self._recent.add_many(keys[max(0, len(keys) - 2 * self._recent.capacity):].to_pylist())
+            self._recent.add_many(keys[max(0, len(keys) - 2 * self._recent.capacity) :].to_pylist())
             pending = self._buffer.keys()
             if pending:
                 listed = pa.array(list(pending), pa.binary())
@@ -643,14 +642,15 @@ class WritePath(Generic[R]):
             generations = [g for g in (self._buffer, self._inflight) if g]
             runs = [
                 (g, g.entries(low_ts, high_ts, reverse, group))
-                for g in generations for group in (groups if groups is not None else [None])
+                for g in generations
+                for group in (groups if groups is not None else [None])
             ]
             tagged = [_tagged(entries, g) for g, entries in runs]
             if len(tagged) > 1:
                 tagged = [heapq.merge(*tagged, key=lambda t: t[0], reverse=reverse)]
             unresolved = self._unresolved
             last_ts = None
-            for (timestamp, _hash, key), generation in (tagged[0] if tagged else ()):
+            for (timestamp, _hash, key), generation in tagged[0] if tagged else ():
                 if len(out) >= fetch and timestamp != last_ts:
                     break
                 row = generation.rows[key]
@@ -773,8 +773,9 @@ class WritePath(Generic[R]):
                 raise
             finally:
                 # Either way the keys may be in the table now.
-                self.key_filter.add_columns(arrow.column(self.codec.key_column),
-                                            arrow.column(self.codec.partition_column))
+                self.key_filter.add_columns(
+                    arrow.column(self.codec.key_column), arrow.column(self.codec.partition_column)
+                )
             self.appended_rows += len(fresh_keys)
         if retried:
             # Known new at put time: only our own failed append can hold them.
@@ -822,8 +823,9 @@ class WritePath(Generic[R]):
                     log.info("old rows of a batch not looked up (the MERGE decides them): %s", exc)
                     known = None
                 if known:
-                    held = pc.and_(old, pc.is_in(batch.column(self.codec.key_column),
-                                                 value_set=pa.array(list(known), pa.binary())))
+                    held = pc.and_(
+                        old, pc.is_in(batch.column(self.codec.key_column), value_set=pa.array(list(known), pa.binary()))
+                    )
                     batch = batch.filter(pc.invert(held))
                     self.known_old_rows += len(known)
         if batch.num_rows:

@@ -46,12 +46,16 @@ def test_compose_file_describes_two_nodes_on_sail_in_cluster_mode_and_a_minio_bu
         # The nodes and the engine reach the same store with the same keys.
         assert {k: env[k] for k in S3_KEYS} == {k: sail["environment"][k] for k in S3_KEYS}
         assert env["AWS_ENDPOINT_URL"].startswith("http://minio:")
-        assert f"mb --ignore-existing fleet/{_bucket_of(env['WAKUSTORE_TABLE_ROOT'])}" in services["bucket"]["command"][0]
+        assert (
+            f"mb --ignore-existing fleet/{_bucket_of(env['WAKUSTORE_TABLE_ROOT'])}" in services["bucket"]["command"][0]
+        )
         assert node["depends_on"]["bucket"]["condition"] == "service_completed_successfully"
         assert any(v.endswith(":/var/lib/wakustore") for v in node["volumes"])
     assert services["minio"]["environment"]["MINIO_ROOT_USER"] == services["node-a"]["environment"]["AWS_ACCESS_KEY_ID"]
-    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == (
-        services["node-a"]["environment"]["AWS_SECRET_ACCESS_KEY"])
+    assert (
+        services["minio"]["environment"]["MINIO_ROOT_PASSWORD"]
+        == (services["node-a"]["environment"]["AWS_SECRET_ACCESS_KEY"])
+    )
     # Spark with Delta stays available, off by default.
     assert services["spark"]["profiles"] == ["spark"]
     for service in services.values():
@@ -64,8 +68,18 @@ def test_compose_file_describes_two_nodes_on_sail_in_cluster_mode_and_a_minio_bu
 def test_kubernetes_manifests_run_sail_in_cluster_mode_on_a_minio_bucket():
     docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "wakustore.yaml").read_text()) if d]
     kinds = {d["kind"] for d in docs}
-    assert {"Namespace", "Secret", "ConfigMap", "Deployment", "StatefulSet", "Service", "Job", "ServiceAccount",
-            "Role", "RoleBinding"} <= kinds
+    assert {
+        "Namespace",
+        "Secret",
+        "ConfigMap",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "Job",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+    } <= kinds
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     config = tomllib.loads(by_name["ConfigMap", "wakustore-config"]["data"]["node.toml"])
     assert config["engine"] == "sc://sail.wakustore.svc:15002"
@@ -80,7 +94,9 @@ def test_kubernetes_manifests_run_sail_in_cluster_mode_on_a_minio_bucket():
     sail = by_name["Deployment", "sail"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in sail["containers"][0]["env"]}
     assert env["SAIL_MODE"] in {"kubernetes-cluster", "local-cluster"}
-    assert {"SAIL_KUBERNETES__IMAGE", "SAIL_KUBERNETES__DRIVER_POD_NAME", "SAIL_CLUSTER__DRIVER_EXTERNAL_HOST"} <= set(env)
+    assert {"SAIL_KUBERNETES__IMAGE", "SAIL_KUBERNETES__DRIVER_POD_NAME", "SAIL_CLUSTER__DRIVER_EXTERNAL_HOST"} <= set(
+        env
+    )
     assert sail["serviceAccountName"] == "sail"
     rules = by_name["Role", "sail-workers"]["rules"]
     assert any("pods" in r["resources"] and {"create", "delete", "watch"} <= set(r["verbs"]) for r in rules)
@@ -94,8 +110,11 @@ def test_kubernetes_manifests_run_sail_in_cluster_mode_on_a_minio_bucket():
 
 
 def test_sail_image_installs_the_pysail_the_node_requires():
-    requirement = next(d for d in tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
-                       ["dependencies"] if d.startswith("pysail"))
+    requirement = next(
+        d
+        for d in tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+        if d.startswith("pysail")
+    )
     assert f'"{requirement}"' in (DEPLOY / "container" / "sail.Containerfile").read_text()
 
 
@@ -111,8 +130,11 @@ def test_containerfile_copies_every_package_folder():
     """`pip install .` in the image needs every folder pyproject.toml maps."""
     root = DEPLOY.parent
     folders = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
-    copied = {line.split()[1] for line in (DEPLOY / "container" / "Containerfile").read_text().splitlines()
-              if line.startswith("COPY ")}
+    copied = {
+        line.split()[1]
+        for line in (DEPLOY / "container" / "Containerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+    }
     assert folders <= copied, sorted(folders - copied)
 
 

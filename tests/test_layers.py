@@ -145,8 +145,15 @@ GRAPH, ROOTS = import_graph(package_dirs())
 
 def test_the_graph_sees_every_package_and_function_local_imports():
     packages = {m.rsplit(".", 1)[0] if m.count(".") > 1 else m for m in GRAPH}
-    for package in ("wakustore.protocols", "wakustore.storage", "wakustore.node", "wakustore.clients",
-                    "wakustore.cli", "wakustore.bench", "wakustore.protos"):
+    for package in (
+        "wakustore.protocols",
+        "wakustore.storage",
+        "wakustore.node",
+        "wakustore.clients",
+        "wakustore.cli",
+        "wakustore.bench",
+        "wakustore.protos",
+    ):
         assert package in packages
     # Imported inside functions only (cli/main.py's _extra_commands,
     # bench/store.py's SQL comparison).
@@ -162,14 +169,21 @@ def test_protocols_is_sans_io():
         if not _in(module, ["wakustore.protocols"]):
             continue
         problems += [f"{module} imports {r}" for r in sorted(roots & NOT_SANS_IO)]
-        problems += [f"{module} imports {t}" for t in sorted(GRAPH[module])
-                     if not _in(t, ["wakustore.protocols", "wakustore.protos"]) and t not in SHARED]
+        problems += [
+            f"{module} imports {t}"
+            for t in sorted(GRAPH[module])
+            if not _in(t, ["wakustore.protocols", "wakustore.protos"]) and t not in SHARED
+        ]
     assert not problems, problems
 
 
 def test_spark_delta_and_arrow_only_under_storage():
-    problems = [f"{module} imports {r}" for module, roots in ROOTS.items()
-                for r in sorted(roots & ENGINE_LIBRARIES) if not _in(module, ["wakustore.storage"])]
+    problems = [
+        f"{module} imports {r}"
+        for module, roots in ROOTS.items()
+        for r in sorted(roots & ENGINE_LIBRARIES)
+        if not _in(module, ["wakustore.storage"])
+    ]
     assert not problems, problems
 
 
@@ -181,10 +195,13 @@ def test_lower_layers_never_import_upper_ones():
         ("wakustore.node", COMMANDS_AND_BENCHMARKS),
         ("wakustore.clients", COMMANDS_AND_BENCHMARKS),
     ]
-    problems = [f"{module} imports {target}"
-                for layer, forbidden in rules
-                for module, targets in _project_imports(GRAPH, layer).items()
-                for target in sorted(targets) if _in(target, forbidden)]
+    problems = [
+        f"{module} imports {target}"
+        for layer, forbidden in rules
+        for module, targets in _project_imports(GRAPH, layer).items()
+        for target in sorted(targets)
+        if _in(target, forbidden)
+    ]
     assert not problems, problems
 
 

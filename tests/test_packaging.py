@@ -26,8 +26,11 @@ def test_make_run_passes_args_to_serve():
     result = subprocess.run(
         # --no-print-directory: under `make test` this make is a sub-make,
         # which would print "Entering/Leaving directory" lines.
-        ["make", "--no-print-directory", "-n", "run", "ARGS=--tcp-port 0 --shard 1"], cwd=ROOT,
-        capture_output=True, text=True, timeout=60,
+        ["make", "--no-print-directory", "-n", "run", "ARGS=--tcp-port 0 --shard 1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]

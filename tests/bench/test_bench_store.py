@@ -46,10 +46,14 @@ def test_the_originals_fingerprint_is_that_of_the_distinct_messages_of_the_strea
     assert len(hashes) == len(muids)  # every original has its own MUID
     wanted = bench_dataset.originals_fingerprint(spec, batch_size=1234)
     assert wanted == bench_dataset.Fingerprint.of_prefixes(_prefixes(hashes))
-    assert wanted.count == len(hashes) == sum(
-        1 for slot in range(spec.messages) if not bench_dataset.is_duplicate(spec, slot))
+    assert (
+        wanted.count
+        == len(hashes)
+        == sum(1 for slot in range(spec.messages) if not bench_dataset.is_duplicate(spec, slot))
+    )
     assert bench_dataset.message_at(spec, 4321) == next(
-        (p, m) for batch in bench_dataset.stream(spec, 5000) for i, (p, m, _) in enumerate(batch) if i == 4321)
+        (p, m) for batch in bench_dataset.stream(spec, 5000) for i, (p, m, _) in enumerate(batch) if i == 4321
+    )
 
 
 class _Hashes:
@@ -61,7 +65,7 @@ class _Hashes:
     def prefix_batches(self, column):
         assert column == "message_hash"
         for start in range(0, len(self.hashes), 1000):
-            yield _prefixes(self.hashes[start:start + 1000])
+            yield _prefixes(self.hashes[start : start + 1000])
 
 
 def test_the_integrity_check_compares_the_table_with_the_originals_not_with_the_puts():
@@ -95,8 +99,9 @@ def test_non_empty_data_dir_is_refused(tmp_path):
 
 def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    args = parse("--messages", "3000", "--compare", "sqlite,postgres", "--queries", "40",
-                 "--lookups", "4", "--json", str(out))
+    args = parse(
+        "--messages", "3000", "--compare", "sqlite,postgres", "--queries", "40", "--lookups", "4", "--json", str(out)
+    )
     assert args.handler(args) == 0
     report = json.loads(out.read_text())
 
@@ -112,8 +117,17 @@ def test_small_run_reports_every_figure_and_backends_agree(tmp_path, capsys):
     assert 0 < report["query_p50_ms"] <= report["query_p99_ms"]
     assert report["queries"] == 40
     assert report["hash_lookup_p50_ms"] > 0
-    for shape in ("1h/first", "1d/first", "7d/first", "hash/1", "hash/20", "hash/50",
-                  "hash/1/keys", "hash/20/keys", "hash/50/keys"):
+    for shape in (
+        "1h/first",
+        "1d/first",
+        "7d/first",
+        "hash/1",
+        "hash/20",
+        "hash/50",
+        "hash/1/keys",
+        "hash/20/keys",
+        "hash/50/keys",
+    ):
         figures = report["per_shape"][shape]
         assert figures["n"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
     # The node opened again on its table: its indexes mapped, none built,

@@ -74,15 +74,15 @@ def test_status_go_mix_replays_every_shape_of_its_traffic_without_errors(engine,
     from wakustore.bench.status_go_mix import SHARES
 
     out = tmp_path / "wire.json"
-    args = parse("--messages", "1500", "--clients", "2", "--queries", "80", "--mix", "status-go",
-                 "--json", str(out))
+    args = parse("--messages", "1500", "--clients", "2", "--queries", "80", "--mix", "status-go", "--json", str(out))
     assert bench_wire.run_wire_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
     assert report["mix"] == "status-go"
     (level,) = report["levels"]
     assert level["queries"] == 80 and level["errors"] == 0
-    firsts = {name.rsplit("/", 1)[0]: shape["n"] for name, shape in level["per_shape"].items()
-              if name.endswith("/first")}
+    firsts = {
+        name.rsplit("/", 1)[0]: shape["n"] for name, shape in level["per_shape"].items() if name.endswith("/first")
+    }
     assert set(firsts) == {name for name, _ in SHARES}
     assert firsts["presence/50"] > firsts["community/31d"]
     assert all(shape["qps"] > 0 for shape in level["per_shape"].values())
@@ -118,13 +118,13 @@ def test_the_table_bench_store_filled_is_queried_as_it_is(engine, tmp_path):
     from wakustore.bench import store as bench_store
 
     kept = tmp_path / "kept"
-    store_args = build_parser().parse_args(["bench", "store", "--messages", "1500", "--queries", "10",
-                                            "--lookups", "1", "--data-dir", str(kept)])
+    store_args = build_parser().parse_args(
+        ["bench", "store", "--messages", "1500", "--queries", "10", "--lookups", "1", "--data-dir", str(kept)]
+    )
     assert bench_store.run_store_bench(store_args) == 0
     rows = sorted(os.listdir(kept / "tables" / "messages"))
     out = tmp_path / "wire.json"
-    args = parse("--table-of", str(kept), "--clients", "1", "--queries", "30", "--mix", "status-go",
-                 "--json", str(out))
+    args = parse("--table-of", str(kept), "--clients", "1", "--queries", "30", "--mix", "status-go", "--json", str(out))
     assert bench_wire.run_wire_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
     assert report["table_of"] == str(kept) and report["messages"] == 1500
@@ -146,8 +146,19 @@ def test_shapes_do_not_apply_to_the_status_go_mix(tmp_path):
 @pytest.mark.slow
 def test_hostile_run_reports_the_clients_figures_under_the_hostile_load(engine, tmp_path, capsys):
     out = tmp_path / "wire.json"
-    args = parse("--messages", "1500", "--clients", "2", "--queries", "40", "--hostile", "--hostile-hosts", "2",
-                 "--json", str(out))
+    args = parse(
+        "--messages",
+        "1500",
+        "--clients",
+        "2",
+        "--queries",
+        "40",
+        "--hostile",
+        "--hostile-hosts",
+        "2",
+        "--json",
+        str(out),
+    )
     assert bench_wire.run_wire_bench(args, engine=engine) == 0
     (level,) = json.loads(out.read_text())["levels"]
     hostile = level["hostile"]

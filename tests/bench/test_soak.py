@@ -13,8 +13,23 @@ from wakustore.bench.soak import STEPS, Soak
 pytestmark = pytest.mark.slow
 
 # Every kind of step early, around pushes, then random steps.
-SCHEDULE = ["push", "relay", "kill", "push", "kill_engine", "relay", "flush", "maintain",
-            "push", "replace", "relay", "restart", "kill_mid_push", "push", "kill"]
+SCHEDULE = [
+    "push",
+    "relay",
+    "kill",
+    "push",
+    "kill_engine",
+    "relay",
+    "flush",
+    "maintain",
+    "push",
+    "replace",
+    "relay",
+    "restart",
+    "kill_mid_push",
+    "push",
+    "kill",
+]
 
 
 def test_schedule_covers_every_kind_of_step():
@@ -33,9 +48,21 @@ def test_node_matches_the_model_through_kills_restarts_and_maintenance(tmp_path,
 
 def test_soak_command_prints_its_totals_last(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "wakustore", "soak", "--minutes", "0.5", "--seed", "7",
-         "--work-dir", str(tmp_path / "soak")],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "wakustore",
+            "soak",
+            "--minutes",
+            "0.5",
+            "--seed",
+            "7",
+            "--work-dir",
+            str(tmp_path / "soak"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
@@ -48,7 +75,9 @@ def test_soak_refuses_a_work_dir_with_a_node_in_it(tmp_path):
     (tmp_path / "node").mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "wakustore", "soak", "--minutes", "1", "--work-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "exists" in done.stderr

@@ -7,28 +7,29 @@ import pytest
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=60)
 
 
 HASH_ARGS = (
-    "message", "hash",
-    "--pubsub-topic", "/waku/2/default-waku/proto",
-    "--content-topic", "/waku/2/default-content/proto",
-    "--payload", "010203045445535405060708",
-    "--timestamp", str(0x175789BFA23F8400),
+    "message",
+    "hash",
+    "--pubsub-topic",
+    "/waku/2/default-waku/proto",
+    "--content-topic",
+    "/waku/2/default-content/proto",
+    "--payload",
+    "010203045445535405060708",
+    "--timestamp",
+    str(0x175789BFA23F8400),
 )
 
 
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (("--meta", "73757065722d736563726574"),
-         "64cce733fed134e83da02b02c6f689814872b1a0ac97ea56b76095c3c72bfe05"),
+        (("--meta", "73757065722d736563726574"), "64cce733fed134e83da02b02c6f689814872b1a0ac97ea56b76095c3c72bfe05"),
         ((), "a2554498b31f5bcdfcbf7fa58ad1c2d45f0254f3f8110a85588ec3cf10720fd8"),
-        (("--meta", bytes(range(64)).hex()),
-         "7158b6498753313368b9af8f6e0a0a05104f68f972981da42a43bc53fb0c1b27"),
+        (("--meta", bytes(range(64)).hex()), "7158b6498753313368b9af8f6e0a0a05104f68f972981da42a43bc53fb0c1b27"),
     ],
 )
 def test_message_hash_prints_published_vectors(extra, expected):
@@ -47,8 +48,9 @@ def test_message_hash_with_empty_payload_vector():
 def test_message_muid_prints_checksum_and_meta():
     import hashlib
 
-    result = run("message", "muid", "--pubsub-topic", "/n", "--content-topic", "/c",
-                 "--payload", "0x0102", "--meta", "aa")
+    result = run(
+        "message", "muid", "--pubsub-topic", "/n", "--content-topic", "/c", "--payload", "0x0102", "--meta", "aa"
+    )
     expected = hashlib.sha256(b"/n/c\xaa\x01\x02").hexdigest() + "aa"
     assert result.stdout.strip() == expected
 

@@ -17,14 +17,16 @@ def wakustore(*args, timeout=300):
 def _messages(now):
     out = []
     for i in range(300):
-        out.append({
-            "pubsub_topic": f"/waku/2/rs/16/{32 + i % 2}",
-            "content_topic": f"/db/1/t{i % 3}/proto",
-            "payload": (b"payload-%d" % i).hex(),
-            "meta": "" if i % 4 else "ab" * (i % 7),
-            "timestamp": now - (i % 40) * DAY // 4 - i,
-            "version": i % 2,
-        })
+        out.append(
+            {
+                "pubsub_topic": f"/waku/2/rs/16/{32 + i % 2}",
+                "content_topic": f"/db/1/t{i % 3}/proto",
+                "payload": (b"payload-%d" % i).hex(),
+                "meta": "" if i % 4 else "ab" * (i % 7),
+                "timestamp": now - (i % 40) * DAY // 4 - i,
+                "version": i % 2,
+            }
+        )
     return out
 
 
@@ -59,14 +61,33 @@ def test_export_filters(loaded):
     base, messages, now = loaded
     out = base / "filtered.jsonl"
     start, end = now - 3 * DAY, now - DAY
-    result = wakustore("db", "export", "--data-dir", str(base / "data"), "--to-jsonl", str(out),
-                       "--pubsub-topic", "/waku/2/rs/16/32", "--content-topic", "/db/1/t0/proto",
-                       "--content-topic", "/db/1/t1/proto", "--start", str(start), "--end", str(end))
+    result = wakustore(
+        "db",
+        "export",
+        "--data-dir",
+        str(base / "data"),
+        "--to-jsonl",
+        str(out),
+        "--pubsub-topic",
+        "/waku/2/rs/16/32",
+        "--content-topic",
+        "/db/1/t0/proto",
+        "--content-topic",
+        "/db/1/t1/proto",
+        "--start",
+        str(start),
+        "--end",
+        str(end),
+    )
     assert result.returncode == 0, result.stderr
     got = sorted(json.loads(line)["payload"] for line in out.read_text().splitlines())
-    want = sorted(m["payload"] for m in messages
-                  if m["pubsub_topic"] == "/waku/2/rs/16/32" and m["content_topic"] in ("/db/1/t0/proto", "/db/1/t1/proto")
-                  and start <= m["timestamp"] < end)
+    want = sorted(
+        m["payload"]
+        for m in messages
+        if m["pubsub_topic"] == "/waku/2/rs/16/32"
+        and m["content_topic"] in ("/db/1/t0/proto", "/db/1/t1/proto")
+        and start <= m["timestamp"] < end
+    )
     assert got == want and got
 
 
@@ -113,7 +134,7 @@ def test_bad_import_lines_are_one_line_errors(tmp_path, content, message):
         ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": "12"}\n', ":1: timestamp must be an integer"),
         ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": -1}\n', ":1: timestamp must be an integer"),
         ('{"pubsub_topic": "/p", "content_topic": "/c", "version": 4294967295}\n', ":1: version must be"),
-        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": 1' + "0" * 5000 + '}\n', ":1: invalid JSON"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": 1' + "0" * 5000 + "}\n", ":1: invalid JSON"),
         ("[" * 100_000 + "\n", ":1: invalid JSON"),
         ('{"pubsub_topic": "/p\\ud800", "content_topic": "/c"}\n', ":1: a topic is not valid Unicode"),
         ('{"pubsub_topic": "/p", "content_topic": 7}\n', ":1: pubsub_topic and content_topic"),
@@ -147,8 +168,16 @@ def _lines(count, now, bad_at=None, bad=""):
         if i == bad_at:
             out.append(bad)
             continue
-        out.append(json.dumps({"pubsub_topic": "/waku/2/rs/16/32", "content_topic": f"/db/1/big{i % 5}/proto",
-                               "payload": (b"line-%d" % i).hex(), "timestamp": now - (i % 7) * DAY - i}))
+        out.append(
+            json.dumps(
+                {
+                    "pubsub_topic": "/waku/2/rs/16/32",
+                    "content_topic": f"/db/1/big{i % 5}/proto",
+                    "payload": (b"line-%d" % i).hex(),
+                    "timestamp": now - (i % 7) * DAY - i,
+                }
+            )
+        )
     return "".join(line + "\n" for line in out)
 
 
@@ -170,8 +199,12 @@ def _table_rows(data_dir):
     ("bad", "reason"),
     [
         ('{"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/c/1/x/proto", "payload": "0', "invalid JSON"),
-        ('{"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/c/1/x/proto", "payload": "'
-         + "ab" * (150 * 1024) + '"}', "too_large: message is"),
+        (
+            '{"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/c/1/x/proto", "payload": "'
+            + "ab" * (150 * 1024)
+            + '"}',
+            "too_large: message is",
+        ),
     ],
     ids=["invalid-json", "oversize-payload"],
 )
@@ -223,10 +256,20 @@ def test_db_retention_keeps_history_a_control_node_has_not_archived_and_compact_
     # Two messages a day for 20 days, imported in two files: two files per day.
     for half in (0, 1):
         source = tmp_path / f"h{half}.jsonl"
-        source.write_text("".join(json.dumps({
-            "pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/db/1/old/proto",
-            "payload": (b"day-%d-%d" % (day, half)).hex(), "timestamp": now - day * DAY - half,
-        }) + "\n" for day in range(20)))
+        source.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "pubsub_topic": "/waku/2/rs/16/32",
+                        "content_topic": "/db/1/old/proto",
+                        "payload": (b"day-%d-%d" % (day, half)).hex(),
+                        "timestamp": now - day * DAY - half,
+                    }
+                )
+                + "\n"
+                for day in range(20)
+            )
+        )
         result = wakustore("db", "import", "--data-dir", str(data), "--from-jsonl", str(source))
         assert result.returncode == 0, result.stderr
     assert max(_files_per_day(data).values()) >= 2
@@ -244,12 +287,14 @@ def test_db_retention_keeps_history_a_control_node_has_not_archived_and_compact_
     archives.mkdir()
     seeded_end_s = now // 10**9 - 12 * 86_400 - 3600
     ControlState(layout=Layout.STATUS_GO.value, last_end_s=seeded_end_s, seeded_end_s=seeded_end_s).save(
-        settings.state_path)
+        settings.state_path
+    )
     config = tmp_path / "node.toml"
     config.write_text(f'archive_key_file = "{tmp_path / "key"}"\narchive_dir = "{archives}"\n')
 
-    retention = wakustore("db", "retention", "--data-dir", str(data), "--config", str(config),
-                          "--policy", "time:432000")  # 5 days: older history would go, were it archived
+    retention = wakustore(
+        "db", "retention", "--data-dir", str(data), "--config", str(config), "--policy", "time:432000"
+    )  # 5 days: older history would go, were it archived
     assert retention.returncode == 0, retention.stderr
     result = json.loads(retention.stdout)
     keep_from = seeded_end_s * 10**9

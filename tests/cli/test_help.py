@@ -12,9 +12,7 @@ from wakustore.cli.main import _HelpFormatter, build_parser
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=60)
 
 
 def _commands(parser, path=()):
@@ -54,9 +52,18 @@ def test_serve_help_shows_the_node_defaults():
     result = run("serve", "--help")
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
-    for shown in ("(default: ./data)", "(default: embedded)", "(default: 60000)", "(default: 8000)",
-                  "(default: 8008)", "(default: 30303)", "(default: 16)", "(default: 32)",
-                  "(default: 0.0.0.0)", "(default: store:60/2s, lightpush:5/1s)"):
+    for shown in (
+        "(default: ./data)",
+        "(default: embedded)",
+        "(default: 60000)",
+        "(default: 8000)",
+        "(default: 8008)",
+        "(default: 30303)",
+        "(default: 16)",
+        "(default: 32)",
+        "(default: 0.0.0.0)",
+        "(default: store:60/2s, lightpush:5/1s)",
+    ):
         assert shown in text, shown
 
 
@@ -92,8 +99,11 @@ def _readme_synopsis():
 def test_readme_synopsis_matches_the_real_flags():
     parser = build_parser()
     commands = {path: sub for path, sub, _ in _commands(parser)}
-    leaves = {path: sub for path, sub in commands.items()
-              if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)}
+    leaves = {
+        path: sub
+        for path, sub in commands.items()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+    }
     synopsis = _readme_synopsis()
     for path, flags in synopsis.items():
         command = parser if path == () else leaves.get(path)

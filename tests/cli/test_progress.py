@@ -98,14 +98,30 @@ def test_close_is_idempotent_and_a_closed_progress_writes_nothing_more():
 def test_db_import_draws_a_bar_on_a_terminal_and_plain_lines_in_a_pipe(tmp_path):
     now = time.time_ns()
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(
-        json.dumps({"pubsub_topic": "/waku/2/rs/16/32", "content_topic": "/p/1/t/proto",
-                    "payload": (b"%d" % i).hex(), "timestamp": now - i}) + "\n" for i in range(50)))
+    source.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "pubsub_topic": "/waku/2/rs/16/32",
+                    "content_topic": "/p/1/t/proto",
+                    "payload": (b"%d" % i).hex(),
+                    "timestamp": now - i,
+                }
+            )
+            + "\n"
+            for i in range(50)
+        )
+    )
     command = [sys.executable, "-m", "wakustore", "db", "import", "--from-jsonl", str(source)]
     leader, follower = pty.openpty()
     try:
-        done = subprocess.run([*command, "--data-dir", str(tmp_path / "a")], stdout=subprocess.PIPE,
-                              stderr=follower, timeout=300, check=False)
+        done = subprocess.run(
+            [*command, "--data-dir", str(tmp_path / "a")],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            timeout=300,
+            check=False,
+        )
         os.close(follower)
         follower = -1
         seen = b""
@@ -125,8 +141,9 @@ def test_db_import_draws_a_bar_on_a_terminal_and_plain_lines_in_a_pipe(tmp_path)
     assert b"\r\x1b[Kstaging" in seen and b"staging 50 messages" in seen
     assert b"imported 50 messages: 50 new, 0 already stored" in seen
 
-    piped = subprocess.run([*command, "--data-dir", str(tmp_path / "b")], capture_output=True, text=True,
-                           timeout=300, check=False)
+    piped = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "b")], capture_output=True, text=True, timeout=300, check=False
+    )
     assert piped.returncode == 0, piped.stderr
     assert "\r" not in piped.stderr and "\x1b" not in piped.stderr
     assert any(line.startswith("staging 50 messages") for line in piped.stderr.splitlines())
@@ -160,4 +177,7 @@ def test_stages_without_a_terminal_give_one_line_per_stage_when_quick():
         stages.count("windows imported", 1, 1)
     lines = out.getvalue().splitlines()
     assert [line.split(",")[0] for line in lines] == [
-        "window 1..2: 40 messages", "pieces 8/8 100%", "windows imported 1/1 100%"]
+        "window 1..2: 40 messages",
+        "pieces 8/8 100%",
+        "windows imported 1/1 100%",
+    ]

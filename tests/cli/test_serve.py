@@ -31,19 +31,42 @@ READY_LINE = "wakustore node ready"
 
 
 def wakustore(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "wakustore", *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, **kwargs
+    )
 
 
 class ServeProcess:
     def __init__(self, data_dir, *extra, log_level="WARNING", stderr=subprocess.PIPE):
         env = {**os.environ, "WAKUSTORE_LOG_LEVEL": log_level}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wakustore", "serve", "--data-dir", str(data_dir),
-             "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
-             "--listen-host", "127.0.0.1",
-             "--cluster-id", str(CLUSTER_ID), "--shard", "3", *extra],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "wakustore",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--tcp-port",
+                "0",
+                "--ws-port",
+                "0",
+                "--mailserver-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--listen-host",
+                "127.0.0.1",
+                "--cluster-id",
+                str(CLUSTER_ID),
+                "--shard",
+                "3",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -141,12 +164,38 @@ def test_metrics_and_health_answer_on_loopback_only_by_default(served):
     [
         (("query", "--peer", "/ip4/127.0.0.1/tcp/1"), 2, "--peer"),
         (("query", "--peer", "{peer}", "--hashes", "abcd"), 2, "--hashes"),
-        (("push", "--peer", "{peer}", "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", "/a/1/b/proto",
-          "--payload", "xyz"), 2, "--payload"),
+        (
+            (
+                "push",
+                "--peer",
+                "{peer}",
+                "--pubsub-topic",
+                PUBSUB_TOPIC,
+                "--content-topic",
+                "/a/1/b/proto",
+                "--payload",
+                "xyz",
+            ),
+            2,
+            "--payload",
+        ),
         (("push", "--peer", "{peer}", "--payload", "00"), 2, "--pubsub-topic"),
         (("query", "--peer", "{peer}", "--content-topic", "/a/1/b/proto"), 1, "400 BAD_REQUEST"),
-        (("push", "--peer", "{peer}", "--pubsub-topic", "/waku/2/rs/42/4", "--content-topic", "/a/1/b/proto",
-          "--payload", "00"), 1, "421"),
+        (
+            (
+                "push",
+                "--peer",
+                "{peer}",
+                "--pubsub-topic",
+                "/waku/2/rs/42/4",
+                "--content-topic",
+                "/a/1/b/proto",
+                "--payload",
+                "00",
+            ),
+            1,
+            "421",
+        ),
     ],
 )
 def test_cli_errors_are_one_line(served, args, status, message):
@@ -163,28 +212,78 @@ def test_push_and_query_commands_round_trip_then_sigterm_commits(served, tmp_pat
     peer = printed[0]
     now = time.time_ns()
     single = WakuMessage(b"\x01\x02", CONTENT_TOPIC, timestamp=now, meta=b"\xaa")
-    result = wakustore("push", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC,
-                       "--payload", "0102", "--meta", "aa", "--timestamp", str(now))
+    result = wakustore(
+        "push",
+        "--peer",
+        peer,
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--payload",
+        "0102",
+        "--meta",
+        "aa",
+        "--timestamp",
+        str(now),
+    )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"hash": message_hash(PUBSUB_TOPIC, single).hex(), "status_code": 200,
-                                         "status_desc": None, "relay_peer_count": 0}
+    assert json.loads(result.stdout) == {
+        "hash": message_hash(PUBSUB_TOPIC, single).hex(),
+        "status_code": 200,
+        "status_desc": None,
+        "relay_peer_count": 0,
+    }
 
-    batch = [WakuMessage(bytes([i]) * (i + 1), CONTENT_TOPIC, timestamp=now + i + 1, version=i % 2)
-             for i in range(5)]
+    batch = [WakuMessage(bytes([i]) * (i + 1), CONTENT_TOPIC, timestamp=now + i + 1, version=i % 2) for i in range(5)]
     jsonl = tmp_path / "batch.jsonl"
-    jsonl.write_text("".join(json.dumps({
-        "pubsub_topic": PUBSUB_TOPIC, "content_topic": m.content_topic, "payload": m.payload.hex(),
-        "meta": "", "timestamp": m.timestamp, "version": m.version}) + "\n" for m in batch))
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "pubsub_topic": PUBSUB_TOPIC,
+                    "content_topic": m.content_topic,
+                    "payload": m.payload.hex(),
+                    "meta": "",
+                    "timestamp": m.timestamp,
+                    "version": m.version,
+                }
+            )
+            + "\n"
+            for m in batch
+        )
+    )
     result = wakustore("push", "--peer", printed[1], "--from-jsonl", str(jsonl))  # over websockets
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["status_code"] for line in result.stdout.splitlines()] == [200] * 5
 
-    result = wakustore("query", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC,
-                       "--forward", "--limit", "2", "--all", "--json")
+    result = wakustore(
+        "query",
+        "--peer",
+        peer,
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--forward",
+        "--limit",
+        "2",
+        "--all",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
-    expected = [{"hash": message_hash(PUBSUB_TOPIC, m).hex(), "pubsub_topic": PUBSUB_TOPIC,
-                 "content_topic": m.content_topic, "payload": m.payload.hex(), "meta": m.meta.hex(),
-                 "timestamp": m.timestamp, "version": m.version} for m in [single, *batch]]
+    expected = [
+        {
+            "hash": message_hash(PUBSUB_TOPIC, m).hex(),
+            "pubsub_topic": PUBSUB_TOPIC,
+            "content_topic": m.content_topic,
+            "payload": m.payload.hex(),
+            "meta": m.meta.hex(),
+            "timestamp": m.timestamp,
+            "version": m.version,
+        }
+        for m in [single, *batch]
+    ]
     assert [json.loads(line) for line in result.stdout.splitlines()] == expected
     assert "page 3: 2 messages, 6 in all" in result.stderr
 
@@ -204,8 +303,17 @@ def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        result = wakustore("serve", "--data-dir", str(tmp_path), "--tcp-port", str(port), "--ws-port", "0",
-                           "--listen-host", "127.0.0.1")
+        result = wakustore(
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--tcp-port",
+            str(port),
+            "--ws-port",
+            "0",
+            "--listen-host",
+            "127.0.0.1",
+        )
     assert result.returncode == 1
     assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
 
@@ -230,13 +338,26 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
     # Three weeks of history, imported before the node starts.
     jsonl = tmp_path / "history.jsonl"
     now = time.time_ns()
-    jsonl.write_text("".join(
-        json.dumps({"pubsub_topic": "/waku/2/rs/%d/3" % CLUSTER_ID, "content_topic": channel,
-                    "payload": (b"history-%d" % i).hex(), "timestamp": now - (i + 1) * 3600 * 10**9 * 5})
-        + "\n" for i in range(100)
-    ))
-    result = subprocess.run([sys.executable, "-m", "wakustore", "db", "import", "--data-dir", str(data_dir),
-                             "--from-jsonl", str(jsonl)], capture_output=True, text=True, timeout=300)
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "pubsub_topic": "/waku/2/rs/%d/3" % CLUSTER_ID,
+                    "content_topic": channel,
+                    "payload": (b"history-%d" % i).hex(),
+                    "timestamp": now - (i + 1) * 3600 * 10**9 * 5,
+                }
+            )
+            + "\n"
+            for i in range(100)
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "wakustore", "db", "import", "--data-dir", str(data_dir), "--from-jsonl", str(jsonl)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     server = ServeProcess(data_dir, "--config", str(config))
     try:
@@ -254,9 +375,22 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
         # The signed magnet link went into the node's own store.
         magnet_topic = topics.magnet_content_topic(pubkey)
         query = subprocess.run(
-            [sys.executable, "-m", "wakustore", "query", "--peer", printed[0], "--pubsub-topic",
-             "/waku/2/rs/%d/3" % CLUSTER_ID, "--content-topic", magnet_topic, "--json"],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "wakustore",
+                "query",
+                "--peer",
+                printed[0],
+                "--pubsub-topic",
+                "/waku/2/rs/%d/3" % CLUSTER_ID,
+                "--content-topic",
+                magnet_topic,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert query.returncode == 0, query.stderr
         assert len(query.stdout.splitlines()) >= 1
@@ -295,12 +429,14 @@ def test_serve_on_every_interface_prints_dialable_addresses_and_a_stopped_line(t
     from wakustore.node.host import interface_addresses
 
     config = tmp_path / "node.toml"
-    config.write_text('rate_limits = ["store:7/1s", "lightpush:3/1m"]\n'
-                      'ext_multiaddrs = ["/dns4/node.example.org/tcp/443/wss"]\n')
+    config.write_text(
+        'rate_limits = ["store:7/1s", "lightpush:3/1m"]\next_multiaddrs = ["/dns4/node.example.org/tcp/443/wss"]\n'
+    )
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        server = ServeProcess(tmp_path / "data", "--config", str(config), "--listen-host", "0.0.0.0",
-                              log_level="INFO", stderr=log)
+        server = ServeProcess(
+            tmp_path / "data", "--config", str(config), "--listen-host", "0.0.0.0", log_level="INFO", stderr=log
+        )
         try:
             printed = server.wait_ready()
             info = json.loads((tmp_path / "data" / "node-info.json").read_text())
@@ -315,8 +451,9 @@ def test_serve_on_every_interface_prints_dialable_addresses_and_a_stopped_line(t
             assert multiaddrs == [*tcp, *ws, "/dns4/node.example.org/tcp/443/wss" + suffix]
             # every printed interface address is dialable
             for peer in tcp:
-                result = wakustore("query", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC,
-                                   "--content-topic", CONTENT_TOPIC)
+                result = wakustore(
+                    "query", "--peer", peer, "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC
+                )
                 assert result.returncode == 0, (peer, result.stderr)
         finally:
             server.proc.send_signal(signal.SIGINT)

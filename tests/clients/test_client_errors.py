@@ -40,8 +40,14 @@ PAGE = 2  # 15 pages: three times the burst
 
 
 def wakustore(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wakustore", *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, env=_env(), check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "wakustore", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env=_env(),
+        check=False,
+    )
 
 
 def _env() -> dict[str, str]:
@@ -80,9 +86,20 @@ def with_wrong_peer_id(addr: str) -> str:
 
 
 def write_jsonl(path: Path, messages: list[WakuMessage]) -> Path:
-    path.write_text("".join(json.dumps({
-        "pubsub_topic": PUBSUB_TOPIC, "content_topic": m.content_topic, "payload": m.payload.hex(),
-        "timestamp": m.timestamp}) + "\n" for m in messages))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "pubsub_topic": PUBSUB_TOPIC,
+                    "content_topic": m.content_topic,
+                    "payload": m.payload.hex(),
+                    "timestamp": m.timestamp,
+                }
+            )
+            + "\n"
+            for m in messages
+        )
+    )
     return path
 
 
@@ -182,8 +199,19 @@ def default_node(engine, tmp_path_factory):
 
 def test_query_all_pages_through_a_tight_store_limit(tight_store_node):
     node, expected = tight_store_node
-    result = wakustore("query", "--peer", node.tcp_addr, "--pubsub-topic", PUBSUB_TOPIC,
-                       "--content-topic", CONTENT_TOPIC, "--limit", str(PAGE), "--all", "--json")
+    result = wakustore(
+        "query",
+        "--peer",
+        node.tcp_addr,
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--limit",
+        str(PAGE),
+        "--all",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     hashes = [json.loads(line)["hash"] for line in result.stdout.splitlines()]
     assert len(hashes) == SEEDED and sorted(hashes) == expected  # each exactly once
@@ -195,8 +223,9 @@ def test_query_all_pages_through_a_tight_store_limit(tight_store_node):
 
 def test_push_from_jsonl_waits_out_the_default_lightpush_limit(default_node, tmp_path):
     messages = fresh_messages(20, "/client-errors/1/backoff/proto")
-    result = wakustore("push", "--peer", default_node.tcp_addr,
-                       "--from-jsonl", str(write_jsonl(tmp_path / "m.jsonl", messages)))
+    result = wakustore(
+        "push", "--peer", default_node.tcp_addr, "--from-jsonl", str(write_jsonl(tmp_path / "m.jsonl", messages))
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["status_code"] for line in lines] == [200] * 20
@@ -210,21 +239,40 @@ def test_push_from_jsonl_waits_out_the_default_lightpush_limit(default_node, tmp
 def test_push_rate_stays_under_the_default_lightpush_limit(default_node, tmp_path):
     messages = fresh_messages(20, "/client-errors/1/paced/proto")
     started = time.monotonic()
-    result = wakustore("push", "--peer", default_node.tcp_addr, "--rate", "5",
-                       "--from-jsonl", str(write_jsonl(tmp_path / "m.jsonl", messages)))
+    result = wakustore(
+        "push",
+        "--peer",
+        default_node.tcp_addr,
+        "--rate",
+        "5",
+        "--from-jsonl",
+        str(write_jsonl(tmp_path / "m.jsonl", messages)),
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["status_code"] for line in result.stdout.splitlines()] == [200] * 20
     assert result.stderr.strip().splitlines()[-1] == "pushed 20 messages, 0 refused"  # never refused
     assert elapsed >= 19 / 5  # paced: 20 messages, 0.2 s apart
     assert stored_hashes(default_node, "/client-errors/1/paced/proto") == sorted(
-        message_hash(PUBSUB_TOPIC, m).hex() for m in messages)
+        message_hash(PUBSUB_TOPIC, m).hex() for m in messages
+    )
 
 
 @pytest.mark.parametrize("rate", ["0", "-1", "nan", "x"])
 def test_push_rate_must_be_positive(rate):
-    result = wakustore("push", "--peer", "/ip4/127.0.0.1/tcp/1/p2p/" + other_peer_id(), "--rate", rate,
-                       "--pubsub-topic", PUBSUB_TOPIC, "--content-topic", CONTENT_TOPIC, "--payload", "00")
+    result = wakustore(
+        "push",
+        "--peer",
+        "/ip4/127.0.0.1/tcp/1/p2p/" + other_peer_id(),
+        "--rate",
+        rate,
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--payload",
+        "00",
+    )
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "--rate" in lines[0], lines
@@ -245,14 +293,16 @@ def test_nothing_listening_is_one_line(command):
 
 @pytest.mark.parametrize(
     ("command", "transport"),
-    [(("query", "--pubsub-topic", PUBSUB_TOPIC), "tcp"), (("push", *PUSH_ARGS), "tcp"),
-     (("query", "--pubsub-topic", PUBSUB_TOPIC), "ws")],
+    [
+        (("query", "--pubsub-topic", PUBSUB_TOPIC), "tcp"),
+        (("push", *PUSH_ARGS), "tcp"),
+        (("query", "--pubsub-topic", PUBSUB_TOPIC), "ws"),
+    ],
 )
 def test_wrong_peer_id_is_one_line(default_node, command, transport):
     addr = default_node.ws_addr if transport == "ws" else default_node.tcp_addr
     result = wakustore(command[0], "--peer", with_wrong_peer_id(addr), *command[1:])
-    assert_one_line_failure(result, "cannot connect to", "peer id does not correspond",
-                            default_node.peer_id)
+    assert_one_line_failure(result, "cannot connect to", "peer id does not correspond", default_node.peer_id)
 
 
 def test_push_to_a_node_stopped_mid_push_is_one_line(engine, tmp_path):
@@ -269,9 +319,13 @@ def test_push_to_a_node_stopped_mid_push_is_one_line(engine, tmp_path):
 def push_until(peer: str, jsonl: Path, *, after_lines: int, stop) -> subprocess.CompletedProcess:
     """Run ``push --from-jsonl`` (paced, so it is still pushing) and call
     ``stop`` once it printed ``after_lines`` status lines."""
-    proc = subprocess.Popen([sys.executable, "-m", "wakustore", "push", "--peer", peer, "--rate", "10",
-                             "--from-jsonl", str(jsonl)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wakustore", "push", "--peer", peer, "--rate", "10", "--from-jsonl", str(jsonl)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     lines: list[str] = []
     enough = threading.Event()
 
@@ -300,8 +354,10 @@ def push_until(peer: str, jsonl: Path, *, after_lines: int, stop) -> subprocess.
 # --- the mailserver client ---------------------------------------------------------------
 
 
-ENODE_KEY = "c3f6605a697c3c9104bedeb8de92514f4639fa023297bf9592e0e4adc3c7f2c4" \
-            "c3fcef0a10c5e2b453af73adb6eee28ab65d138f9bc6905a3a5ff992df6c8c86"
+ENODE_KEY = (
+    "c3f6605a697c3c9104bedeb8de92514f4639fa023297bf9592e0e4adc3c7f2c4"
+    "c3fcef0a10c5e2b453af73adb6eee28ab65d138f9bc6905a3a5ff992df6c8c86"
+)
 
 
 def listener(behaviour: str):
@@ -340,13 +396,15 @@ def test_mailserver_unreachable_enode_is_one_line(verb):
     assert_one_line_failure(result, f"cannot connect to 127.0.0.1:{port}", "Connection refused")
 
 
-@pytest.mark.parametrize(("behaviour", "expected"), [("close", "connection closed during the handshake"),
-                                                     ("silent", "timed out")])
+@pytest.mark.parametrize(
+    ("behaviour", "expected"), [("close", "connection closed during the handshake"), ("silent", "timed out")]
+)
 def test_mailserver_refused_or_silent_handshake_is_one_line(behaviour, expected):
     port, stop = listener(behaviour)
     try:
-        result = wakustore("mailserver", "request", "--enode", f"enode://{ENODE_KEY}@127.0.0.1:{port}",
-                           "--timeout", "1")
+        result = wakustore(
+            "mailserver", "request", "--enode", f"enode://{ENODE_KEY}@127.0.0.1:{port}", "--timeout", "1"
+        )
     finally:
         stop()
     assert_one_line_failure(result, f"handshake with 127.0.0.1:{port} failed", expected)
@@ -360,10 +418,31 @@ def test_a_served_node_killed_mid_push_and_a_wrong_enode_are_one_line(tmp_path):
     """``wakustore serve`` as users run it: a mailserver dialled with the
     wrong node id refuses the handshake; SIGKILL during a push."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wakustore", "serve", "--data-dir", str(tmp_path / "data"),
-         "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
-         "--listen-host", "127.0.0.1", "--cluster-id", "42", "--shard", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "wakustore",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--tcp-port",
+            "0",
+            "--ws-port",
+            "0",
+            "--mailserver-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--listen-host",
+            "127.0.0.1",
+            "--cluster-id",
+            "42",
+            "--shard",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         env={**_env(), "WAKUSTORE_LOG_LEVEL": "WARNING"},
     )
     try:

@@ -70,8 +70,13 @@ def _listening_port(process: subprocess.Popen, log_path: Path, ready: re.Pattern
     return int(matches[0].group(1))
 
 
-def _pump(stream, log_path: Path, found: threading.Event | None = None,
-          pattern: re.Pattern | None = None, into: list | None = None) -> None:
+def _pump(
+    stream,
+    log_path: Path,
+    found: threading.Event | None = None,
+    pattern: re.Pattern | None = None,
+    into: list | None = None,
+) -> None:
     """Copy a child's output to its log file; report the first line that
     matches ``pattern``."""
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
@@ -103,7 +108,9 @@ class MotoServer:
     def start(self) -> MotoServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         self.port = _listening_port(self.process, self.log_path, _MOTO_LISTENING, "moto", self.stop)
@@ -117,8 +124,11 @@ class MotoServer:
         import boto3
 
         client = boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=S3_REGION,
-            aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY,
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=S3_REGION,
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
         )
         client.create_bucket(Bucket=name)
 
@@ -222,7 +232,6 @@ class Gate:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-
     def _note_log_puts(self, seen: bytes) -> bytes:
         """Record the heads of Delta log entry PUTs in ``seen``; return
         what may still hold the start of one."""
@@ -281,9 +290,12 @@ class SailCluster:
     def start(self) -> SailCluster:
         env = {**os.environ, **self.extra_env, "SAIL_MODE": "local-cluster", "RUST_LOG": "warn"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "wakustore.storage.sail_server", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+            [sys.executable, "-m", "wakustore.storage.sail_server", "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         self.port = _listening_port(self.process, self.log_path, _SAIL_LISTENING, "the Sail cluster", self.kill)
         return self
@@ -308,8 +320,16 @@ class SailCluster:
 class Node:
     """``wakustore serve`` in a child process with a TOML config."""
 
-    def __init__(self, work_dir: Path, name: str, *, engine: str, table_root: str,
-                 env: dict[str, str] | None = None, flush_interval_s: float = 0.2):
+    def __init__(
+        self,
+        work_dir: Path,
+        name: str,
+        *,
+        engine: str,
+        table_root: str,
+        env: dict[str, str] | None = None,
+        flush_interval_s: float = 0.2,
+    ):
         self.name = name
         self.data_dir = work_dir / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -341,7 +361,10 @@ class Node:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "wakustore", "serve", "--config", str(self.config_path)],
-                stdout=log, stderr=log, env=env, start_new_session=True,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
             )
         try:
             data = wait_for_node_info(self.process, self.data_dir, START_TIMEOUT_S, self.name, self.log_path)
@@ -408,8 +431,7 @@ def messages(content_topic: str, count: int, first: int = 0) -> list[WakuMessage
     # A second ago, a microsecond apart: well inside the node's drift limit.
     base = time.time_ns() - 1_000_000_000
     return [
-        WakuMessage(payload=f"{content_topic} #{i}".encode(), content_topic=content_topic,
-                    timestamp=base + i * 1_000)
+        WakuMessage(payload=f"{content_topic} #{i}".encode(), content_topic=content_topic, timestamp=base + i * 1_000)
         for i in range(first, first + count)
     ]
 
@@ -418,8 +440,9 @@ def muids(batch: Iterable[WakuMessage]) -> set[bytes]:
     return {muid(PUBSUB_TOPIC, m) for m in batch}
 
 
-async def push(peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage] | None = None,
-               streams: int = 4) -> list[WakuMessage]:
+async def push(
+    peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage] | None = None, streams: int = 4
+) -> list[WakuMessage]:
     """Lightpush v3 every message (``streams`` at a time over one
     connection); returns those the node acknowledged, also appended to
     ``acked`` as they are, so a caller that is cancelled keeps them."""
@@ -429,6 +452,7 @@ async def push(peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage]
     done: list[WakuMessage] = [] if acked is None else acked
     queue = list(batch)
     async with StoreClient.connect(peer, timeout_s=CLIENT_TIMEOUT_S) as client:
+
         async def worker() -> None:
             while queue:
                 message = queue.pop(0)
@@ -450,8 +474,9 @@ async def stored(peer: str, content_topic: str) -> list[bytes]:
     from wakustore.clients.store import StoreClient
 
     found: list[bytes] = []
-    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=(content_topic,), limit=100,
-                         include_data=False, forward=True)
+    query = HistoryQuery(
+        pubsub_topic=PUBSUB_TOPIC, content_topics=(content_topic,), limit=100, include_data=False, forward=True
+    )
     async with StoreClient.connect(peer, timeout_s=CLIENT_TIMEOUT_S) as client:
         async for page in client.pages(query):
             if page.status_code == StatusCode.SERVICE_UNAVAILABLE:
@@ -477,8 +502,7 @@ class Unavailable(Exception):
     """The node answered 503."""
 
 
-async def stored_when_available(peer: str, content_topic: str,
-                                timeout_s: float = RECOVERY_TIMEOUT_S) -> list[bytes]:
+async def stored_when_available(peer: str, content_topic: str, timeout_s: float = RECOVERY_TIMEOUT_S) -> list[bytes]:
     """:func:`stored`, asked again while the node answers 503."""
     deadline = trio.current_time() + timeout_s
     while True:
@@ -505,8 +529,13 @@ def run(function, *args):
         raise group from None
 
 
-def check_served(answer: list[bytes], sent: Iterable[WakuMessage], *, at_least: Iterable[WakuMessage] = (),
-                 exactly: Iterable[WakuMessage] | None = None) -> set[bytes]:
+def check_served(
+    answer: list[bytes],
+    sent: Iterable[WakuMessage],
+    *,
+    at_least: Iterable[WakuMessage] = (),
+    exactly: Iterable[WakuMessage] | None = None,
+) -> set[bytes]:
     """One node's answer (message hashes in page order): no hash twice, no
     two rows for one MUID, nothing that was not sent, every message of
     ``at_least`` (acknowledged) there, and, with ``exactly``, the MUIDs of
@@ -540,8 +569,9 @@ def settled(*nodes: Node, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
     from wakustore.storage.reader import CHECK_INTERVAL_S
 
     for node in nodes:
-        wait_for(lambda node=node: node.health()[1].get("pending_messages") == 0,
-                 f"{node.name} to commit its log", timeout_s)
+        wait_for(
+            lambda node=node: node.health()[1].get("pending_messages") == 0, f"{node.name} to commit its log", timeout_s
+        )
     time.sleep(CHECK_INTERVAL_S + 0.1)
 
 
@@ -587,7 +617,7 @@ def two_writers(a: Node, b: Node, topic: str, gate: Gate) -> None:
     MUID, and every commit created its log entry on ``gate``'s storage only
     if absent (a racing writer gets 412 and retries, never overwrites)."""
     commits_before = len(gate.log_puts)
-    first = messages(topic, 200)                        # 0..199 to a
+    first = messages(topic, 200)  # 0..199 to a
     shifted = [dataclasses.replace(m, timestamp=m.timestamp + 1_000_000) for m in first[100:150]]
     second = shifted + messages(topic, 150, first=150)  # 100..149 re-timed, 150..299 to b
     sent = first + second
@@ -607,8 +637,9 @@ def two_writers(a: Node, b: Node, topic: str, gate: Gate) -> None:
     assert commits and all("if-none-match: *" in head for _, head in commits), commits[:3]
 
 
-async def push_while(peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage],
-                     fault_sent: threading.Event) -> None:
+async def push_while(
+    peer: str, batch: Sequence[WakuMessage], acked: list[WakuMessage], fault_sent: threading.Event
+) -> None:
     """:func:`push`; a failure after the fault (the node was killed) ends
     the pushes quietly, any other is raised."""
     try:

@@ -34,8 +34,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster_nodes(sail_cluster, object_store, fleet_dir):
-    with running_pair(fleet_dir, "cluster", engine=sail_cluster.url, table_root=f"s3://{BUCKET}/cluster",
-                      env=s3_environment(object_store[1].endpoint)) as nodes:
+    with running_pair(
+        fleet_dir,
+        "cluster",
+        engine=sail_cluster.url,
+        table_root=f"s3://{BUCKET}/cluster",
+        env=s3_environment(object_store[1].endpoint),
+    ) as nodes:
         yield nodes
 
 

@@ -44,8 +44,13 @@ OUTAGE_S = 4.0
 
 @pytest.fixture(scope="module")
 def s3_nodes(object_store, fleet_dir):
-    with running_pair(fleet_dir, "s3", engine="embedded", table_root=f"s3://{BUCKET}/fleet",
-                      env=s3_environment(object_store[1].endpoint)) as nodes:
+    with running_pair(
+        fleet_dir,
+        "s3",
+        engine="embedded",
+        table_root=f"s3://{BUCKET}/fleet",
+        env=s3_environment(object_store[1].endpoint),
+    ) as nodes:
         yield nodes
 
 
@@ -134,8 +139,9 @@ def test_storage_unavailable_pauses_commits_and_loses_nothing_acknowledged(fleet
     # The engine answers, but nothing commits: the node says it is not well,
     # once a commit failed or has been running for COMMIT_STUCK_S (the
     # engine's own retries against the storage may last minutes).
-    healths = wait_for(lambda: _all_not_well(a, b), "both nodes to report their commits failing",
-                       timeout_s=COMMIT_STUCK_S + 30)
+    healths = wait_for(
+        lambda: _all_not_well(a, b), "both nodes to report their commits failing", timeout_s=COMMIT_STUCK_S + 30
+    )
     assert healths[0][1]["pending_messages"] >= 60 and healths[1][1]["pending_messages"] >= 60
     for code, health in healths:
         assert code == 503 and health["ok"] is False and health["commit"]["ok"] is False

@@ -31,8 +31,15 @@ from wakustore.protocols import archive, ecies, lightpush, metadata, rlpx, store
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.dos_protection import ProtectedTopic, validate as dos_validate
 from wakustore.protocols.errors import (
-    ArchiveError, FramingError, LightpushError, MessageError, MetadataError, RLPxError, StoreError,
-    TopicError, WakuV1Error,
+    ArchiveError,
+    FramingError,
+    LightpushError,
+    MessageError,
+    MetadataError,
+    RLPxError,
+    StoreError,
+    TopicError,
+    WakuV1Error,
 )
 from wakustore.protocols.framing import FrameReader
 from wakustore.protocols.message import WakuMessage, check_storable, message_hash
@@ -40,7 +47,12 @@ from wakustore.protocols.message_codec import decode_message, encode_message
 from wakustore.protocols.store_query import HistoryQuery, Page, StoredMessage
 from wakustore.protocols.topics import parse_shard_topic
 from wakustore.protocols.waku_v1 import (
-    AES_NONCE_SIZE, GCM_TAG_SIZE, Envelope, decode_envelope_list, decrypt_symmetric, encrypt_symmetric,
+    AES_NONCE_SIZE,
+    GCM_TAG_SIZE,
+    Envelope,
+    decode_envelope_list,
+    decrypt_symmetric,
+    encrypt_symmetric,
     key_from_password,
 )
 
@@ -91,11 +103,13 @@ CONTENT_TOPIC = "/waku/1/0x01020304/rfc26"
 
 
 def _message(i: int = 0) -> WakuMessage:
-    return WakuMessage(payload=b"payload-%d" % i, content_topic=CONTENT_TOPIC, version=1,
-                       timestamp=NOW_NS + i, meta=b"m" * (i % 3))
+    return WakuMessage(
+        payload=b"payload-%d" % i, content_topic=CONTENT_TOPIC, version=1, timestamp=NOW_NS + i, meta=b"m" * (i % 3)
+    )
 
 
 # --- libp2p protocols ------------------------------------------------------------------
+
 
 def _store_v3_entries():
     return [
@@ -107,11 +121,21 @@ def _store_v3_entries():
 def _store_v3_seeds():
     entries = _store_v3_entries()
     requests = [
-        store_v3.encode_request("r1", HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=(CONTENT_TOPIC,),
-                                                   time_start=1, time_end=NOW_NS, limit=50, forward=True)),
+        store_v3.encode_request(
+            "r1",
+            HistoryQuery(
+                pubsub_topic=PUBSUB_TOPIC,
+                content_topics=(CONTENT_TOPIC,),
+                time_start=1,
+                time_end=NOW_NS,
+                limit=50,
+                forward=True,
+            ),
+        ),
         store_v3.encode_request("r2", HistoryQuery(message_hashes=(bytes(32), bytes(range(32))))),
-        store_v3.encode_request("r3", HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=(CONTENT_TOPIC,),
-                                                   cursor=bytes(range(32)))),
+        store_v3.encode_request(
+            "r3", HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=(CONTENT_TOPIC,), cursor=bytes(range(32)))
+        ),
     ]
     page = Page([StoredMessage(bytes(range(32)), PUBSUB_TOPIC, _message(1), NOW_NS)], None)
     responses = [store_v3.encode_response("r1", page), store_v3.encode_response("r2", None, 400, "BAD_REQUEST")]
@@ -128,11 +152,22 @@ def _store_v2_entries():
 def _store_v2_seeds():
     entries = _store_v2_entries()
     requests = [
-        store_v2.encode_request("q1", pubsub_topic=PUBSUB_TOPIC, content_topics=[CONTENT_TOPIC],
-                                start_time=1, end_time=NOW_NS, page_size=20, forward=True),
-        store_v2.encode_request("q2", content_topics=[CONTENT_TOPIC] * 3,
-                                cursor=store_v2.Cursor(pubsub_topic=PUBSUB_TOPIC, sender_time=NOW_NS,
-                                                       receiver_time=NOW_NS, digest=bytes(range(32)))),
+        store_v2.encode_request(
+            "q1",
+            pubsub_topic=PUBSUB_TOPIC,
+            content_topics=[CONTENT_TOPIC],
+            start_time=1,
+            end_time=NOW_NS,
+            page_size=20,
+            forward=True,
+        ),
+        store_v2.encode_request(
+            "q2",
+            content_topics=[CONTENT_TOPIC] * 3,
+            cursor=store_v2.Cursor(
+                pubsub_topic=PUBSUB_TOPIC, sender_time=NOW_NS, receiver_time=NOW_NS, digest=bytes(range(32))
+            ),
+        ),
     ]
     page = Page([StoredMessage(bytes(range(32)), PUBSUB_TOPIC, _message(2), NOW_NS)], None)
     responses = [store_v2.encode_response("q1", page, forward=True)]
@@ -157,8 +192,10 @@ def _lightpush_seeds(version: int):
         requests = [lightpush.encode_request_v2("p1", PUBSUB_TOPIC, _message(3))]
         responses = [lightpush.encode_response_v2("p1", False, "no peers")]
     else:
-        requests = [lightpush.encode_request_v3("p1", PUBSUB_TOPIC, _message(3)),
-                    lightpush.encode_request_v3("p2", None, _message(4))]
+        requests = [
+            lightpush.encode_request_v3("p1", PUBSUB_TOPIC, _message(3)),
+            lightpush.encode_request_v3("p2", None, _message(4)),
+        ]
         responses = [lightpush.encode_response_v3("p1", 200, None, 3)]
     return _seeded(entries, "request", requests) + _seeded(entries, "response", responses)
 
@@ -173,8 +210,9 @@ def _metadata_entries():
 def _metadata_seeds():
     entries = _metadata_entries()
     m = metadata.Metadata(cluster_id=16, shards=(32, 64, 128))
-    return (_seeded(entries, "request", [metadata.encode_request(m)])
-            + _seeded(entries, "response", [metadata.encode_response(m)]))
+    return _seeded(entries, "request", [metadata.encode_request(m)]) + _seeded(
+        entries, "response", [metadata.encode_response(m)]
+    )
 
 
 _PROTECTED = ProtectedTopic(PUBSUB_TOPIC, coincurve.PrivateKey(SIGNING_KEY).public_key.format())
@@ -314,10 +352,12 @@ def _rlpx_handshake_seeds():
     signature = coincurve.PrivateKey(_EPHEMERAL).sign_recoverable(bytes(32), hasher=None)
     ack_body = rlp.encode([ecies.public_key_of(_EPHEMERAL), _NONCE, 4]) + bytes(100)
     legacy = signature + bytes(32) + PEER_ID + _NONCE + b"\x00"
-    return (_seeded(entries, "auth_raw", [auth, auth[:100]])
-            + _seeded(entries, "auth_body", [plain_auth])
-            + _seeded(entries, "legacy_auth_body", [legacy])
-            + _seeded(entries, "ack_body", [ack_body]))
+    return (
+        _seeded(entries, "auth_raw", [auth, auth[:100]])
+        + _seeded(entries, "auth_body", [plain_auth])
+        + _seeded(entries, "legacy_auth_body", [legacy])
+        + _seeded(entries, "ack_body", [ack_body])
+    )
 
 
 _AES_SECRET = hashlib.sha256(b"fuzz aes").digest()
@@ -328,18 +368,21 @@ _LOCAL_HELLO = rlpx.Hello(rlpx.BASE_PROTOCOL_VERSION, "fuzz", (rlpx.Capability("
 def _codec_pair() -> tuple[rlpx.FrameCodec, rlpx.Connection]:
     def state(seed: bytes):
         return keccak.new(digest_bits=256, data=seed, update_after_digest=True)
+
     sender = rlpx.Secrets(NODE_ID, _AES_SECRET, _MAC_SECRET, state(b"a"), state(b"b"))
     receiver = rlpx.Secrets(PEER_ID, _AES_SECRET, _MAC_SECRET, state(b"b"), state(b"a"))
-    return (rlpx.FrameCodec(sender),
-            rlpx.Connection(receiver, _LOCAL_HELLO, max_frame_size=64 * 1024, max_message_size=64 * 1024))
+    return (
+        rlpx.FrameCodec(sender),
+        rlpx.Connection(receiver, _LOCAL_HELLO, max_frame_size=64 * 1024, max_message_size=64 * 1024),
+    )
 
 
 def _split_frames(data: bytes) -> list[bytes]:
     """Frame contents: each a 2-byte big-endian length then that many bytes."""
     frames, pos = [], 0
     while pos + 2 <= len(data):
-        size = int.from_bytes(data[pos:pos + 2], "big")
-        frames.append(data[pos + 2:pos + 2 + size])
+        size = int.from_bytes(data[pos : pos + 2], "big")
+        frames.append(data[pos + 2 : pos + 2 + size])
         pos += 2 + size
     return frames
 
@@ -389,18 +432,24 @@ def _rlpx_frames_seeds():
         return bytes(cramjam.snappy.compress_raw(payload))
 
     plain = [
-        frame(0, hello) + frame(2, snappy(b"\xc0")) + frame(0x10, snappy(rlp.encode([b"status"])))
+        frame(0, hello)
+        + frame(2, snappy(b"\xc0"))
+        + frame(0x10, snappy(rlp.encode([b"status"])))
         + frame(1, snappy(rlp.encode([8]))),
         frame(0, hello) + frame(0x11, snappy(bytes(200))),
         frame(1, rlp.encode([3])),
     ]
     codec, _ = _codec_pair()
     raw = codec.encode_frame(rlp.encode(0) + hello)
-    return (_seeded(entries, "frames_plain", plain) + _seeded(entries, "frames_raw", [raw])
-            + _seeded(entries, "hello", [hello]))
+    return (
+        _seeded(entries, "frames_plain", plain)
+        + _seeded(entries, "frames_raw", [raw])
+        + _seeded(entries, "hello", [hello])
+    )
 
 
 # --- Waku v1 and the mailserver ------------------------------------------------------------
+
 
 def _seal_plaintext(plain: bytes) -> bytes:
     """AES-GCM under the mailserver key, without status-go's formatting: the
@@ -422,8 +471,7 @@ def _waku_v1_entries():
         EntryPoint("envelope", Envelope.decode, (WakuV1Error,)),
         EntryPoint("envelope_list", decode_envelope_list, (WakuV1Error,)),
         EntryPoint("symmetric_raw", lambda d: decrypt_symmetric(d, SYMMETRIC_KEY), (WakuV1Error,)),
-        EntryPoint("symmetric_plain", lambda d: decrypt_symmetric(_seal_plaintext(d), SYMMETRIC_KEY),
-                   (WakuV1Error,)),
+        EntryPoint("symmetric_plain", lambda d: decrypt_symmetric(_seal_plaintext(d), SYMMETRIC_KEY), (WakuV1Error,)),
         EntryPoint("status", _status, ()),
     ]
 
@@ -436,12 +484,15 @@ def _waku_v1_seeds():
     signed = encrypt_symmetric(b"payload", SYMMETRIC_KEY, signing_key=SIGNING_KEY, nonce=bytes(12))
     cipher = AES.new(SYMMETRIC_KEY, AES.MODE_GCM, nonce=bytes(12), mac_len=GCM_TAG_SIZE)
     plain_signed = cipher.decrypt(signed[:-28])
-    return (_seeded(entries, "envelope", [envelope])
-            + _seeded(entries, "envelope_list", [b"\xf8" + bytes([len(envelope)]) + envelope
-                                                 if len(envelope) < 256 else envelope])
-            + _seeded(entries, "symmetric_raw", [signed])
-            + _seeded(entries, "symmetric_plain", [plain_signed, b"\x01\x03abc" + bytes(20)])
-            + _seeded(entries, "status", [encode_status(0.002)]))
+    return (
+        _seeded(entries, "envelope", [envelope])
+        + _seeded(
+            entries, "envelope_list", [b"\xf8" + bytes([len(envelope)]) + envelope if len(envelope) < 256 else envelope]
+        )
+        + _seeded(entries, "symmetric_raw", [signed])
+        + _seeded(entries, "symmetric_plain", [plain_signed, b"\x01\x03abc" + bytes(20)])
+        + _seeded(entries, "status", [encode_status(0.002)])
+    )
 
 
 def _p2p_request(data: bytes) -> None:
@@ -455,9 +506,12 @@ def _p2p_request(data: bytes) -> None:
 def _signed_request(data: bytes) -> None:
     """The fuzzed bytes as a request payload, sealed and signed as a client
     does: decryption, signature recovery and payload decoding."""
-    envelope = Envelope(NOW_S + 50, 50, bytes(4),
-                        encrypt_symmetric(data, SYMMETRIC_KEY, signing_key=SIGNING_KEY, nonce=bytes(12),
-                                          padding=b""))
+    envelope = Envelope(
+        NOW_S + 50,
+        50,
+        bytes(4),
+        encrypt_symmetric(data, SYMMETRIC_KEY, signing_key=SIGNING_KEY, nonce=bytes(12), padding=b""),
+    )
     request = wms.open_request(envelope, SYMMETRIC_KEY)
     validated = wms.validate_request(request, NOW_S)
     if validated.cursor:
@@ -477,8 +531,9 @@ def _mailserver_entries():
         EntryPoint("p2p_request", _p2p_request, (WakuV1Error,)),
         EntryPoint("signed_request", _signed_request, (WakuV1Error,)),
         EntryPoint("request_envelope", _request_envelope, (WakuV1Error,)),
-        EntryPoint("request_payload", lambda d: wms.validate_request(wms.decode_request_payload(d), NOW_S),
-                   (WakuV1Error,)),
+        EntryPoint(
+            "request_payload", lambda d: wms.validate_request(wms.decode_request_payload(d), NOW_S), (WakuV1Error,)
+        ),
         EntryPoint("request_complete", wms.decode_request_complete, (WakuV1Error,)),
         EntryPoint("cursor", wms.decode_cursor, (WakuV1Error,)),
     ]
@@ -486,23 +541,34 @@ def _mailserver_entries():
 
 def _mailserver_seeds():
     entries = _mailserver_entries()
-    status_go = wms.MessagesRequest(lower=NOW_S - 100, upper=NOW_S, topics=(b"\x01\x02\x03\x04",), limit=10,
-                                    cursor=wms.encode_cursor(NOW_S, bytes(32)))
+    status_go = wms.MessagesRequest(
+        lower=NOW_S - 100,
+        upper=NOW_S,
+        topics=(b"\x01\x02\x03\x04",),
+        limit=10,
+        cursor=wms.encode_cursor(NOW_S, bytes(32)),
+    )
     spec = wms.MessagesRequest(lower=1, upper=0, bloom=b"\xff" * 64, limit=0, layout="spec")
     payloads = [wms.encode_request_payload(status_go), wms.encode_request_payload(spec)]
-    direct = wms.encode_direct_request(wms.MessagesRequest(lower=1, upper=2, bloom=b"\xff" * 64,
-                                                           request_id=bytes(range(32)), layout="direct"))
-    sealed = Envelope(NOW_S + 50, 50, bytes(4),
-                      encrypt_symmetric(payloads[0], SYMMETRIC_KEY, signing_key=SIGNING_KEY)).encode()
-    completes = [wms.encode_request_complete(bytes(32), bytes(range(32)), wms.encode_cursor(5, bytes(32))),
-                 wms.encode_request_complete(bytes(32), layout="spec"),
-                 wms.encode_request_complete_error(bytes(32), "rate limit exceeded")]
-    return (_seeded(entries, "p2p_request", [sealed, direct])
-            + _seeded(entries, "signed_request", payloads)
-            + _seeded(entries, "request_envelope", [b"\x01" + bytes([len(payloads[0])]) + payloads[0]])
-            + _seeded(entries, "request_payload", payloads)
-            + _seeded(entries, "request_complete", completes)
-            + _seeded(entries, "cursor", [wms.encode_cursor(NOW_S, bytes(32))]))
+    direct = wms.encode_direct_request(
+        wms.MessagesRequest(lower=1, upper=2, bloom=b"\xff" * 64, request_id=bytes(range(32)), layout="direct")
+    )
+    sealed = Envelope(
+        NOW_S + 50, 50, bytes(4), encrypt_symmetric(payloads[0], SYMMETRIC_KEY, signing_key=SIGNING_KEY)
+    ).encode()
+    completes = [
+        wms.encode_request_complete(bytes(32), bytes(range(32)), wms.encode_cursor(5, bytes(32))),
+        wms.encode_request_complete(bytes(32), layout="spec"),
+        wms.encode_request_complete_error(bytes(32), "rate limit exceeded"),
+    ]
+    return (
+        _seeded(entries, "p2p_request", [sealed, direct])
+        + _seeded(entries, "signed_request", payloads)
+        + _seeded(entries, "request_envelope", [b"\x01" + bytes([len(payloads[0])]) + payloads[0]])
+        + _seeded(entries, "request_payload", payloads)
+        + _seeded(entries, "request_complete", completes)
+        + _seeded(entries, "cursor", [wms.encode_cursor(NOW_S, bytes(32))])
+    )
 
 
 # --- community archives --------------------------------------------------------------------
@@ -529,8 +595,9 @@ def _archive_data(data: bytes) -> None:
     window every seed archive uses, so that the messages get decoded."""
     layout, raw = _layout(data)
     body_size = len(raw.rstrip(b"\x00")) if raw else 0
-    entry = archive.IndexEntry("0x00", _WINDOW.start_ns, _WINDOW.end_ns, (CONTENT_TOPIC,), 0,
-                               len(raw), len(raw) - body_size)
+    entry = archive.IndexEntry(
+        "0x00", _WINDOW.start_ns, _WINDOW.end_ns, (CONTENT_TOPIC,), 0, len(raw), len(raw) - body_size
+    )
     archive.read_archive(layout, entry, raw, PUBSUB_TOPIC, None, _CHANNEL_KEYS)
 
 
@@ -541,8 +608,9 @@ def _compiled_archive(data: bytes) -> None:
     from wakustore.storage.rows import archive_columns_to_arrow, records_to_arrow
 
     body_size = len(data.rstrip(b"\x00"))
-    entry = archive.IndexEntry("0x00", _WINDOW.start_ns, _WINDOW.end_ns, (CONTENT_TOPIC,), 0,
-                               len(data), len(data) - body_size)
+    entry = archive.IndexEntry(
+        "0x00", _WINDOW.start_ns, _WINDOW.end_ns, (CONTENT_TOPIC,), 0, len(data), len(data) - body_size
+    )
     layout = archive.Layout.STATUS_GO
     columns = archive.archive_columns(entry, data, archive.RecordDecoder(layout, PUBSUB_TOPIC, _CHANNEL_KEYS))
     reference = archive.RecordDecoder(layout, PUBSUB_TOPIC, _CHANNEL_KEYS)
@@ -591,35 +659,42 @@ def _archive_seeds():
         if layout is archive.Layout.STATUS_GO:
             sealed = encrypt_symmetric(b"sealed", _CHANNEL_KEYS[CONTENT_TOPIC], SIGNING_KEY)
             m = WakuMessage(sealed, CONTENT_TOPIC, 1, NOW_NS - 30 * 10**9)
-            both = records + [archive.encode_archived_message(layout, PUBSUB_TOPIC, m, m.timestamp,
-                                                              _CHANNEL_KEYS[CONTENT_TOPIC]).data]
-            seeds += _seeded(entries, "compiled_archive",
-                             [archive.ArchiveWriter(layout, piece_length=FUZZ_PIECE_LENGTH).add(
-                                 _WINDOW, [CONTENT_TOPIC], both)])
+            both = records + [
+                archive.encode_archived_message(layout, PUBSUB_TOPIC, m, m.timestamp, _CHANNEL_KEYS[CONTENT_TOPIC]).data
+            ]
+            seeds += _seeded(
+                entries,
+                "compiled_archive",
+                [archive.ArchiveWriter(layout, piece_length=FUZZ_PIECE_LENGTH).add(_WINDOW, [CONTENT_TOPIC], both)],
+            )
     magnet = archive.encode_magnet_message(SIGNING_KEY, "magnet:?xt=urn:btih:" + "ab" * 20, 1234)
     return seeds + _seeded(entries, "magnet", [magnet])
 
 
 # --- the registry ----------------------------------------------------------------------------
 
+
 def _target(name, entries_fn, seeds_fn) -> Target:
     return Target(name, entries_fn(), seeds_fn)
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in [
-    _target("store_v3", _store_v3_entries, _store_v3_seeds),
-    _target("store_v2", _store_v2_entries, _store_v2_seeds),
-    _target("lightpush_v2", lambda: _lightpush_entries(2), lambda: _lightpush_seeds(2)),
-    _target("lightpush_v3", lambda: _lightpush_entries(3), lambda: _lightpush_seeds(3)),
-    _target("metadata", _metadata_entries, _metadata_seeds),
-    _target("relay", _relay_entries, _relay_seeds),
-    _target("framing", _framing_entries, _framing_seeds),
-    _target("rlpx_handshake", _rlpx_handshake_entries, _rlpx_handshake_seeds),
-    _target("rlpx_frames", _rlpx_frames_entries, _rlpx_frames_seeds),
-    _target("waku_v1", _waku_v1_entries, _waku_v1_seeds),
-    _target("mailserver", _mailserver_entries, _mailserver_seeds),
-    _target("archive", _archive_entries, _archive_seeds),
-]}
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in [
+        _target("store_v3", _store_v3_entries, _store_v3_seeds),
+        _target("store_v2", _store_v2_entries, _store_v2_seeds),
+        _target("lightpush_v2", lambda: _lightpush_entries(2), lambda: _lightpush_seeds(2)),
+        _target("lightpush_v3", lambda: _lightpush_entries(3), lambda: _lightpush_seeds(3)),
+        _target("metadata", _metadata_entries, _metadata_seeds),
+        _target("relay", _relay_entries, _relay_seeds),
+        _target("framing", _framing_entries, _framing_seeds),
+        _target("rlpx_handshake", _rlpx_handshake_entries, _rlpx_handshake_seeds),
+        _target("rlpx_frames", _rlpx_frames_entries, _rlpx_frames_seeds),
+        _target("waku_v1", _waku_v1_entries, _waku_v1_seeds),
+        _target("mailserver", _mailserver_entries, _mailserver_seeds),
+        _target("archive", _archive_entries, _archive_seeds),
+    ]
+}
 
 
 def mutate(seed: bytes, rng: random.Random, rounds: int = 4) -> bytes:
@@ -634,12 +709,12 @@ def mutate(seed: bytes, rng: random.Random, rounds: int = 4) -> bytes:
         elif op == 1:
             data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         elif op == 2 and pos < len(data):
-            del data[pos:pos + rng.randint(1, 16)]
+            del data[pos : pos + rng.randint(1, 16)]
         elif op == 3 and pos < len(data):
             end = min(len(data), pos + rng.randint(1, 64))
             data[pos:pos] = data[pos:end]
         elif op == 4 and pos < len(data):
             data[pos] = rng.choice((0x00, 0x7F, 0x80, 0xB7, 0xB8, 0xBF, 0xC0, 0xF7, 0xF8, 0xFF))
         elif op == 5 and pos < len(data):
-            data[pos:pos + 4] = rng.choice((b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x80\x80\x80\x80"))
+            data[pos : pos + 4] = rng.choice((b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x80\x80\x80\x80"))
     return bytes(data)

@@ -84,10 +84,18 @@ def _run_target(name: str, args) -> dict:
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", name,
-        f"-runs={args.runs}", f"-max_total_time={args.max_time}", f"-timeout={args.timeout}",
-        f"-rss_limit_mb={args.rss_limit_mb}", f"-max_len={MAX_INPUT_SIZE}", "-print_final_stats=1",
-        f"-artifact_prefix={artifacts}/", str(corpus),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        name,
+        f"-runs={args.runs}",
+        f"-max_total_time={args.max_time}",
+        f"-timeout={args.timeout}",
+        f"-rss_limit_mb={args.rss_limit_mb}",
+        f"-max_len={MAX_INPUT_SIZE}",
+        "-print_final_stats=1",
+        f"-artifact_prefix={artifacts}/",
+        str(corpus),
     ]
     print(f"fuzzing {name}: {' '.join(command[3:])}", flush=True)
     started = time.monotonic()
@@ -100,8 +108,14 @@ def _run_target(name: str, args) -> dict:
     done = _DONE.findall(text)
     inputs = int(executed[-1]) if executed else int(done[-1][0]) if done else 0
     result = "ok" if code == 0 else f"finding (exit {code}, see {log_path} and {artifacts})"
-    return {"target": name, "inputs": inputs, "seconds": round(seconds, 1), "result": result,
-            "exit_code": code, "log": str(log_path)}
+    return {
+        "target": name,
+        "inputs": inputs,
+        "seconds": round(seconds, 1),
+        "result": result,
+        "exit_code": code,
+        "log": str(log_path),
+    }
 
 
 def _worker(name: str, libfuzzer_args: list[str]) -> int:

@@ -36,8 +36,10 @@ def test_target_raises_only_its_protocol_error(name):
     runs = 0
     deadline = time.monotonic() + BUDGET_S
     while time.monotonic() < deadline:
-        for data in (fuzz_targets.mutate(rng.choice(seeds), rng),
-                     bytes([rng.randrange(256)]) + rng.randbytes(rng.randrange(96))):
+        for data in (
+            fuzz_targets.mutate(rng.choice(seeds), rng),
+            bytes([rng.randrange(256)]) + rng.randbytes(rng.randrange(96)),
+        ):
             try:
                 target(data)
             except Exception as exc:  # the input, to reproduce with run_fuzz.py --reproduce
@@ -55,6 +57,7 @@ def test_every_seed_reaches_a_decoder():
 
 
 # --- regressions found by make fuzz ---------------------------------------------------------
+
 
 def _archived_with_pubsub_topic(raw_topic: bytes, layout: archive.Layout) -> bytes:
     from wakustore.protocols.archive_records import EXT_ARRIVAL, EXT_PUBSUB_TOPIC

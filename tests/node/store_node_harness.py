@@ -27,8 +27,12 @@ START_TIMEOUT_S = 60.0
 
 def node_config(data_dir: Path, **overrides) -> NodeConfig:
     values = dict(
-        data_dir=data_dir, tcp_port=0, ws_port=0, listen_host="127.0.0.1",
-        cluster_id=CLUSTER_ID, shards=list(SHARDS),
+        data_dir=data_dir,
+        tcp_port=0,
+        ws_port=0,
+        listen_host="127.0.0.1",
+        cluster_id=CLUSTER_ID,
+        shards=list(SHARDS),
         # Commits happen when a test calls NodeThread.flush (and at stop), so
         # a test knows whether a page comes from the table or the buffer.
         flush_interval_s=3600.0,
@@ -45,8 +49,7 @@ class NodeThread:
 
     with_relay = False
 
-    def __init__(self, config: NodeConfig, engine, rate_limits: RateLimits = RateLimits(),
-                 **protocol_options):
+    def __init__(self, config: NodeConfig, engine, rate_limits: RateLimits = RateLimits(), **protocol_options):
         """``protocol_options`` go to :func:`running_node` (the protocols' timeouts)."""
         self.config = config
         self.engine = engine
@@ -102,8 +105,13 @@ class NodeThread:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         async with running_node(
-            self.config, engine=self.engine, rate_limits=self.rate_limits,
-            mailserver=False, metrics=False, relay=self.with_relay, **self.protocol_options,
+            self.config,
+            engine=self.engine,
+            rate_limits=self.rate_limits,
+            mailserver=False,
+            metrics=False,
+            relay=self.with_relay,
+            **self.protocol_options,
         ) as node:
             self.service = node.service
             self.relay = node.relay

@@ -62,8 +62,17 @@ def make_store(engine, tmp_path):
 
 
 def settings(tmp_path, layout=Layout.STATUS_GO, **extra):
-    return ArchiveSettings(community_key=KEY, chat_ids=CHATS, archive_dir=tmp_path / "out", pubsub_topic=PUBSUB,
-                           layout=layout, trackers=(), listen=LOOPBACK, isolated=True, **extra)
+    return ArchiveSettings(
+        community_key=KEY,
+        chat_ids=CHATS,
+        archive_dir=tmp_path / "out",
+        pubsub_topic=PUBSUB,
+        layout=layout,
+        trackers=(),
+        listen=LOOPBACK,
+        isolated=True,
+        **extra,
+    )
 
 
 KEYS = node_archive.channel_keys(PUB, CHATS)
@@ -83,7 +92,9 @@ def put_days(store, days, per_day=6, payload=200, topic_list=TOPICS):
             body = bytes([day, i]) * (payload // 2)
             if i % 3 != 2:
                 body = waku_v1.encrypt_symmetric(body, KEYS[topic], SENDER)
-            message = WakuMessage(payload=body, content_topic=topic, version=1, timestamp=ts, meta=b"m" if i % 2 else b"")
+            message = WakuMessage(
+                payload=body, content_topic=topic, version=1, timestamp=ts, meta=b"m" if i % 2 else b""
+            )
             batch.append((PUBSUB, message, ts + 5))
         batch.append((PUBSUB, WakuMessage(b"other", "/other/1/x/proto", timestamp=(T0 + day * DAY) * NS + 7), 0))
     store.put(batch)
@@ -91,8 +102,17 @@ def put_days(store, days, per_day=6, payload=200, topic_list=TOPICS):
 
 
 def hashes(store, start_s, end_s, topic_list=TOPICS):
-    found, query = [], HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(topic_list),
-                                    time_start=start_s * NS, time_end=end_s * NS, forward=True, limit=100)
+    found, query = (
+        [],
+        HistoryQuery(
+            pubsub_topic=PUBSUB,
+            content_topics=tuple(topic_list),
+            time_start=start_s * NS,
+            time_end=end_s * NS,
+            forward=True,
+            limit=100,
+        ),
+    )
     while True:
         page = store.query(query)
         found += [m.message_hash for m in page.messages]
@@ -121,8 +141,17 @@ def fetch_edited(control, store, data_dir):
 def fetch(store, data_dir, seeder, magnet, layout=Layout.STATUS_GO, **extra):
     extra.setdefault("stall_timeout_s", 20)
     return node_archive.fetch_archives(
-        store, data_dir, PUB, magnet, layout=layout, peers=[("127.0.0.1", seeder.port)], chat_ids=CHATS,
-        session=torrent.open_session(LOOPBACK, isolated=True), default_pubsub_topic=PUBSUB, **extra)
+        store,
+        data_dir,
+        PUB,
+        magnet,
+        layout=layout,
+        peers=[("127.0.0.1", seeder.port)],
+        chat_ids=CHATS,
+        session=torrent.open_session(LOOPBACK, isolated=True),
+        default_pubsub_topic=PUBSUB,
+        **extra,
+    )
 
 
 def run_cli(*argv):
@@ -158,14 +187,40 @@ def test_export_cli_writes_data_index_torrent_and_prints_the_magnet(tmp_path, cl
     key_file = tmp_path / "key"
     key_file.write_text("0x" + KEY.hex() + "\n")
     data_dir = tmp_path / "control"
-    code = run_cli("export", "--data-dir", str(data_dir), "--community-key", str(key_file),
-                   "--chat-id", CHATS[0], "--chat-id", CHATS[1], "--archive-dir", str(tmp_path / "out"),
-                   "--now", str(T0 + 10), "--no-trackers")
+    code = run_cli(
+        "export",
+        "--data-dir",
+        str(data_dir),
+        "--community-key",
+        str(key_file),
+        "--chat-id",
+        CHATS[0],
+        "--chat-id",
+        CHATS[1],
+        "--archive-dir",
+        str(tmp_path / "out"),
+        "--now",
+        str(T0 + 10),
+        "--no-trackers",
+    )
     assert code == 0 and capsys.readouterr().out == ""  # no messages yet: nothing to archive
     put_days(cli_store("control")[1], [0, 1, 8])
-    code = run_cli("export", "--data-dir", str(data_dir), "--community-key", str(key_file),
-                   "--chat-id", CHATS[0], "--chat-id", CHATS[1], "--archive-dir", str(tmp_path / "out"),
-                   "--now", str(T0 + 14 * DAY), "--no-trackers")
+    code = run_cli(
+        "export",
+        "--data-dir",
+        str(data_dir),
+        "--community-key",
+        str(key_file),
+        "--chat-id",
+        CHATS[0],
+        "--chat-id",
+        CHATS[1],
+        "--archive-dir",
+        str(tmp_path / "out"),
+        "--now",
+        str(T0 + 14 * DAY),
+        "--no-trackers",
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and out[-1].startswith("magnet:?xt=urn:btih:") and f"dn={CID}" in out[-1]
     community = tmp_path / "out" / CID
@@ -173,7 +228,9 @@ def test_export_cli_writes_data_index_torrent_and_prints_the_magnet(tmp_path, cl
     layout = info.layout()
     assert info.name() == CID and info.piece_length() == 102400
     assert [layout.file_path(i) for i in range(2)] == [f"{CID}/data", f"{CID}/index"]
-    entries = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes(), (community / "data").stat().st_size)
+    entries = archive.parse_index(
+        Layout.STATUS_GO, (community / "index").read_bytes(), (community / "data").stat().st_size
+    )
     assert [(e.start_ns // NS, e.end_ns // NS) for e in entries] == [(T0, T0 + 7 * DAY), (T0 + 7 * DAY, T0 + 14 * DAY)]
     state = json.loads((tmp_path / "out" / f"{CID}.json").read_text())
     assert state["last_end_s"] == T0 + 14 * DAY and state["magnet"] == out[-1]
@@ -210,7 +267,9 @@ def test_windows_over_the_payload_limit_are_split_into_several_archives(tmp_path
     monkeypatch.setattr(archive, "MAX_ARCHIVE_PAYLOAD", 2500)
     monkeypatch.setattr(archive.Chunker.__init__, "__defaults__", (2500,))
     result = node_archive.export_community(store, settings(tmp_path), T0 + 7 * DAY)
-    assert len(result.archives) == 6 and {(e.start_ns, e.end_ns) for e in result.archives} == {(T0 * NS, (T0 + 7 * DAY) * NS)}
+    assert len(result.archives) == 6 and {(e.start_ns, e.end_ns) for e in result.archives} == {
+        (T0 * NS, (T0 + 7 * DAY) * NS)
+    }
 
 
 def test_an_unfinished_export_is_cut_off_and_redone(tmp_path, make_store):
@@ -248,7 +307,9 @@ def test_scheduler_exports_seeds_the_latest_and_unlocks_retention(tmp_path, make
 
     _, store = make_store("control")
     now = int(time.time())
-    batch = [(PUBSUB, WakuMessage(b"x%d" % i, TOPICS[i % 2], timestamp=(now - 7200 + i * 600) * NS), 0) for i in range(10)]
+    batch = [
+        (PUBSUB, WakuMessage(b"x%d" % i, TOPICS[i % 2], timestamp=(now - 7200 + i * 600) * NS), 0) for i in range(10)
+    ]
     store.put(batch)
     control = settings(tmp_path, interval_s=3600)
     assert node_archive.seeded_until_ns(control.archive_dir, [CID]) == 0
@@ -257,8 +318,11 @@ def test_scheduler_exports_seeds_the_latest_and_unlocks_retention(tmp_path, make
         async with trio.open_nursery() as nursery:
             seeder = await nursery.start(node_archive.run_archive_scheduler, None, store, control)
             with trio.fail_after(60):
-                while seeder.handle is None or not seeder.handle.status().is_seeding \
-                        or not node_archive.seeded_until_ns(control.archive_dir, [CID]):
+                while (
+                    seeder.handle is None
+                    or not seeder.handle.status().is_seeding
+                    or not node_archive.seeded_until_ns(control.archive_dir, [CID])
+                ):
                     await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
         return seeder
@@ -301,8 +365,9 @@ def _export_bytes(store, control, now_s):
     return result, (community / "data").read_bytes(), (community / "index").read_bytes()
 
 
-def test_signers_worked_out_ahead_give_the_same_archives_without_a_recovery(tmp_path, make_store, monkeypatch,
-                                                                             recoveries):
+def test_signers_worked_out_ahead_give_the_same_archives_without_a_recovery(
+    tmp_path, make_store, monkeypatch, recoveries
+):
     _, store = make_store("control")
     put_days(store, range(9), per_day=12)
     cold, warm = settings(tmp_path / "cold"), settings(tmp_path / "warm")
@@ -332,8 +397,12 @@ def test_a_message_after_its_signers_were_worked_out_is_recovered_at_the_export(
     put_days(store, [0, 1, 2])
     warm, cold = settings(tmp_path / "warm"), settings(tmp_path / "cold")
     assert node_archive.prepare_signers(store, warm, T0 + 3 * DAY, lag_s=0) == 3 * 6
-    late = WakuMessage(waku_v1.encrypt_symmetric(b"late", KEYS[TOPICS[0]], SENDER), TOPICS[0], version=1,
-                       timestamp=(T0 + DAY + 1800) * NS)
+    late = WakuMessage(
+        waku_v1.encrypt_symmetric(b"late", KEYS[TOPICS[0]], SENDER),
+        TOPICS[0],
+        version=1,
+        timestamp=(T0 + DAY + 1800) * NS,
+    )
     store.put([(PUBSUB, late, 0)])
     store.flush()
     assert node_archive.prepare_signers(store, warm, T0 + 3 * DAY + 600, lag_s=0) == 0  # after the late one's time
@@ -359,7 +428,9 @@ def test_the_scheduler_works_out_signers_between_exports(tmp_path, make_store, m
         async with trio.open_nursery() as nursery:
             await nursery.start(node_archive.run_archive_scheduler, None, store, control)
             with trio.fail_after(60):  # the first export, at once
-                while not control.state_path.exists() or json.loads(control.state_path.read_text())["last_end_s"] is None:
+                while (
+                    not control.state_path.exists() or json.loads(control.state_path.read_text())["last_end_s"] is None
+                ):
                     await trio.sleep(0.05)
             last_end_s = json.loads(control.state_path.read_text())["last_end_s"]
             sealed = waku_v1.encrypt_symmetric(b"after", KEYS[TOPICS[1]], SENDER)
@@ -373,8 +444,9 @@ def test_the_scheduler_works_out_signers_between_exports(tmp_path, make_store, m
 
     last_end_s = trio.run(main)
     day = dt.datetime.fromtimestamp(last_end_s, dt.timezone.utc).date()
-    known = control.signer_cache.lookup(day, pa.array([m for m in hashes(store, last_end_s, last_end_s + 1)],
-                                                      pa.binary()))
+    known = control.signer_cache.lookup(
+        day, pa.array([m for m in hashes(store, last_end_s, last_end_s + 1)], pa.binary())
+    )
     assert known.to_pylist() == [b"\x04" + coincurve.PrivateKey(SENDER).public_key.format(compressed=False)[1:]]
 
 
@@ -435,13 +507,15 @@ def test_range_fetch_imports_only_the_overlapping_windows(tmp_path, make_store):
     result = node_archive.export_community(control_store, control, T0 + 21 * DAY)
     seeder = seeder_for(control)
     try:
-        got = fetch(member_store, member_dir, seeder, result.magnet,
-                    selection=Selection("range", T0 + 8 * DAY, T0 + 9 * DAY))
+        got = fetch(
+            member_store, member_dir, seeder, result.magnet, selection=Selection("range", T0 + 8 * DAY, T0 + 9 * DAY)
+        )
     finally:
         seeder.stop()
     middle = result.archives[1]
     assert got.imported == [middle.archive_id] and got.downloaded_pieces - set(middle.pieces()) <= {
-        torrent_pieces(control) - 1}
+        torrent_pieces(control) - 1
+    }
     assert len(hashes(member_store, T0, T0 + 21 * DAY)) == 6 == len(hashes(member_store, T0 + 7 * DAY, T0 + 14 * DAY))
 
 
@@ -455,20 +529,55 @@ def test_fetch_cli_uses_the_newest_signed_link_in_the_local_store_and_ignores_fo
     forger = bytes(range(7, 39))
     # Wrapped for the community's magnet chat (its key is public), signed by the forger.
     forged_link = archive.encode_magnet_message(forger, "magnet:?xt=urn:btih:" + "11" * 20, 10**15)
-    forged = WakuMessage(archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
-                         topics.magnet_content_topic(PUB), version=1, timestamp=(T0 + 8 * DAY) * NS)
+    forged = WakuMessage(
+        archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
+        topics.magnet_content_topic(PUB),
+        version=1,
+        timestamp=(T0 + 8 * DAY) * NS,
+    )
     member_store.put([(PUBSUB, result.message, 0), (PUBSUB, forged, 0)])
     port = _free_port()
     seeding = subprocess.Popen(  # `wakustore archive seed`, until SIGTERM
-        [sys.executable, "-c", SEED_CLI, "seed", "--archive-dir", str(control.archive_dir),
-         "--community-pubkey", PUB.hex(), "--port", str(port), "--listen-host", "127.0.0.1", "--isolated"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            SEED_CLI,
+            "seed",
+            "--archive-dir",
+            str(control.archive_dir),
+            "--community-pubkey",
+            PUB.hex(),
+            "--port",
+            str(port),
+            "--listen-host",
+            "127.0.0.1",
+            "--isolated",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert seeding.stdout.readline().strip() == result.magnet
-        argv = ["fetch", "--data-dir", str(member_dir), "--community-pubkey", PUB.hex(), "--latest",
-                "--chat-id", CHATS[0], "--chat-id", CHATS[1],
-                "--seed-peer", f"127.0.0.1:{port}", "--listen-host", "127.0.0.1", "--isolated",
-                "--timeout", "20"]
+        argv = [
+            "fetch",
+            "--data-dir",
+            str(member_dir),
+            "--community-pubkey",
+            PUB.hex(),
+            "--latest",
+            "--chat-id",
+            CHATS[0],
+            "--chat-id",
+            CHATS[1],
+            "--seed-peer",
+            f"127.0.0.1:{port}",
+            "--listen-host",
+            "127.0.0.1",
+            "--isolated",
+            "--timeout",
+            "20",
+        ]
         assert run_cli(*argv) == 0
         captured = capsys.readouterr()
         assert "not by the control node" in captured.err
@@ -513,8 +622,11 @@ def test_a_corrupted_piece_never_reaches_the_table(tmp_path, make_store):
     finally:
         seeder.stop()
     assert hashes(member_store, T0, T0 + 7 * DAY) == []
-    record = json.loads((member_dir / "archives" / f"{CID}.json").read_text()) \
-        if (member_dir / "archives" / f"{CID}.json").exists() else {"imported": [], "last_clock": 0}
+    record = (
+        json.loads((member_dir / "archives" / f"{CID}.json").read_text())
+        if (member_dir / "archives" / f"{CID}.json").exists()
+        else {"imported": [], "last_clock": 0}
+    )
     assert record["imported"] == [] and record["last_clock"] == 0
 
 
@@ -532,8 +644,12 @@ def test_an_archive_that_fails_its_checks_is_rejected_whole(tmp_path, make_store
     community = tmp_path / "out" / CID
     (entry,) = archive.parse_index(Layout.STATUS_GO, (community / "index").read_bytes())
     original = archive.read_archive(Layout.STATUS_GO, entry, (community / "data").read_bytes(), PUBSUB, None, KEYS)
-    items = [archive.encode_archived_message(Layout.STATUS_GO, m.pubsub_topic, m.message, m.arrival_ns,
-                                             KEYS.get(m.message.content_topic)).data for m in original.messages]
+    items = [
+        archive.encode_archived_message(
+            Layout.STATUS_GO, m.pubsub_topic, m.message, m.arrival_ns, KEYS.get(m.message.content_topic)
+        ).data
+        for m in original.messages
+    ]
     writer = archive.ArchiveWriter(Layout.STATUS_GO)
     (community / "data").write_bytes(writer.add(archive.Window(T0, T0 + 7 * DAY), TOPICS[:1], items))
     (community / "index").write_bytes(writer.index_bytes())
@@ -573,11 +689,26 @@ def test_aria2c_downloads_what_we_seed_byte_for_byte(tmp_path, make_store):
     port = _free_port()
     out = tmp_path / "aria2"
     process = subprocess.Popen(
-        [aria2c, "--enable-dht=false", "--enable-dht6=false", "--bt-enable-lpd=false",
-         "--enable-peer-exchange=false", "--bt-exclude-tracker=*", f"--listen-port={port}",
-         "--seed-time=0", "--bt-stop-timeout=30", "--check-integrity=true", "--file-allocation=none",
-         "--summary-interval=0", "--console-log-level=warn", f"--dir={out}", str(control.torrent_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            aria2c,
+            "--enable-dht=false",
+            "--enable-dht6=false",
+            "--bt-enable-lpd=false",
+            "--enable-peer-exchange=false",
+            "--bt-exclude-tracker=*",
+            f"--listen-port={port}",
+            "--seed-time=0",
+            "--bt-stop-timeout=30",
+            "--check-integrity=true",
+            "--file-allocation=none",
+            "--summary-interval=0",
+            "--console-log-level=warn",
+            f"--dir={out}",
+            str(control.torrent_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # aria2c is given no peer: the seeder dials it by address.
         deadline = 40
@@ -620,9 +751,26 @@ def test_fetch_cli_finds_the_magnet_link_on_a_store_node(tmp_path, engine, cli_s
     seeder = seeder_for(control)
     try:
         node.service.store.put([(PUBSUB, result.message, 0)])
-        code = run_cli("fetch", "--data-dir", str(member_dir), "--community-pubkey", PUB.hex(),
-                       "--peer", node.tcp_addr, "--pubsub-topic", PUBSUB, "--chat-id", CHATS[0], "--chat-id", CHATS[1],
-                       "--seed-peer", f"127.0.0.1:{seeder.port}", "--listen-host", "127.0.0.1", "--isolated")
+        code = run_cli(
+            "fetch",
+            "--data-dir",
+            str(member_dir),
+            "--community-pubkey",
+            PUB.hex(),
+            "--peer",
+            node.tcp_addr,
+            "--pubsub-topic",
+            PUBSUB,
+            "--chat-id",
+            CHATS[0],
+            "--chat-id",
+            CHATS[1],
+            "--seed-peer",
+            f"127.0.0.1:{seeder.port}",
+            "--listen-host",
+            "127.0.0.1",
+            "--isolated",
+        )
     finally:
         seeder.stop()
         node.stop()
@@ -690,15 +838,18 @@ def test_a_node_is_ready_while_its_archives_are_checked_and_stops_at_once(tmp_pa
 
     node_dir = tmp_path / "node"
     key_file = _control_node_whose_archives_never_check_out(tmp_path, make_store, node_dir)
-    config = node_config(node_dir, archive_key_file=str(key_file), archive_chat_ids=list(CHATS),
-                         archive_listen=LOOPBACK)
+    config = node_config(
+        node_dir, archive_key_file=str(key_file), archive_chat_ids=list(CHATS), archive_listen=LOOPBACK
+    )
 
     async def main():
         with trio.fail_after(60):
             async with running_node(config, engine=engine, mailserver=False, metrics=False, relay=False) as node:
                 with trio.fail_after(20):
                     while node.seeder.handle is None or node.seeder.handle.status().state in (
-                            torrent.lt.torrent_status.checking_files, torrent.lt.torrent_status.checking_resume_data):
+                        torrent.lt.torrent_status.checking_files,
+                        torrent.lt.torrent_status.checking_resume_data,
+                    ):
                         await trio.sleep(0.05)
                 assert not node.seeder.handle.status().is_seeding  # the check found nothing to seed
                 leaving = time.monotonic()
@@ -718,13 +869,38 @@ def test_serve_stops_on_sigterm_within_10_s_while_seeding_waits_and_an_export_ru
     node_dir = tmp_path / "node"
     key_file = _control_node_whose_archives_never_check_out(tmp_path, make_store, node_dir)
     config = tmp_path / "node.toml"
-    config.write_text(f'archive_key_file = "{key_file}"\narchive_chat_ids = {json.dumps(list(CHATS))}\n'
-                      f'archive_listen = "{LOOPBACK}"\narchive_layout = "status-go"\n')
+    config.write_text(
+        f'archive_key_file = "{key_file}"\narchive_chat_ids = {json.dumps(list(CHATS))}\n'
+        f'archive_listen = "{LOOPBACK}"\narchive_layout = "status-go"\n'
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wakustore", "serve", "--config", str(config), "--data-dir", str(node_dir),
-         "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0",
-         "--listen-host", "127.0.0.1", "--cluster-id", "16", "--shard", "32"],
-        stdout=subprocess.PIPE, stderr=open(tmp_path / "serve.log", "w"), text=True,
+        [
+            sys.executable,
+            "-m",
+            "wakustore",
+            "serve",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(node_dir),
+            "--tcp-port",
+            "0",
+            "--ws-port",
+            "0",
+            "--mailserver-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--listen-host",
+            "127.0.0.1",
+            "--cluster-id",
+            "16",
+            "--shard",
+            "32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "serve.log", "w"),
+        text=True,
         env={**os.environ, "WAKUSTORE_LOG_LEVEL": "WARNING"},
     )
     lines, ready, stopped = [], threading.Event(), threading.Event()
@@ -770,14 +946,18 @@ def test_exports_in_worker_processes_write_the_same_bytes_as_in_this_one(tmp_pat
         result = node_archive.export_community(store, control, T0 + 14 * DAY)
         assert result.messages == 9 * 12 and len(result.archives) == 2
         community = control.archive_dir / CID
-        written[name] = [(community / "data").read_bytes(), (community / "index").read_bytes(),
-                         torrent.info_hash(control.torrent_path.read_bytes())]
+        written[name] = [
+            (community / "data").read_bytes(),
+            (community / "index").read_bytes(),
+            torrent.info_hash(control.torrent_path.read_bytes()),
+        ]
     assert written["workers"] == written["inline"]
 
 
 @pytest.mark.slow
 def test_an_import_in_worker_processes_rejects_a_bad_window_whole_and_imports_the_others(
-        tmp_path, make_store, monkeypatch):
+    tmp_path, make_store, monkeypatch
+):
     """Archives decoded by worker processes: a window whose archive fails a
     check (a flipped byte in a record) leaves the table as it was, the
     next window is imported, and the member holds exactly the control
@@ -854,8 +1034,20 @@ def test_an_import_stopped_while_a_window_commits_records_that_window_and_no_lat
     record, result = node_archive.MemberRecord(), node_archive.FetchResult()
     record_path = member_dir / "record.json"
     with pytest.raises(node_archive.Stopped):
-        node_archive.hydrate(member_store, community / "data", Layout.STATUS_GO, groups, PUBSUB, None, KEYS,
-                             record, record_path, result, stop=stop, progress=progress)
+        node_archive.hydrate(
+            member_store,
+            community / "data",
+            Layout.STATUS_GO,
+            groups,
+            PUBSUB,
+            None,
+            KEYS,
+            record,
+            record_path,
+            result,
+            stop=stop,
+            progress=progress,
+        )
     assert shown == [0, 1]
     imported = [e.archive_id for g in groups[:2] for e in g]
     assert result.imported == imported and result.rejected == {}
@@ -865,8 +1057,7 @@ def test_an_import_stopped_while_a_window_commits_records_that_window_and_no_lat
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["files-in-place", "engine"])
-def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_path, make_store, monkeypatch,
-                                                                         in_process):
+def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_path, make_store, monkeypatch, in_process):
     """The first window's commit fails while the second window is staged:
     the import raises that error, records no window, and neither window's
     staged files stay, whether staged in the table's partitions (a member
@@ -897,8 +1088,18 @@ def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_pat
     monkeypatch.setattr(member_store, "commit_window", failing_commit)
     record, result = node_archive.MemberRecord(), node_archive.FetchResult()
     with pytest.raises(RuntimeError, match="engine gone"):
-        node_archive.hydrate(member_store, community / "data", Layout.STATUS_GO, groups, PUBSUB, None, KEYS,
-                             record, member_dir / "record.json", result)
+        node_archive.hydrate(
+            member_store,
+            community / "data",
+            Layout.STATUS_GO,
+            groups,
+            PUBSUB,
+            None,
+            KEYS,
+            record,
+            member_dir / "record.json",
+            result,
+        )
     assert len(staged) == 1 and record.imported == [] and result.imported == []
     assert not any(f.exists() for f in staged[0])
     staging_dir = Path(member_store.table.uri.removeprefix("file://").rstrip("/") + "_staging")
@@ -907,8 +1108,9 @@ def test_an_import_whose_commit_fails_raises_and_leaves_no_staged_window(tmp_pat
 
 
 def test_import_workers_are_as_many_as_asked_up_to_one_a_core(monkeypatch):
-    entry = archive.IndexEntry(archive_id="a", start_ns=0, end_ns=1, content_topics=(TOPICS[0],), offset=0,
-                               size=1000, padding=0)
+    entry = archive.IndexEntry(
+        archive_id="a", start_ns=0, end_ns=1, content_topics=(TOPICS[0],), offset=0, size=1000, padding=0
+    )
     monkeypatch.setattr(node_archive, "POOL_MIN_BYTES", 10**9)
     with node_archive.import_workers([[entry]], 2) as small:
         assert small.processes == 0  # decoded in the calling thread

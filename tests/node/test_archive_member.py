@@ -34,15 +34,20 @@ NS = 10**9
 
 def _channel_history(store, now_s):
     topic = topics.channel_content_topic(PUB, "general")
-    store.put([(PUBSUB, WakuMessage(b"history-%d" % i, topic, timestamp=(now_s - 20 * 86400 + i * 3600) * NS), 0)
-               for i in range(200)])
+    store.put(
+        [
+            (PUBSUB, WakuMessage(b"history-%d" % i, topic, timestamp=(now_s - 20 * 86400 + i * 3600) * NS), 0)
+            for i in range(200)
+        ]
+    )
     store.flush()
     return topic
 
 
 def _count(store, topic, now_s):
-    query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=(topic,), time_start=(now_s - 30 * 86400) * NS,
-                         forward=True, limit=100)
+    query = HistoryQuery(
+        pubsub_topic=PUBSUB, content_topics=(topic,), time_start=(now_s - 30 * 86400) * NS, forward=True, limit=100
+    )
     total = 0
     while True:
         page = store.query(query)
@@ -59,8 +64,15 @@ def test_member_imports_after_the_quiet_period_and_ignores_forged_links(engine, 
     _, member = open_store(NodeConfig(data_dir=member_dir, flush_interval_s=60), engine)
     try:
         topic = _channel_history(control, now_s)
-        settings = ArchiveSettings(community_key=KEY, chat_ids=CHATS, archive_dir=tmp_path / "out", pubsub_topic=PUBSUB,
-                                   trackers=(), listen=LOOPBACK, isolated=True)
+        settings = ArchiveSettings(
+            community_key=KEY,
+            chat_ids=CHATS,
+            archive_dir=tmp_path / "out",
+            pubsub_topic=PUBSUB,
+            trackers=(),
+            listen=LOOPBACK,
+            isolated=True,
+        )
         exported = node_archive.export_community(control, settings, now_s)
         assert exported.message is not None
         seeder = torrent.Seeder(torrent.open_session(LOOPBACK, isolated=True))
@@ -69,12 +81,21 @@ def test_member_imports_after_the_quiet_period_and_ignores_forged_links(engine, 
         # A forged link (signed by someone else) first: never acted on.
         forger = bytes(range(1, 33))
         forged_link = archive.encode_magnet_message(forger, exported.magnet, 10**15)
-        forged = WakuMessage(archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
-                             topics.magnet_content_topic(PUB), version=1, timestamp=now_s * NS)
+        forged = WakuMessage(
+            archive.wrap_magnet_for_status(forged_link, topics.magnet_chat_id(PUB), forger),
+            topics.magnet_content_topic(PUB),
+            version=1,
+            timestamp=now_s * NS,
+        )
         member.put([(PUBSUB, forged, now_s * NS)])
         member_settings = MemberSettings(
-            community_public_key=PUB, data_dir=member_dir, pubsub_topic=PUBSUB, chat_ids=CHATS,
-            peers=(("127.0.0.1", seeder.port),), quiet_period_s=0.5, poll_interval_s=0.1,
+            community_public_key=PUB,
+            data_dir=member_dir,
+            pubsub_topic=PUBSUB,
+            chat_ids=CHATS,
+            peers=(("127.0.0.1", seeder.port),),
+            quiet_period_s=0.5,
+            poll_interval_s=0.1,
             session_factory=lambda: torrent.open_session(LOOPBACK, isolated=True),
         )
         fetched, looks = [], []
@@ -86,8 +107,9 @@ def test_member_imports_after_the_quiet_period_and_ignores_forged_links(engine, 
 
         async def main():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: run_archive_member(member, member_settings, on_fetched=fetched.append,
-                                                              on_look=looks.append))
+                nursery.start_soon(
+                    lambda: run_archive_member(member, member_settings, on_fetched=fetched.append, on_look=looks.append)
+                )
                 # The member has read the forged link and found no signed one.
                 await looked_at_least(1, LOOK_NO_LINK)
                 assert fetched == [] and LOOK_FETCHING not in looks
@@ -142,16 +164,22 @@ def test_a_fetch_from_a_silent_peer_ends_at_once_on_cancel_and_leaves_nothing(en
             return sessions[-1]
 
         member_settings = MemberSettings(
-            community_public_key=PUB, data_dir=member_dir, pubsub_topic=PUBSUB, chat_ids=CHATS,
-            peers=(("127.0.0.1", silent.getsockname()[1]),), quiet_period_s=0.0, poll_interval_s=0.05,
+            community_public_key=PUB,
+            data_dir=member_dir,
+            pubsub_topic=PUBSUB,
+            chat_ids=CHATS,
+            peers=(("127.0.0.1", silent.getsockname()[1]),),
+            quiet_period_s=0.0,
+            poll_interval_s=0.05,
             session_factory=session_factory,
         )
         looks, fetched = [], []
 
         async def main():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: run_archive_member(member, member_settings, on_fetched=fetched.append,
-                                                              on_look=looks.append))
+                nursery.start_soon(
+                    lambda: run_archive_member(member, member_settings, on_fetched=fetched.append, on_look=looks.append)
+                )
                 with trio.fail_after(30):
                     while LOOK_FETCHING not in looks or not sessions[0].get_torrents():
                         await trio.sleep(0.05)

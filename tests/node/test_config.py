@@ -12,8 +12,15 @@ def test_file_then_flags_then_environment(tmp_path):
 
 @pytest.mark.parametrize(
     "values",
-    [{"tcp_port": 70000}, {"engine": "postgres://x"}, {"retention": "forever"}, {"shards": [1024]}, {"bogus": 1},
-     {"archive_import_workers": 0}, {"archive_import_workers": 17}],
+    [
+        {"tcp_port": 70000},
+        {"engine": "postgres://x"},
+        {"retention": "forever"},
+        {"shards": [1024]},
+        {"bogus": 1},
+        {"archive_import_workers": 0},
+        {"archive_import_workers": 17},
+    ],
 )
 def test_bad_values_are_refused(values):
     with pytest.raises(ConfigError):
@@ -62,10 +69,15 @@ def test_every_configuration_key_is_in_the_readme_table():
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    keys = {cell.strip("`") for row in table.splitlines() if row.startswith("| `")
-            for cell in row.split("|")[1].replace(",", " ").split()}
-    assert {f.name for f in dataclasses.fields(NodeConfig)} <= keys, \
-        {f.name for f in dataclasses.fields(NodeConfig)} - keys
+    keys = {
+        cell.strip("`")
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for cell in row.split("|")[1].replace(",", " ").split()
+    }
+    assert {f.name for f in dataclasses.fields(NodeConfig)} <= keys, {
+        f.name for f in dataclasses.fields(NodeConfig)
+    } - keys
 
 
 def test_ext_multiaddrs_from_the_file_the_flag_and_the_environment(tmp_path):
@@ -73,7 +85,8 @@ def test_ext_multiaddrs_from_the_file_the_flag_and_the_environment(tmp_path):
     path.write_text('ext_multiaddrs = ["/ip4/203.0.113.5/tcp/60000"]\n')
     assert load(path, {}, environ={}).ext_multiaddrs == ["/ip4/203.0.113.5/tcp/60000"]
     assert load(path, {"ext_multiaddrs": ["/dns4/a.example/tcp/443/wss"]}, environ={}).ext_multiaddrs == [
-        "/dns4/a.example/tcp/443/wss"]
+        "/dns4/a.example/tcp/443/wss"
+    ]
     env = {"WAKUSTORE_EXT_MULTIADDRS": "/ip4/203.0.113.6/tcp/1,/ip4/203.0.113.7/tcp/2"}
     assert load(path, {}, environ=env).ext_multiaddrs == ["/ip4/203.0.113.6/tcp/1", "/ip4/203.0.113.7/tcp/2"]
     with pytest.raises(ConfigError, match="ext_multiaddrs: 'nowhere'"):

@@ -57,8 +57,9 @@ TRY_LOCK = textwrap.dedent("""
 
 
 def _start_holder(path: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), *extra],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     lines = []
     while not lines or lines[-1] != "locked":
         line = holder.stdout.readline()
@@ -71,17 +72,23 @@ def test_second_lock_in_another_process_is_refused_naming_the_holder(tmp_path):
     held = data_dir.lock(tmp_path / "d")
     try:
         assert (tmp_path / "d" / data_dir.LOCK_FILE).read_text().strip() == str(os.getpid())
-        other = subprocess.run([sys.executable, "-c", TRY_LOCK, str(tmp_path / "d")],
-                               capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+        other = subprocess.run(
+            [sys.executable, "-c", TRY_LOCK, str(tmp_path / "d")],
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+        )
         assert other.returncode == 3, other.stderr
         pid, message = other.stdout.strip().split("|")
         assert pid == str(os.getpid())
-        assert message == (f"data dir {tmp_path / 'd'} is in use by process {os.getpid()} "
-                           "(another node or command writes it)")
+        assert message == (
+            f"data dir {tmp_path / 'd'} is in use by process {os.getpid()} (another node or command writes it)"
+        )
     finally:
         held.release()
-    again = subprocess.run([sys.executable, "-c", TRY_LOCK, str(tmp_path / "d")],
-                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    again = subprocess.run(
+        [sys.executable, "-c", TRY_LOCK, str(tmp_path / "d")], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S
+    )
     assert again.returncode == 0 and again.stdout.strip() == "locked", again.stderr
 
 
@@ -152,12 +159,20 @@ def test_an_unwritable_data_dir_is_a_data_dir_error(tmp_path):
 
 # --- commands: path errors (no engine starts) ------------------------------
 
-@pytest.mark.parametrize("command", [
-    ["serve", "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0"],
-    ["db", "stats"], ["db", "export", "--to-jsonl", "{tmp}/out.jsonl"], ["db", "import", "--from-jsonl", "{file}"],
-    ["db", "compact"], ["db", "vacuum"], ["db", "retention"],
-    ["archive", "fetch", "--community-pubkey", COMMUNITY_PUBKEY, "--magnet", "magnet:?xt=urn:btih:" + "0" * 40],
-])
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "--tcp-port", "0", "--ws-port", "0", "--mailserver-port", "0", "--metrics-port", "0"],
+        ["db", "stats"],
+        ["db", "export", "--to-jsonl", "{tmp}/out.jsonl"],
+        ["db", "import", "--from-jsonl", "{file}"],
+        ["db", "compact"],
+        ["db", "vacuum"],
+        ["db", "retention"],
+        ["archive", "fetch", "--community-pubkey", COMMUNITY_PUBKEY, "--magnet", "magnet:?xt=urn:btih:" + "0" * 40],
+    ],
+)
 def test_a_data_dir_that_is_a_file_is_one_line_exit_2(tmp_path, command):
     a_file = tmp_path / "a-file"
     a_file.write_text("{}\n")
@@ -169,10 +184,24 @@ def test_a_data_dir_that_is_a_file_is_one_line_exit_2(tmp_path, command):
 
 # --- commands beside a running node ----------------------------------------
 
+
 def _jsonl(path: Path, messages: list[WakuMessage]) -> Path:
-    path.write_text("".join(json.dumps({
-        "pubsub_topic": PUBSUB_TOPIC, "content_topic": m.content_topic, "payload": m.payload.hex(),
-        "meta": "", "timestamp": m.timestamp, "version": 0}) + "\n" for m in messages))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "pubsub_topic": PUBSUB_TOPIC,
+                    "content_topic": m.content_topic,
+                    "payload": m.payload.hex(),
+                    "meta": "",
+                    "timestamp": m.timestamp,
+                    "version": 0,
+                }
+            )
+            + "\n"
+            for m in messages
+        )
+    )
     return path
 
 
@@ -204,9 +233,25 @@ def running(tmp_path_factory):
 @pytest.mark.slow
 def test_a_second_serve_exits_2_naming_the_first_which_keeps_serving(running):
     server, path, printed, _, _ = running
-    second = wakustore("serve", "--data-dir", str(path), "--tcp-port", "0", "--ws-port", "0",
-                       "--mailserver-port", "0", "--metrics-port", "0", "--listen-host", "127.0.0.1",
-                       "--cluster-id", str(CLUSTER_ID), "--shard", "3")
+    second = wakustore(
+        "serve",
+        "--data-dir",
+        str(path),
+        "--tcp-port",
+        "0",
+        "--ws-port",
+        "0",
+        "--mailserver-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--listen-host",
+        "127.0.0.1",
+        "--cluster-id",
+        str(CLUSTER_ID),
+        "--shard",
+        "3",
+    )
     assert second.returncode == 2
     assert second.stderr.splitlines() == _refusal(server.proc.pid, path)
     info = json.loads((path / "node-info.json").read_text())
@@ -214,8 +259,19 @@ def test_a_second_serve_exits_2_naming_the_first_which_keeps_serving(running):
     with urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/health", timeout=10) as response:
         assert json.loads(response.read())["ok"] is True
     message = WakuMessage(b"after the refusal", CONTENT_TOPIC, timestamp=time.time_ns())
-    pushed = wakustore("push", "--peer", printed[0], "--pubsub-topic", PUBSUB_TOPIC, "--content-topic",
-                       CONTENT_TOPIC, "--payload", message.payload.hex(), "--timestamp", str(message.timestamp))
+    pushed = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--payload",
+        message.payload.hex(),
+        "--timestamp",
+        str(message.timestamp),
+    )
     assert pushed.returncode == 0, pushed.stderr
     found = wakustore("query", "--peer", printed[0], "--hashes", message_hash(PUBSUB_TOPIC, message).hex())
     assert found.returncode == 0, found.stderr
@@ -223,11 +279,17 @@ def test_a_second_serve_exits_2_naming_the_first_which_keeps_serving(running):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [
-    ["db", "import", "--from-jsonl", "{jsonl}"], ["db", "compact"], ["db", "vacuum"], ["db", "retention"],
-    ["archive", "export", "--community-key", "{key}", "--chat-id", "general", "--archive-dir", "{base}/archives"],
-    ["archive", "fetch", "--community-pubkey", COMMUNITY_PUBKEY, "--magnet", "magnet:?xt=urn:btih:" + "0" * 40],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["db", "import", "--from-jsonl", "{jsonl}"],
+        ["db", "compact"],
+        ["db", "vacuum"],
+        ["db", "retention"],
+        ["archive", "export", "--community-key", "{key}", "--chat-id", "general", "--archive-dir", "{base}/archives"],
+        ["archive", "fetch", "--community-pubkey", COMMUNITY_PUBKEY, "--magnet", "magnet:?xt=urn:btih:" + "0" * 40],
+    ],
+)
 def test_writer_commands_are_refused_beside_a_running_node(running, command):
     server, path, _, _, base = running
     key = base / "community.key"
@@ -246,8 +308,19 @@ def test_stats_and_export_read_beside_a_running_node_and_write_nothing(running):
     replayed, committed nor trimmed under it."""
     server, path, printed, stored, base = running
     waiting = WakuMessage(b"in the node's log", CONTENT_TOPIC, timestamp=time.time_ns())
-    pushed = wakustore("push", "--peer", printed[0], "--pubsub-topic", PUBSUB_TOPIC, "--content-topic",
-                       CONTENT_TOPIC, "--payload", waiting.payload.hex(), "--timestamp", str(waiting.timestamp))
+    pushed = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        CONTENT_TOPIC,
+        "--payload",
+        waiting.payload.hex(),
+        "--timestamp",
+        str(waiting.timestamp),
+    )
     assert pushed.returncode == 0, pushed.stderr
     log_dir = path / "tables" / "messages" / "_delta_log"
     before = sorted(p.name for p in log_dir.iterdir())

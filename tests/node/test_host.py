@@ -71,7 +71,9 @@ def test_node_info_lists_peer_id_and_multiaddrs(tmp_path):
     info = HostInfo("16Uiu2HAm", ["/ip4/127.0.0.1/tcp/1/p2p/16Uiu2HAm"])
     path = write_node_info(tmp_path, info, pid=5)
     assert json.loads(path.read_text()) == {
-        "peer_id": "16Uiu2HAm", "multiaddrs": ["/ip4/127.0.0.1/tcp/1/p2p/16Uiu2HAm"], "pid": 5,
+        "peer_id": "16Uiu2HAm",
+        "multiaddrs": ["/ip4/127.0.0.1/tcp/1/p2p/16Uiu2HAm"],
+        "pid": 5,
     }
 
 
@@ -83,25 +85,35 @@ def fake_interfaces(family):
 
 
 def test_unspecified_listen_address_becomes_one_address_per_interface():
-    addrs = dialable_addrs(["/ip4/0.0.0.0/tcp/60000", "/ip4/0.0.0.0/tcp/8000/ws"], PEER,
-                           interfaces=fake_interfaces)
+    addrs = dialable_addrs(["/ip4/0.0.0.0/tcp/60000", "/ip4/0.0.0.0/tcp/8000/ws"], PEER, interfaces=fake_interfaces)
     assert addrs == [
-        f"/ip4/127.0.0.1/tcp/60000/p2p/{PEER}", f"/ip4/192.0.2.7/tcp/60000/p2p/{PEER}",
-        f"/ip4/127.0.0.1/tcp/8000/ws/p2p/{PEER}", f"/ip4/192.0.2.7/tcp/8000/ws/p2p/{PEER}",
+        f"/ip4/127.0.0.1/tcp/60000/p2p/{PEER}",
+        f"/ip4/192.0.2.7/tcp/60000/p2p/{PEER}",
+        f"/ip4/127.0.0.1/tcp/8000/ws/p2p/{PEER}",
+        f"/ip4/192.0.2.7/tcp/8000/ws/p2p/{PEER}",
     ]
     assert dialable_addrs(["/ip6/::/tcp/1"], PEER, interfaces=fake_interfaces) == [
-        f"/ip6/::1/tcp/1/p2p/{PEER}", f"/ip6/2001:db8::7/tcp/1/p2p/{PEER}"]
+        f"/ip6/::1/tcp/1/p2p/{PEER}",
+        f"/ip6/2001:db8::7/tcp/1/p2p/{PEER}",
+    ]
 
 
 def test_a_specific_listen_address_is_kept_and_announced_ones_follow():
     addrs = dialable_addrs(
-        ["/ip4/127.0.0.1/tcp/1"], PEER,
-        ext_multiaddrs=["/dns4/node.example.org/tcp/443/wss", f"/ip4/203.0.113.5/tcp/60000/p2p/{PEER}",
-                        "/ip4/127.0.0.1/tcp/1"],
+        ["/ip4/127.0.0.1/tcp/1"],
+        PEER,
+        ext_multiaddrs=[
+            "/dns4/node.example.org/tcp/443/wss",
+            f"/ip4/203.0.113.5/tcp/60000/p2p/{PEER}",
+            "/ip4/127.0.0.1/tcp/1",
+        ],
         interfaces=fake_interfaces,
     )
-    assert addrs == [f"/ip4/127.0.0.1/tcp/1/p2p/{PEER}", f"/dns4/node.example.org/tcp/443/wss/p2p/{PEER}",
-                     f"/ip4/203.0.113.5/tcp/60000/p2p/{PEER}"]
+    assert addrs == [
+        f"/ip4/127.0.0.1/tcp/1/p2p/{PEER}",
+        f"/dns4/node.example.org/tcp/443/wss/p2p/{PEER}",
+        f"/ip4/203.0.113.5/tcp/60000/p2p/{PEER}",
+    ]
 
 
 def test_interface_addresses_start_with_loopback():

@@ -59,8 +59,14 @@ def rss() -> int:
 
 def settled(node: NodeThread) -> bool:
     snap = node.gatekeeper.snapshot()
-    return (snap["connections"], snap["handshakes"], snap["streams"], snap["idle_streams"],
-            snap["in_flight"], snap["addresses"]) == (0, 0, 0, 0, 0, 0)
+    return (
+        snap["connections"],
+        snap["handshakes"],
+        snap["streams"],
+        snap["idle_streams"],
+        snap["in_flight"],
+        snap["addresses"],
+    ) == (0, 0, 0, 0, 0, 0)
 
 
 async def one_query(client):
@@ -88,8 +94,9 @@ def start_node(engine, tmp_path):
     started = []
 
     def start(rate_limits: RateLimits = RateLimits.parse(["0/1s"]), protocol_options=None, **config):
-        node = NodeThread(node_config(tmp_path / f"node{len(started)}", **config), engine, rate_limits,
-                          **(protocol_options or {})).start()
+        node = NodeThread(
+            node_config(tmp_path / f"node{len(started)}", **config), engine, rate_limits, **(protocol_options or {})
+        ).start()
         started.append(node)
         return node
 
@@ -187,8 +194,15 @@ def test_stalled_handshakes_cannot_lock_out_an_honest_client(start_node):
         for _ in range(3):
             sock = stalling_socket(f"127.0.2.{i + 1}", port)
             seen = len(stalled) + refused_at_once + 1
-            wait_for(lambda seen=seen: node.gatekeeper.handshakes + node.gatekeeper.refused["max_handshakes"]
-                     + node.gatekeeper.refused["ip_colocation"] == seen, "the node did not take the connection in")
+            wait_for(
+                lambda seen=seen: (
+                    node.gatekeeper.handshakes
+                    + node.gatekeeper.refused["max_handshakes"]
+                    + node.gatekeeper.refused["ip_colocation"]
+                    == seen
+                ),
+                "the node did not take the connection in",
+            )
             if node.gatekeeper.refused["ip_colocation"] > refused_at_once:
                 refused_at_once += 1
                 assert is_closed_by_peer(sock, wait_s=1.0)
@@ -204,8 +218,10 @@ def test_stalled_handshakes_cannot_lock_out_an_honest_client(start_node):
         assert refused_at_once == 10 and len(stalled) == 20
         # The five oldest were replaced by newer ones (four stalled, one
         # honest) and closed; the other fifteen are still in progress.
-        wait_for(lambda: node.gatekeeper.handshakes == 15 and node.gatekeeper.refused["max_handshakes"] == 5,
-                 f"handshakes not capped: {node.gatekeeper.snapshot()}")
+        wait_for(
+            lambda: node.gatekeeper.handshakes == 15 and node.gatekeeper.refused["max_handshakes"] == 5,
+            f"handshakes not capped: {node.gatekeeper.snapshot()}",
+        )
         assert [is_closed_by_peer(s, wait_s=1.0) for s in stalled[:5]] == [True] * 5
         assert not any(is_closed_by_peer(s) for s in stalled[5:])
     finally:
@@ -226,14 +242,17 @@ def test_a_silent_connection_is_closed_and_its_slot_freed_while_connections_with
 
     from wakustore.clients.relay import relay_publisher
 
-    node = RelayNodeThread(node_config(tmp_path, idle_connection_timeout_s=1.0, max_connections=3),
-                           engine, RateLimits.parse(["0/1s"])).start()
+    node = RelayNodeThread(
+        node_config(tmp_path, idle_connection_timeout_s=1.0, max_connections=3), engine, RateLimits.parse(["0/1s"])
+    ).start()
     try:
         before = warmed_rss(node)
 
         async def scenario():
-            async with relay_publisher(node.tcp_addr, [PUBSUB_TOPIC]) as (_pubsub, relay_host, node_id), \
-                    client_from("127.0.0.2", node.tcp_addr) as holder:
+            async with (
+                relay_publisher(node.tcp_addr, [PUBSUB_TOPIC]) as (_pubsub, relay_host, node_id),
+                client_from("127.0.0.2", node.tcp_addr) as holder,
+            ):
                 # A client keeping a request stream open, as js-waku does.
                 await holder.host.new_stream(holder.peer_id, [TProtocol(store_v3.PROTOCOL_ID)])
                 # Connected last: a peer that says nothing more.
@@ -423,17 +442,30 @@ def test_js_waku_pages_through_a_key_rotating_query_flood(start_node, node_binar
 
     # The connection caps are other tests': here each query of the flood
     # comes on a connection of its own, which the node may see close late.
-    node = start_node(rate_limits=RateLimits.parse([f"store:{FLOOD_LIMIT}/1h"]), ip_colocation_limit=0,
-                      max_connections=0)
+    node = start_node(
+        rate_limits=RateLimits.parse([f"store:{FLOOD_LIMIT}/1h"]), ip_colocation_limit=0, max_connections=0
+    )
     now = time.time_ns()
-    messages = [(PUBSUB_TOPIC, WakuMessage(b"js-%02d" % i, QUERY.content_topics[0], timestamp=now - (JS_MESSAGES - i) * 10**6),
-                 now) for i in range(JS_MESSAGES)]
+    messages = [
+        (
+            PUBSUB_TOPIC,
+            WakuMessage(b"js-%02d" % i, QUERY.content_topics[0], timestamp=now - (JS_MESSAGES - i) * 10**6),
+            now,
+        )
+        for i in range(JS_MESSAGES)
+    ]
     trio.from_thread.run(node.service.put, messages, trio_token=node._token)
     assert node.flush() == JS_MESSAGES
     before = warmed_rss(node)
-    job = {"peer": node.ws_addr, "transport": "ws", "clusterId": CLUSTER_ID, "shard": 0,
-           "contentTopics": list(QUERY.content_topics), "timeoutMs": 60_000,
-           "query": {"pageSize": JS_PAGE, "forward": True}}
+    job = {
+        "peer": node.ws_addr,
+        "transport": "ws",
+        "clusterId": CLUSTER_ID,
+        "shard": 0,
+        "contentTopics": list(QUERY.content_topics),
+        "timeoutMs": 60_000,
+        "query": {"pageSize": JS_PAGE, "forward": True},
+    }
 
     async def scenario():
         flood: dict[str, list] = {address: [] for address in FLOOD_ADDRESSES}
@@ -452,8 +484,13 @@ def test_js_waku_pages_through_a_key_rotating_query_flood(start_node, node_binar
                     await trio.sleep(0.05)
             try:
                 result = await trio.run_process(
-                    [str(node_binary), str(SCRIPT)], stdin=json.dumps(job).encode(), cwd=INTEROP_DIR,
-                    capture_stdout=True, capture_stderr=True, check=False)
+                    [str(node_binary), str(SCRIPT)],
+                    stdin=json.dumps(job).encode(),
+                    cwd=INTEROP_DIR,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
             finally:
                 js_done.set()
                 running = {address: len(statuses) < FLOOD_MAX for address, statuses in flood.items()}

@@ -60,8 +60,11 @@ def node_binary() -> Path:
         if npm is None:
             pytest.fail("npm is needed to install tests/interop")
         result = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"], cwd=INTEROP_DIR,
-            capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=INTEROP_DIR,
+            capture_output=True,
+            text=True,
+            timeout=NPM_TIMEOUT_S,
         )
         if result.returncode != 0:
             pytest.fail(f"npm ci failed in {INTEROP_DIR}:\n{result.stdout}\n{result.stderr}")
@@ -79,13 +82,23 @@ def node(engine, tmp_path_factory):
 
 
 def run_job(node_binary: Path, node: NodeThread, **job) -> list[dict]:
-    job = {"peer": node.tcp_addr, "clusterId": CLUSTER_ID, "shard": SHARD,
-           "contentTopics": CONTENT_TOPICS, "timeoutMs": JOB_TIMEOUT_MS, **job}
+    job = {
+        "peer": node.tcp_addr,
+        "clusterId": CLUSTER_ID,
+        "shard": SHARD,
+        "contentTopics": CONTENT_TOPICS,
+        "timeoutMs": JOB_TIMEOUT_MS,
+        **job,
+    }
     if job.get("transport") == "ws":
         job["peer"] = node.ws_addr
     result = subprocess.run(
-        [str(node_binary), str(SCRIPT)], input=json.dumps(job), cwd=INTEROP_DIR,
-        capture_output=True, text=True, timeout=JOB_TIMEOUT_MS / 1000 + 30,
+        [str(node_binary), str(SCRIPT)],
+        input=json.dumps(job),
+        cwd=INTEROP_DIR,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_MS / 1000 + 30,
     )
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0, f"js-waku job failed:\n{result.stdout}\n{result.stderr[-3000:]}"
@@ -98,9 +111,14 @@ def pushed(node_binary, node):
     """30 messages pushed by js-waku: 28 by lightpush v3, 2 by v2beta1.
     Timestamps are whole, even milliseconds (js-waku sends Date values)."""
     base_ms = int(time.time() * 1000) // 2 * 2 - 4_000
-    items = [{"contentTopic": CONTENT_TOPICS[i % 3],
-              "payloadHex": (f"{i:02x}" + "a5" * (i * 13 % 97)),
-              "timestampMs": base_ms + 2 * i} for i in range(PUSHED)]
+    items = [
+        {
+            "contentTopic": CONTENT_TOPICS[i % 3],
+            "payloadHex": (f"{i:02x}" + "a5" * (i * 13 % 97)),
+            "timestampMs": base_ms + 2 * i,
+        }
+        for i in range(PUSHED)
+    ]
     for item, events in (
         (items[:28], run_job(node_binary, node, push=items[:28])),
         (items[28:], run_job(node_binary, node, push=items[28:], useLegacyLightpush=True)),
@@ -110,8 +128,11 @@ def pushed(node_binary, node):
     assert node.flush() == PUSHED  # queries below page through the Delta table
     rows = []
     for item in items:
-        message = WakuMessage(payload=bytes.fromhex(item["payloadHex"]), content_topic=item["contentTopic"],
-                              timestamp=item["timestampMs"] * 1_000_000)
+        message = WakuMessage(
+            payload=bytes.fromhex(item["payloadHex"]),
+            content_topic=item["contentTopic"],
+            timestamp=item["timestampMs"] * 1_000_000,
+        )
         rows.append((message, message_hash(PUBSUB_TOPIC, message)))
     return rows
 
@@ -134,7 +155,7 @@ def assert_js_saw(events, rows):
 
 def backward_order(rows, page):
     """What a backward walk yields: the newest page first, each page ascending."""
-    chunks = [rows[max(0, end - page):end] for end in range(len(rows), 0, -page)]
+    chunks = [rows[max(0, end - page) : end] for end in range(len(rows), 0, -page)]
     return [row for chunk in chunks for row in chunk]
 
 
@@ -145,8 +166,9 @@ def test_node_stores_what_js_waku_pushed_byte_for_byte(node, pushed):
 
     response = trio.run(read_back)
     assert response.status_code == 200
-    assert [(e.message, e.pubsub_topic, e.message_hash) for e in response.messages] == \
-        [(m, PUBSUB_TOPIC, h) for m, h in pushed]
+    assert [(e.message, e.pubsub_topic, e.message_hash) for e in response.messages] == [
+        (m, PUBSUB_TOPIC, h) for m, h in pushed
+    ]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
@@ -167,11 +189,19 @@ def test_js_waku_time_range_and_content_topic_subset(node_binary, node, pushed):
     end_ms = pushed[24][0].timestamp // 1_000_000 + 1
     topics = CONTENT_TOPICS[:2]
     rows = [r for r in pushed[5:25] if r[0].content_topic in topics]
-    forward = run_job(node_binary, node, contentTopics=topics,
-                      query={"pageSize": 4, "forward": True, "timeStartMs": start_ms, "timeEndMs": end_ms})
+    forward = run_job(
+        node_binary,
+        node,
+        contentTopics=topics,
+        query={"pageSize": 4, "forward": True, "timeStartMs": start_ms, "timeEndMs": end_ms},
+    )
     assert_js_saw(forward, rows)
-    backward = run_job(node_binary, node, contentTopics=topics,
-                       query={"pageSize": 4, "forward": False, "timeStartMs": start_ms, "timeEndMs": end_ms})
+    backward = run_job(
+        node_binary,
+        node,
+        contentTopics=topics,
+        query={"pageSize": 4, "forward": False, "timeStartMs": start_ms, "timeEndMs": end_ms},
+    )
     assert_js_saw(backward, backward_order(rows, 4))
 
 
@@ -186,14 +216,21 @@ def push_and_query_after_idle(node_binary, engine, data_dir, idle_s, **protocol_
     push one message, query it back. The idle event and the message seen."""
     # Its own node: the pushed message must not reach the module node's
     # buffer, whose flush count the pushed fixture checks.
-    idle_node = NodeThread(node_config(data_dir), engine, RateLimits.parse(["lightpush:0/1s"]),
-                           **protocol_options).start()
+    idle_node = NodeThread(
+        node_config(data_dir), engine, RateLimits.parse(["lightpush:0/1s"]), **protocol_options
+    ).start()
     try:
         # No timestamp: js-waku stamps the message when it sends it, after the
         # idle time, as the node checks the timestamp against its clock.
         item = {"contentTopic": IDLE_TOPIC, "payloadHex": "1d1e5eed"}
-        events = run_job(node_binary, idle_node, push=[item], contentTopics=[IDLE_TOPIC],
-                         query={"pageSize": 10, "forward": True}, idleMs=int(idle_s * 1000))
+        events = run_job(
+            node_binary,
+            idle_node,
+            push=[item],
+            contentTopics=[IDLE_TOPIC],
+            query={"pageSize": 10, "forward": True},
+            idleMs=int(idle_s * 1000),
+        )
     finally:
         idle_node.stop()
     idle = next(e for e in events if e["event"] == "idle")
@@ -201,8 +238,9 @@ def push_and_query_after_idle(node_binary, engine, data_dir, idle_s, **protocol_
     pushes = [e for e in events if e["event"] == "pushed"]
     assert len(pushes) == 1 and pushes[0]["successes"] and not pushes[0]["failures"], pushes
     seen = messages_of(events)
-    assert [(e["payload"], e["contentTopic"], e["pubsubTopic"]) for e in seen] == \
-        [(item["payloadHex"], IDLE_TOPIC, PUBSUB_TOPIC)]
+    assert [(e["payload"], e["contentTopic"], e["pubsubTopic"]) for e in seen] == [
+        (item["payloadHex"], IDLE_TOPIC, PUBSUB_TOPIC)
+    ]
     return idle
 
 
@@ -210,17 +248,19 @@ def test_js_waku_first_push_and_query_on_streams_idle_for_15_s(node_binary, engi
     idle = push_and_query_after_idle(node_binary, engine, tmp_path, IDLE_S)
     # The streams opened on connect are still open both ways after the idle
     # time (js-libp2p's statuses), so js-waku sent its first requests on them.
-    opened = [s["id"] for s in idle["before"]
-              if s["protocol"] in (lightpush.PROTOCOL_ID_V3, store_v3.PROTOCOL_ID)]
+    opened = [s["id"] for s in idle["before"] if s["protocol"] in (lightpush.PROTOCOL_ID_V3, store_v3.PROTOCOL_ID)]
     after = {s["id"]: (s["readStatus"], s["writeStatus"]) for s in idle["after"]}
-    assert all(sid in after and after[sid][0] not in ("closing", "closed")
-               and after[sid][1] not in ("done", "closing", "closed") for sid in opened), idle
+    assert all(
+        sid in after
+        and after[sid][0] not in ("closing", "closed")
+        and after[sid][1] not in ("done", "closing", "closed")
+        for sid in opened
+    ), idle
 
 
 def test_js_waku_replaces_streams_the_node_reset_after_its_idle_wait(node_binary, engine, tmp_path):
     # A node reclaiming idle streams resets them: js-waku drops a reset
     # stream and opens a fresh one (a half-closed one it would reuse).
-    idle = push_and_query_after_idle(node_binary, engine, tmp_path, SHORT_IDLE_S * 2,
-                                     idle_timeout_s=SHORT_IDLE_S)
+    idle = push_and_query_after_idle(node_binary, engine, tmp_path, SHORT_IDLE_S * 2, idle_timeout_s=SHORT_IDLE_S)
     opened = {s["id"] for s in idle["before"]}
     assert not opened & {s["id"] for s in idle["after"]}, idle

@@ -39,7 +39,7 @@ def window_updates(monkeypatch):
     real = yamux.Yamux._write_frame
 
     async def counting(self, data: bytes) -> None:
-        _, kind, flags, _, _ = struct.unpack(yamux.YAMUX_HEADER_FORMAT, data[:yamux.HEADER_SIZE])
+        _, kind, flags, _, _ = struct.unpack(yamux.YAMUX_HEADER_FORMAT, data[: yamux.HEADER_SIZE])
         if kind == yamux.TYPE_WINDOW_UPDATE and flags == 0:
             counts["dialer" if self.is_initiator_value else "listener"] += 1
         await real(self, data)
@@ -134,7 +134,7 @@ def _frames(data: bytes) -> list[tuple[int, int, int, int]]:
     while pos < len(data):
         if len(data) - pos < yamux.HEADER_SIZE:
             return []
-        _, kind, flags, sid, length = struct.unpack(yamux.YAMUX_HEADER_FORMAT, data[pos:pos + yamux.HEADER_SIZE])
+        _, kind, flags, sid, length = struct.unpack(yamux.YAMUX_HEADER_FORMAT, data[pos : pos + yamux.HEADER_SIZE])
         out.append((kind, flags, sid, length))
         pos += yamux.HEADER_SIZE + (length if kind == yamux.TYPE_DATA else 0)
     return out
@@ -163,15 +163,15 @@ def session_writes(monkeypatch):
 def _metadata_node(tmp_path):
     from wakustore.node.store_protocols import StoreProtocols
 
-    config = NodeConfig(data_dir=tmp_path, tcp_port=0, ws_port=0, listen_host="127.0.0.1",
-                        cluster_id=16, shards=[0, 1]).validate()
+    config = NodeConfig(
+        data_dir=tmp_path, tcp_port=0, ws_port=0, listen_host="127.0.0.1", cluster_id=16, shards=[0, 1]
+    ).validate()
     protocols = StoreProtocols(None, config)
     return config, {metadata.PROTOCOL_ID: protocols.handle_metadata}
 
 
 def _streams_of(writes: list[list[tuple]], stream_ids: set[int]) -> list[list[tuple]]:
-    return [[f for f in frames if f[2] in stream_ids] for frames in writes
-            if any(f[2] in stream_ids for f in frames)]
+    return [[f for f in frames if f[2] in stream_ids] for frames in writes if any(f[2] in stream_ids for f in frames)]
 
 
 def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session_writes):
@@ -273,7 +273,9 @@ def test_multistream_select_with_dialers_that_do_not_send_everything_at_once(tmp
                 elif dialer == "waits-for-the-echo":
                     # Header and protocol id together, the request only once
                     # the node has echoed the protocol id.
-                    await stream.write(encode_delim(b"/multistream/1.0.0") + encode_delim(metadata.PROTOCOL_ID.encode()))
+                    await stream.write(
+                        encode_delim(b"/multistream/1.0.0") + encode_delim(metadata.PROTOCOL_ID.encode())
+                    )
                     got += [await _read_line(stream, buffered), await _read_line(stream, buffered)]
                 else:
                     await stream.write(encode_delim(b"/multistream/1.0.0") + encode_delim(b"/not/served/1"))
@@ -407,8 +409,13 @@ def test_secure_session_reads_split_and_join_messages_exactly():
     session = _session([b"abcdef", b"gh", b"ijk"])
 
     async def main():
-        got = [await session.read(2), await session.read(3), await session.read(None),
-               await session.read(4), await session.read(5)]
+        got = [
+            await session.read(2),
+            await session.read(3),
+            await session.read(None),
+            await session.read(4),
+            await session.read(5),
+        ]
         with pytest.raises(ConnectionClosedError):
             await session.read(1)
         return got

@@ -23,16 +23,31 @@ from wakustore.cli import main as cli
 from wakustore.cli import mailserver as mailserver_cli
 from wakustore.node.config import NodeConfig
 from wakustore.node.mailserver import (
-    DEFAULT_PASSWORD, KEY_FILE, Mailserver, MailserverInfo, MailserverSettings, dialable_enodes, enode_url,
-    load_or_create_node_key, run_mailserver, running_mailserver,
+    DEFAULT_PASSWORD,
+    KEY_FILE,
+    Mailserver,
+    MailserverInfo,
+    MailserverSettings,
+    dialable_enodes,
+    enode_url,
+    load_or_create_node_key,
+    run_mailserver,
+    running_mailserver,
 )
 from wakustore.node.usage import UsageError
 from wakustore.clients.mailserver import MailserverClient, MailserverError, parse_enode, seal_envelope
 from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.waku_v1 import (
-    Envelope, bloom_for_topics, bloom_matches, decrypt_symmetric, envelope_hash, full_bloom,
-    key_from_password, rlp_encode, topic_to_bloom,
+    Envelope,
+    bloom_for_topics,
+    bloom_matches,
+    decrypt_symmetric,
+    envelope_hash,
+    full_bloom,
+    key_from_password,
+    rlp_encode,
+    topic_to_bloom,
 )
 from wakustore.storage.envelope_store import EnvelopeStore, StoredEnvelope
 from wakustore.storage.table import DeltaTableRef
@@ -104,8 +119,10 @@ class ServerThread:
             self._scope = nursery.cancel_scope
             if self.config is not None:
                 self.info = await nursery.start(
-                    lambda task_status: run_mailserver(self.config, self.store, settings=self.settings,
-                                                       task_status=task_status))
+                    lambda task_status: run_mailserver(
+                        self.config, self.store, settings=self.settings, task_status=task_status
+                    )
+                )
             else:
                 self.info = await nursery.start(self.server.serve, "127.0.0.1", 0)
             self._ready.set()
@@ -119,6 +136,7 @@ def ask(enode, request, *, key=KEY, layout=None, sign=True, client_key=None):
     async def main():
         async with MailserverClient.connect(enode, private_key=client_key) as client:
             return await client.request(request, key, layout=layout, sign=sign)
+
     return run(main)
 
 
@@ -126,6 +144,7 @@ def all_pages(enode, request, *, layout=None):
     async def main():
         async with MailserverClient.connect(enode) as client:
             return [answer async for answer in client.pages(request, KEY, layout=layout)]
+
     return run(main)
 
 
@@ -152,6 +171,7 @@ def fresh(engine, tmp_path):
 
 
 # --- pagination and filters ---------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [wms.LAYOUT_STATUS_GO, wms.LAYOUT_SPEC])
@@ -211,6 +231,7 @@ def test_client_without_batch_support_gets_one_envelope_per_packet(seeded):
 
 # --- refusals --------------------------------------------------------------------
 
+
 def test_wrong_password_is_refused_with_the_error_form(seeded):
     server, _ = seeded
     answer = ask(server.enode, everything(), key=key_from_password("not the password"))
@@ -224,12 +245,14 @@ def test_unsigned_request_envelope_is_refused_as_status_go_does(seeded):
         unsigned = ask(server.enode, everything(limit=3), layout=layout, sign=False)
         assert unsigned.complete.error == "check message signature failed: wrong signature of p2p request"
         assert unsigned.complete.request_id == unsigned.request_id and unsigned.envelopes == []
+
     # The refusal leaves the connection usable: the signed retry is served.
     async def main():
         async with MailserverClient.connect(server.enode) as client:
             refused = await client.request(everything(limit=3), KEY, sign=False)
             served = await client.request(everything(limit=3), KEY)
             return refused, served
+
     refused, served = run(main)
     assert refused.complete.error is not None
     assert served.complete.error is None and len(served.envelopes) == 3
@@ -239,10 +262,12 @@ def test_request_signed_by_a_key_other_than_the_peers_is_served(seeded):
     # status-go's checkMsgSignature asks only that a signer be recovered; its
     # comparison with the peer's node key is commented out.
     server, rows = seeded
+
     async def main():
         async with MailserverClient.connect(server.enode) as client:
             client.private_key = coincurve.PrivateKey().secret  # not the key of the RLPx session
             return await client.request(everything(limit=3), KEY)
+
     answer = run(main)
     assert answer.complete.error is None
     assert answer.envelopes == [r.raw for r in rows[:3]]
@@ -286,6 +311,7 @@ def test_request_below_the_minimum_pow_is_refused(seeded, monkeypatch):
 
 # --- archiving ---------------------------------------------------------------------
 
+
 def test_posted_envelopes_are_checked_deduplicated_and_served(fresh):
     now = int(time.time())
     good = seal_envelope(b"hello", TOPICS[0], symmetric_key=KEY, now_s=now).encode()
@@ -317,11 +343,37 @@ def test_cli_posts_an_envelope_and_requests_it_back(fresh, capsys):
         return args.handler(args)
 
     with ServerThread(fresh, MailserverSettings()) as server:
-        assert wakustore("mailserver", "post", "--enode", server.enode, "--topic", TOPICS[2].hex(),
-                         "--payload", "c0ffee", "--password", "secret") == 0
+        assert (
+            wakustore(
+                "mailserver",
+                "post",
+                "--enode",
+                server.enode,
+                "--topic",
+                TOPICS[2].hex(),
+                "--payload",
+                "c0ffee",
+                "--password",
+                "secret",
+            )
+            == 0
+        )
         posted = capsys.readouterr().out.strip()
-        assert wakustore("mailserver", "request", "--enode", server.enode, "--password", DEFAULT_PASSWORD,
-                         "--topic", TOPICS[2].hex(), "--all", "--json") == 0
+        assert (
+            wakustore(
+                "mailserver",
+                "request",
+                "--enode",
+                server.enode,
+                "--password",
+                DEFAULT_PASSWORD,
+                "--topic",
+                TOPICS[2].hex(),
+                "--all",
+                "--json",
+            )
+            == 0
+        )
         out, err = capsys.readouterr()
         lines = [json.loads(line) for line in out.splitlines()]
         assert [line["hash"] for line in lines] == [posted]
@@ -338,6 +390,7 @@ def test_cli_posts_an_envelope_and_requests_it_back(fresh, capsys):
 
 
 # --- restarts and identity ------------------------------------------------------------
+
 
 def test_cursor_and_node_key_survive_a_restart(engine, tmp_path):
     config = NodeConfig(data_dir=tmp_path, mailserver_port=0, listen_host="127.0.0.1")
@@ -386,9 +439,13 @@ def test_a_mailserver_on_every_address_prints_an_enode_per_interface():
         return MailserverInfo(enode_url(public, host, 30303), public, host, 30303)
 
     assert dialable_enodes(info("0.0.0.0"), interfaces) == [
-        f"enode://{public.hex()}@127.0.0.1:30303", f"enode://{public.hex()}@192.0.2.7:30303"]
+        f"enode://{public.hex()}@127.0.0.1:30303",
+        f"enode://{public.hex()}@192.0.2.7:30303",
+    ]
     assert dialable_enodes(info("::"), interfaces) == [
-        f"enode://{public.hex()}@[::1]:30303", f"enode://{public.hex()}@[2001:db8::7]:30303"]
+        f"enode://{public.hex()}@[::1]:30303",
+        f"enode://{public.hex()}@[2001:db8::7]:30303",
+    ]
     # Bound to one address: that one only; no interface found: the loopback URL.
     assert dialable_enodes(info("10.0.0.5"), interfaces) == [f"enode://{public.hex()}@10.0.0.5:30303"]
     assert dialable_enodes(info("0.0.0.0"), lambda family: []) == [f"enode://{public.hex()}@127.0.0.1:30303"]
@@ -411,6 +468,7 @@ def test_node_key_file_and_enode_urls(tmp_path):
 
 
 # --- hostile input ----------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_garbage_never_breaks_the_listener(seeded):
@@ -504,12 +562,15 @@ def test_unreachable_mailserver_is_an_error():
 
 # --- the benchmark -----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_bench_mailserver_reports_envelopes_per_second(engine, tmp_path, capsys):
     from wakustore.bench import mailserver as bench_mailserver
 
     out = tmp_path / "bench.json"
-    args = cli.build_parser().parse_args(["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)])
+    args = cli.build_parser().parse_args(
+        ["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)]
+    )
     assert bench_mailserver.run_mailserver_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
     assert report["envelopes"] == 2000 and report["page"] == 1000

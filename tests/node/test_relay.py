@@ -49,12 +49,12 @@ class RelayNode(NodeThread):
 
     def rejected(self, reason: str) -> float:
         value = self.service.metrics.registry.get_sample_value(
-            "wakustore_messages_rejected_total", {"source": "relay", "reason": reason})
+            "wakustore_messages_rejected_total", {"source": "relay", "reason": reason}
+        )
         return value or 0.0
 
     def ingested(self) -> float:
-        value = self.service.metrics.registry.get_sample_value(
-            "wakustore_messages_ingested_total", {"source": "relay"})
+        value = self.service.metrics.registry.get_sample_value("wakustore_messages_ingested_total", {"source": "relay"})
         return value or 0.0
 
 
@@ -62,13 +62,19 @@ class RelayNode(NodeThread):
 def nodes(engine, tmp_path_factory):
     unlimited = RateLimits.parse(["0/1s"])
     protected = [f"{PROTECTED_TOPIC}:{PUBLIC_KEY_HEX}"]
-    a = RelayNode(node_config(tmp_path_factory.mktemp("relay-a"), protected_topics=protected),
-                  engine, unlimited).start()
-    b = RelayNode(node_config(tmp_path_factory.mktemp("relay-b"), protected_topics=protected,
-                              relay_peers=[a.tcp_addr]), engine, unlimited).start()
+    a = RelayNode(
+        node_config(tmp_path_factory.mktemp("relay-a"), protected_topics=protected), engine, unlimited
+    ).start()
+    b = RelayNode(
+        node_config(tmp_path_factory.mktemp("relay-b"), protected_topics=protected, relay_peers=[a.tcp_addr]),
+        engine,
+        unlimited,
+    ).start()
     try:
-        _wait_for(lambda: a.relay.peer_count(PUBSUB_TOPIC) >= 1 and a.relay.peer_count(PROTECTED_TOPIC) >= 1,
-                  "B never became A's relay peer")
+        _wait_for(
+            lambda: a.relay.peer_count(PUBSUB_TOPIC) >= 1 and a.relay.peer_count(PROTECTED_TOPIC) >= 1,
+            "B never became A's relay peer",
+        )
         yield a, b
     finally:
         b.stop()
@@ -91,15 +97,28 @@ def _message(text: str, **fields) -> WakuMessage:
 
 
 def _signed(topic: str, message: WakuMessage) -> WakuMessage:
-    return WakuMessage(payload=message.payload, content_topic=message.content_topic,
-                       timestamp=message.timestamp, ephemeral=message.ephemeral,
-                       meta=sign_message(PRIVATE_KEY, topic, message))
+    return WakuMessage(
+        payload=message.payload,
+        content_topic=message.content_topic,
+        timestamp=message.timestamp,
+        ephemeral=message.ephemeral,
+        meta=sign_message(PRIVATE_KEY, topic, message),
+    )
 
 
 async def _stored(node: RelayNode, topic: str, message: WakuMessage) -> bool:
     digest = message_hash(topic, message)
-    query = validate_v3(pubsub_topic=None, content_topics=[], time_start=None, time_end=None,
-                        message_hashes=[digest], cursor=None, forward=False, limit=20, include_data=True)
+    query = validate_v3(
+        pubsub_topic=None,
+        content_topics=[],
+        time_start=None,
+        time_end=None,
+        message_hashes=[digest],
+        cursor=None,
+        forward=False,
+        limit=20,
+        include_data=True,
+    )
     async with StoreClient.connect(node.tcp_addr) as client:
         response = await client.query(query)
     return any(m.message_hash == digest for m in response.messages)
@@ -132,8 +151,9 @@ def test_protected_topic_takes_only_messages_signed_per_57(nodes):
     a, b = nodes
     unsigned = _message("unsigned")
     signed = _signed(PROTECTED_TOPIC, _message("signed"))
-    wrongly_signed = WakuMessage(payload=b"tampered", content_topic=CONTENT_TOPIC,
-                                 timestamp=signed.timestamp, meta=signed.meta)
+    wrongly_signed = WakuMessage(
+        payload=b"tampered", content_topic=CONTENT_TOPIC, timestamp=signed.timestamp, meta=signed.meta
+    )
     no_signature, bad_signature = b.rejected("no_signature"), b.rejected("bad_signature")
 
     async def scenario():
@@ -190,8 +210,10 @@ def test_garbage_and_oversized_relay_payloads_are_rejected_and_nodes_keep_workin
             assert not await _stored(b, PUBSUB_TOPIC, message)
 
     trio.run(scenario)
-    _wait_for(lambda: all(b.rejected(r) == before[r] + 1 for r in before),
-              f"rejections not counted: {[(r, b.rejected(r) - before[r]) for r in before]}")
+    _wait_for(
+        lambda: all(b.rejected(r) == before[r] + 1 for r in before),
+        f"rejections not counted: {[(r, b.rejected(r) - before[r]) for r in before]}",
+    )
 
 
 def test_ephemeral_and_drifting_messages_are_relayed_but_not_stored(nodes):
@@ -215,19 +237,24 @@ def test_ephemeral_and_drifting_messages_are_relayed_but_not_stored(nodes):
     assert a.rejected("ephemeral") >= 1 and a.rejected("timestamp_drift") >= 1
 
 
-@pytest.mark.parametrize("form", [
-    {"protected_topics": [f"{PROTECTED_TOPIC}:0x{PUBLIC_KEY_HEX}"]},
-    {"protected_topics": {PROTECTED_TOPIC: PUBLIC_KEY_HEX}},
-])
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"protected_topics": [f"{PROTECTED_TOPIC}:0x{PUBLIC_KEY_HEX}"]},
+        {"protected_topics": {PROTECTED_TOPIC: PUBLIC_KEY_HEX}},
+    ],
+)
 def test_protected_topics_config_forms(tmp_path, form):
     config = load(None, {"data_dir": tmp_path, **form}, environ={})
     assert config.protected_topics == [ProtectedTopic(PROTECTED_TOPIC, bytes.fromhex(PUBLIC_KEY_HEX))]
 
 
 def test_protected_topics_and_relay_peers_from_the_environment(tmp_path):
-    environ = {"WAKUSTORE_PROTECTED_TOPICS": f"{PROTECTED_TOPIC}:{PUBLIC_KEY_HEX}",
-               "WAKUSTORE_RELAY_PEERS": "/ip4/127.0.0.1/tcp/1/p2p/a,/ip4/127.0.0.1/tcp/2/p2p/b",
-               "WAKUSTORE_RELAY": "false"}
+    environ = {
+        "WAKUSTORE_PROTECTED_TOPICS": f"{PROTECTED_TOPIC}:{PUBLIC_KEY_HEX}",
+        "WAKUSTORE_RELAY_PEERS": "/ip4/127.0.0.1/tcp/1/p2p/a,/ip4/127.0.0.1/tcp/2/p2p/b",
+        "WAKUSTORE_RELAY": "false",
+    }
     config = load(None, {"data_dir": tmp_path}, environ=environ)
     assert config.protected_topics[0].pubsub_topic == PROTECTED_TOPIC
     assert config.relay_peers == ["/ip4/127.0.0.1/tcp/1/p2p/a", "/ip4/127.0.0.1/tcp/2/p2p/b"]

@@ -44,8 +44,11 @@ def node_binary() -> str:
         if npm is None:
             pytest.fail("npm is needed to install tests/interop_devp2p")
         result = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"], cwd=INTEROP_DIR,
-            capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=INTEROP_DIR,
+            capture_output=True,
+            text=True,
+            timeout=NPM_TIMEOUT_S,
         )
         if result.returncode != 0:
             pytest.fail(f"npm ci failed in {INTEROP_DIR}:\n{result.stdout}\n{result.stderr}")
@@ -90,8 +93,15 @@ def _run_session(sock: socket.socket, handshake: rlpx.Handshake, private_key: by
 
     connection, events = rlpx.Connection.from_handshake(handshake, _local_hello(private_key))
     sock.sendall(connection.send_hello())
-    seen = {"hello": None, "messages": [], "pings": 0, "pongs": 0, "disconnect": None,
-            "snappy": None, "legacy": handshake.legacy}
+    seen = {
+        "hello": None,
+        "messages": [],
+        "pings": 0,
+        "pongs": 0,
+        "disconnect": None,
+        "snappy": None,
+        "legacy": handshake.legacy,
+    }
     pinged = False
     while seen["disconnect"] is None:
         for event in events:
@@ -152,8 +162,11 @@ def test_ethereumjs_dials_our_recipient(node_binary):
         port = server.getsockname()[1]
         enode = f"enode://{ecies.public_key_of(key).hex()}@127.0.0.1:{port}"
         proc = subprocess.Popen(
-            [node_binary, str(SCRIPT), "dial", enode], cwd=INTEROP_DIR,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [node_binary, str(SCRIPT), "dial", enode],
+            cwd=INTEROP_DIR,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             server.settimeout(SESSION_TIMEOUT_S)
@@ -173,8 +186,11 @@ def test_ethereumjs_dials_our_recipient(node_binary):
 def test_our_initiator_dials_ethereumjs(node_binary):
     key = os.urandom(32)
     proc = subprocess.Popen(
-        [node_binary, str(SCRIPT), "listen"], cwd=INTEROP_DIR,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [node_binary, str(SCRIPT), "listen"],
+        cwd=INTEROP_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], SESSION_TIMEOUT_S)

@@ -57,8 +57,7 @@ READ_TIMEOUT_S = 1.0
 def node(engine, tmp_path_factory):
     config = node_config(tmp_path_factory.mktemp("store-node"))
     unlimited = RateLimits.parse(["0/1s"])
-    thread = NodeThread(config, engine, unlimited, idle_timeout_s=IDLE_TIMEOUT_S,
-                        read_timeout_s=READ_TIMEOUT_S).start()
+    thread = NodeThread(config, engine, unlimited, idle_timeout_s=IDLE_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S).start()
     yield thread
     thread.stop()
 
@@ -82,8 +81,9 @@ def pushed(node):
             payload = rng.randbytes(100 * 1024)
         meta = rng.randbytes(rng.randint(1, 64)) if i % 3 == 0 else b""
         topic = OTHER_PUBSUB_TOPIC if i % 6 == 5 else PUBSUB_TOPIC
-        message = WakuMessage(payload=payload, content_topic=CONTENT_TOPICS[i % 3],
-                              version=i % 2, timestamp=timestamp, meta=meta)
+        message = WakuMessage(
+            payload=payload, content_topic=CONTENT_TOPICS[i % 3], version=i % 2, timestamp=timestamp, meta=meta
+        )
         messages.append((topic, message, message_hash(topic, message)))
     order = list(range(MESSAGE_COUNT))
     rng.shuffle(order)  # arrival order differs from time order
@@ -118,11 +118,14 @@ async def walk(client, query):
 
 
 def expected(pushed, *, topic=None, content_topics=None, start=None, end=None):
-    rows = [p for p in pushed
-            if (topic is None or p[0] == topic)
-            and (content_topics is None or p[1].content_topic in content_topics)
-            and (start is None or p[1].timestamp >= start)
-            and (end is None or p[1].timestamp < end)]
+    rows = [
+        p
+        for p in pushed
+        if (topic is None or p[0] == topic)
+        and (content_topics is None or p[1].content_topic in content_topics)
+        and (start is None or p[1].timestamp >= start)
+        and (end is None or p[1].timestamp < end)
+    ]
     return sorted(rows, key=lambda p: (p[1].timestamp, p[2]))
 
 
@@ -146,8 +149,7 @@ def check_paged(pages, rows, limit, forward):
 
 @pytest.mark.parametrize("forward", [True, False])
 def test_pages_every_message_in_order_both_directions(node, pushed, forward):
-    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS),
-                         forward=forward, limit=25)
+    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS), forward=forward, limit=25)
     pages = with_client(node.tcp_addr, walk, query)
     check_paged(pages, expected(pushed, topic=PUBSUB_TOPIC), 25, forward)
 
@@ -162,8 +164,14 @@ def test_time_range_is_start_inclusive_end_exclusive(node, pushed, forward):
     stamps = sorted(p[1].timestamp for p in pushed)
     start, end = stamps[30], stamps[90]
     rows = expected(pushed, topic=PUBSUB_TOPIC, content_topics=CONTENT_TOPICS[:2], start=start, end=end)
-    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS[:2]),
-                         time_start=start, time_end=end, forward=forward, limit=7)
+    query = HistoryQuery(
+        pubsub_topic=PUBSUB_TOPIC,
+        content_topics=tuple(CONTENT_TOPICS[:2]),
+        time_start=start,
+        time_end=end,
+        forward=forward,
+        limit=7,
+    )
     pages = with_client(node.tcp_addr, walk, query)
     check_paged(pages, rows, 7, forward)
     assert rows[0][1].timestamp == start
@@ -195,15 +203,14 @@ def test_hash_lookups_with_and_without_pubsub_topic(node, pushed):
 
 @pytest.mark.parametrize("forward", [True, False])
 def test_legacy_store_pages_by_index_cursor(node, pushed, forward):
-    rows = sorted(expected(pushed, topic=PUBSUB_TOPIC),
-                  key=lambda p: (p[1].timestamp, store_v2.digest(p[1])))
+    rows = sorted(expected(pushed, topic=PUBSUB_TOPIC), key=lambda p: (p[1].timestamp, store_v2.digest(p[1])))
 
     async def walk_legacy(client):
         pages, cursor = [], None
         while True:
             result = await client.query_legacy(
-                pubsub_topic=PUBSUB_TOPIC, content_topics=CONTENT_TOPICS, page_size=30,
-                forward=forward, cursor=cursor)
+                pubsub_topic=PUBSUB_TOPIC, content_topics=CONTENT_TOPICS, page_size=30, forward=forward, cursor=cursor
+            )
             assert result.error == store_v2.HistoryError.NONE
             pages.append(result.messages)
             cursor = result.cursor
@@ -218,9 +225,17 @@ def test_legacy_store_pages_by_index_cursor(node, pushed, forward):
 
 def test_legacy_store_end_time_is_inclusive(node, pushed):
     stamps = sorted(p[1].timestamp for p in pushed if p[0] == PUBSUB_TOPIC)
-    result = with_client(node.tcp_addr, lambda c: c.query_legacy(
-        pubsub_topic=PUBSUB_TOPIC, content_topics=CONTENT_TOPICS, start_time=stamps[10],
-        end_time=stamps[14], page_size=100, forward=True))
+    result = with_client(
+        node.tcp_addr,
+        lambda c: c.query_legacy(
+            pubsub_topic=PUBSUB_TOPIC,
+            content_topics=CONTENT_TOPICS,
+            start_time=stamps[10],
+            end_time=stamps[14],
+            page_size=100,
+            forward=True,
+        ),
+    )
     assert [m.timestamp for m in result.messages] == [s for s in stamps if stamps[10] <= s <= stamps[14]]
 
 
@@ -256,9 +271,16 @@ def test_lightpush_outcomes_and_what_gets_stored(node, pushed):
             statuses.append((await client.push(topic, message)).status_code)
         legacy_ok = await client.push_legacy(PUBSUB_TOPIC, stored)
         legacy_bad = await client.push_legacy(f"/waku/2/rs/{CLUSTER_ID}/1", stored)
-        found = await client.query(HistoryQuery(message_hashes=(
-            message_hash(PUBSUB_TOPIC, msg(b"ok")), message_hash(PUBSUB_TOPIC, stored),
-            message_hash(PUBSUB_TOPIC, ephemeral), message_hash(PUBSUB_TOPIC, msg(b"version ok", version=2**31 - 1)))))
+        found = await client.query(
+            HistoryQuery(
+                message_hashes=(
+                    message_hash(PUBSUB_TOPIC, msg(b"ok")),
+                    message_hash(PUBSUB_TOPIC, stored),
+                    message_hash(PUBSUB_TOPIC, ephemeral),
+                    message_hash(PUBSUB_TOPIC, msg(b"version ok", version=2**31 - 1)),
+                )
+            )
+        )
         return statuses, legacy_ok, legacy_bad, found
 
     statuses, legacy_ok, legacy_bad, found = with_client(node.tcp_addr, run)
@@ -288,9 +310,13 @@ def test_bad_input_is_answered_with_each_protocols_status(node, pushed):
     async def run(client):
         s3 = store_v3.PROTOCOL_ID
         out = {}
-        for name, data in (("garbage", encode_frame(GARBAGE)), ("bad_utf8", encode_frame(BAD_UTF8)),
-                           ("wrong_message", encode_frame(wrong_message)), ("too_long", TOO_LONG),
-                           ("truncated", encode_uvarint(100) + b"\x0a\x02ab")):
+        for name, data in (
+            ("garbage", encode_frame(GARBAGE)),
+            ("bad_utf8", encode_frame(BAD_UTF8)),
+            ("wrong_message", encode_frame(wrong_message)),
+            ("too_long", TOO_LONG),
+            ("truncated", encode_uvarint(100) + b"\x0a\x02ab"),
+        ):
             raw = await client.exchange(s3, data, STORE_MAX_RESPONSE_SIZE)
             out["v3 " + name] = store_v3.decode_response(raw).status_code
         for name, query in (
@@ -308,18 +334,21 @@ def test_bad_input_is_answered_with_each_protocols_status(node, pushed):
             raw = await client.exchange(store_v2.PROTOCOL_ID, data, STORE_MAX_RESPONSE_SIZE)
             out["v2 " + name] = store_v2.decode_response(raw).error
         zero_cursor = store_v2.Cursor(bytes(32), 1, 1, PUBSUB_TOPIC)
-        raw = await client.request(store_v2.PROTOCOL_ID, store_v2.encode_request("r", cursor=zero_cursor),
-                                   STORE_MAX_RESPONSE_SIZE)
+        raw = await client.request(
+            store_v2.PROTOCOL_ID, store_v2.encode_request("r", cursor=zero_cursor), STORE_MAX_RESPONSE_SIZE
+        )
         out["v2 zero cursor"] = store_v2.decode_response(raw).error
-        for name, data in (("garbage", encode_frame(GARBAGE)), ("too_long", TOO_LONG),
-                           ("no message", encode_frame(b"\x0a\x01r"))):
+        for name, data in (
+            ("garbage", encode_frame(GARBAGE)),
+            ("too_long", TOO_LONG),
+            ("no message", encode_frame(b"\x0a\x01r")),
+        ):
             raw = await client.exchange(lightpush.PROTOCOL_ID_V3, data, LIGHTPUSH_MAX_RESPONSE_SIZE)
             answer = lightpush.decode_response_v3(raw)
             out["lp3 " + name] = (answer.status_code, answer.request_id)
             raw = await client.exchange(lightpush.PROTOCOL_ID_V2, data, LIGHTPUSH_MAX_RESPONSE_SIZE)
             out["lp2 " + name] = lightpush.decode_response_v2(raw).is_success
-        out["metadata garbage"] = await client.exchange(metadata.PROTOCOL_ID, encode_frame(GARBAGE),
-                                                        METADATA_MAX_SIZE)
+        out["metadata garbage"] = await client.exchange(metadata.PROTOCOL_ID, encode_frame(GARBAGE), METADATA_MAX_SIZE)
         out["metadata too_long"] = await client.exchange(metadata.PROTOCOL_ID, TOO_LONG, METADATA_MAX_SIZE)
         out["empty stream"] = await client.exchange(s3, b"", STORE_MAX_RESPONSE_SIZE)
         return out
@@ -327,14 +356,29 @@ def test_bad_input_is_answered_with_each_protocols_status(node, pushed):
     out = with_client(node.tcp_addr, run)
     invalid = store_v2.HistoryError.INVALID_CURSOR
     assert out == {
-        "v3 garbage": 400, "v3 bad_utf8": 400, "v3 wrong_message": 400, "v3 too_long": 400,
-        "v3 truncated": 400, "v3 unknown cursor": 300, "v3 zero cursor": 400, "v3 short cursor": 400,
-        "v3 101 hashes": 400, "v3 content topics alone": 400, "v3 hashes and time": 400,
-        "v2 garbage": invalid, "v2 too_long": invalid, "v2 zero cursor": invalid,
-        "lp3 garbage": (400, "N/A"), "lp2 garbage": False,
-        "lp3 too_long": (413, "N/A"), "lp2 too_long": False,
-        "lp3 no message": (400, "r"), "lp2 no message": False,
-        "metadata garbage": None, "metadata too_long": None, "empty stream": None,
+        "v3 garbage": 400,
+        "v3 bad_utf8": 400,
+        "v3 wrong_message": 400,
+        "v3 too_long": 400,
+        "v3 truncated": 400,
+        "v3 unknown cursor": 300,
+        "v3 zero cursor": 400,
+        "v3 short cursor": 400,
+        "v3 101 hashes": 400,
+        "v3 content topics alone": 400,
+        "v3 hashes and time": 400,
+        "v2 garbage": invalid,
+        "v2 too_long": invalid,
+        "v2 zero cursor": invalid,
+        "lp3 garbage": (400, "N/A"),
+        "lp2 garbage": False,
+        "lp3 too_long": (413, "N/A"),
+        "lp2 too_long": False,
+        "lp3 no message": (400, "r"),
+        "lp2 no message": False,
+        "metadata garbage": None,
+        "metadata too_long": None,
+        "empty stream": None,
     }
     assert_node_still_serves(node, pushed)
 
@@ -366,8 +410,7 @@ async def how_it_ends(stream, limit_s):
 def test_stream_idle_past_the_frame_deadline_is_still_answered(node, pushed):
     # js-waku opens its store stream on connect and sends the first query
     # on it whenever asked: the wait for a first byte is not the frame's.
-    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS),
-                         forward=True, limit=10)
+    query = HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS), forward=True, limit=10)
 
     async def run(client):
         stream = await open_store_stream(client)
@@ -385,10 +428,14 @@ def test_stream_idle_past_the_frame_deadline_is_still_answered(node, pushed):
     assert ending == "eof"  # closed after the answer, as before
 
 
-@pytest.mark.parametrize("partial", [
-    encode_uvarint(50) + b"\x0a\x01",  # inside the body
-    b"\x80",  # inside the length prefix
-], ids=["body", "prefix"])
+@pytest.mark.parametrize(
+    "partial",
+    [
+        encode_uvarint(50) + b"\x0a\x01",  # inside the body
+        b"\x80",  # inside the length prefix
+    ],
+    ids=["body", "prefix"],
+)
 def test_stream_stalled_inside_a_frame_is_reset_within_the_frame_deadline(node, pushed, partial):
     async def run(client):
         stream = await open_store_stream(client)
@@ -422,8 +469,12 @@ def test_stream_idle_past_the_idle_wait_is_reset_not_closed(node, pushed):
 
 
 def assert_node_still_serves(node, pushed):
-    response = with_client(node.tcp_addr, lambda c: c.query(HistoryQuery(
-        pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS), forward=True, limit=10)))
+    response = with_client(
+        node.tcp_addr,
+        lambda c: c.query(
+            HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=tuple(CONTENT_TOPICS), forward=True, limit=10)
+        ),
+    )
     assert response.status_code == 200
     assert_entries(response.messages, expected(pushed, topic=PUBSUB_TOPIC)[:10])
 
@@ -453,7 +504,9 @@ def test_peer_over_its_rate_gets_429_and_other_peers_do_not(engine, tmp_path):
         # Each query is counted under the status its answer carries.
         queries = limited.service.metrics.queries
         assert {status: queries.labels("store-v3", status)._value.get() for status in ("200", "429")} == {
-            "200": 3, "429": 1}
+            "200": 3,
+            "429": 1,
+        }
         assert queries.labels("store-v2", "429")._value.get() == 1
         # A fresh key on the same address shares the address's bucket; a
         # client on another address has its own.

@@ -149,15 +149,19 @@ def test_maintenance_right_after_the_engine_died_waits_for_it_and_succeeds(tmp_p
             real = service.maintain
             service.maintain = lambda policy: attempts.append(1) or real(policy)
             now = time.time_ns()  # inside the default retention
-            await service.put([(PUBSUB, WakuMessage(b"m-%d" % i, "/g/1/c/proto", timestamp=now - i), now)
-                               for i in range(20)])
+            await service.put(
+                [(PUBSUB, WakuMessage(b"m-%d" % i, "/g/1/c/proto", timestamp=now - i), now) for i in range(20)]
+            )
             generation, pid = own.generation, own.pid
             os.kill(pid, signal.SIGKILL)
             while service.last_maintenance is None:
                 await trio.sleep(0.05)
-            outcome.update(health=service.health(), generation=own.generation - generation,
-                           pending=service.store.pending, rows=own.run(
-                               lambda spark: spark.read.format("delta").load(config.messages_uri).count()))
+            outcome.update(
+                health=service.health(),
+                generation=own.generation - generation,
+                pending=service.store.pending,
+                rows=own.run(lambda spark: spark.read.format("delta").load(config.messages_uri).count()),
+            )
 
     try:
         trio.run(main)
@@ -259,8 +263,9 @@ def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
     pages = {}
 
     def page_of(start, end):
-        return HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/g/1/c/proto",), time_start=start,
-                            time_end=end, forward=True)
+        return HistoryQuery(
+            pubsub_topic=PUBSUB, content_topics=("/g/1/c/proto",), time_start=start, time_end=end, forward=True
+        )
 
     async def main():
         async with running_store(config, engine) as service:
@@ -325,8 +330,9 @@ def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     capped = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert capped.stdout.strip() == "True"
-    kept = subprocess.run([sys.executable, "-c", probe], env={**env, "MALLOC_ARENA_MAX": "4"},
-                          capture_output=True, text=True, check=True)
+    kept = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "MALLOC_ARENA_MAX": "4"}, capture_output=True, text=True, check=True
+    )
     assert kept.stdout.strip() == "False"
 
     class Opened(Exception):

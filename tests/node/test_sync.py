@@ -29,8 +29,7 @@ class SyncNode(NodeThread):
 
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
-        async with running_node(self.config, engine=self.engine, mailserver=False, metrics=False,
-                                relay=False) as node:
+        async with running_node(self.config, engine=self.engine, mailserver=False, metrics=False, relay=False) as node:
             self.node = node
             self.service = node.service
             self.multiaddrs = node.info.multiaddrs
@@ -51,18 +50,27 @@ class SyncNode(NodeThread):
         async def all_pages():
             out, cursor = [], None
             while True:
-                page = await self.service.query(HistoryQuery(time_start=since_ns, forward=True, limit=100,
-                                                             cursor=cursor))
+                page = await self.service.query(
+                    HistoryQuery(time_start=since_ns, forward=True, limit=100, cursor=cursor)
+                )
                 out.extend((m.pubsub_topic, m.message) for m in page.messages)
                 if page.next_cursor is None:
                     return out
                 cursor = page.next_cursor.message_hash
+
         return self.run(all_pages)
 
 
 def make_messages(n: int, start_ns: int, step_ns: int, tag: str, topic: str = PUBSUB_TOPIC):
-    return [(topic, WakuMessage(payload=f"{tag}-{i}".encode(), content_topic="/test/1/sync/proto",
-                                timestamp=start_ns + i * step_ns)) for i in range(n)]
+    return [
+        (
+            topic,
+            WakuMessage(
+                payload=f"{tag}-{i}".encode(), content_topic="/test/1/sync/proto", timestamp=start_ns + i * step_ns
+            ),
+        )
+        for i in range(n)
+    ]
 
 
 def metric(node: SyncNode, name: str, **labels) -> float:
@@ -176,8 +184,12 @@ def test_two_nodes_with_different_gaps_converge_through_sync(engine, tmp_path):
     # A duplicate by MUID under another timestamp (another hash): the table
     # keeps one, and sync must not fetch the other at every round.
     dup_topic, dup_msg = only_b[0]
-    dup_b = (dup_topic, WakuMessage(payload=dup_msg.payload, content_topic=dup_msg.content_topic,
-                                    timestamp=dup_msg.timestamp + 5 * 10**9))
+    dup_b = (
+        dup_topic,
+        WakuMessage(
+            payload=dup_msg.payload, content_topic=dup_msg.content_topic, timestamp=dup_msg.timestamp + 5 * 10**9
+        ),
+    )
     b = SyncNode(node_config(tmp_path / "b"), engine).start()
     try:
         b.put(common + only_b)
@@ -266,8 +278,11 @@ def test_bad_reconciliation_payload_resets_the_stream_and_the_node_keeps_serving
                 with pytest.raises(Exception) as failed:
                     await read_frame(stream, 1 << 20)
                     await stream.read(1)
-            assert "reset" in type(failed.value).__name__.lower() or "reset" in str(failed.value).lower() \
+            assert (
+                "reset" in type(failed.value).__name__.lower()
+                or "reset" in str(failed.value).lower()
                 or isinstance(failed.value, EOFError)
+            )
             # A proper session still works.
             session = sync.Session(pubsub_topics=(PUBSUB_TOPIC, OTHER_PUBSUB_TOPIC))
             stream = await host.new_stream(info.peer_id, [TProtocol(sync.RECONCILIATION_PROTOCOL_ID)])
@@ -295,8 +310,12 @@ def test_sync_settings_come_from_file_flag_and_environment(tmp_path):
     path = tmp_path / "node.toml"
     path.write_text(f'sync_peers = ["{peer}"]\nsync_interval_s = 60\n')
     config = load(path, {}, {})
-    assert (config.sync_peers, config.sync_interval_s, config.sync_range_s, config.resume_max_s) == \
-        ([peer], 60.0, 3600.0, 21600.0)
+    assert (config.sync_peers, config.sync_interval_s, config.sync_range_s, config.resume_max_s) == (
+        [peer],
+        60.0,
+        3600.0,
+        21600.0,
+    )
     config = load(path, {"sync_peers": [peer, peer]}, {"WAKUSTORE_SYNC_RANGE_S": "600"})
     assert config.sync_peers == [peer, peer] and config.sync_range_s == 600.0
     assert load(None, {}, {"WAKUSTORE_SYNC_PEERS": f"{peer},{peer}"}).sync_peers == [peer, peer]
@@ -344,8 +363,9 @@ def test_bad_transfer_frames_reset_the_stream_and_the_node_keeps_serving(engine,
             ends.append(await transfer(host, b, [encode_uvarint(sync.TRANSFER_MAX_FRAME_SIZE + 1) + b"x" * 16]))
             # Messages the store refuses (a shard the node does not serve, a
             # timestamp an hour ahead) are skipped; the stream goes on.
-            ends.append(await transfer(host, b, [transfer_frame(*unserved), transfer_frame(*future),
-                                                  transfer_frame(*good)]))
+            ends.append(
+                await transfer(host, b, [transfer_frame(*unserved), transfer_frame(*future), transfer_frame(*good)])
+            )
             await agree_on_an_empty_window(host, b)  # reconciliation is still served too
             return ends
 
@@ -405,8 +425,11 @@ def test_stopping_a_node_mid_session_is_prompt_and_quiet(engine, tmp_path, caplo
     # Either stalled read left to its timeout would hold the stop this long.
     assert stop_s < sync_service.READ_TIMEOUT_S / 2
     # No error or traceback from anyone, not even a warning from the node.
-    loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
-            or (r.levelno >= logging.WARNING and r.name.startswith("wakustore"))]
+    loud = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR or r.exc_info or (r.levelno >= logging.WARNING and r.name.startswith("wakustore"))
+    ]
     assert not loud, [(r.name, r.getMessage()) for r in loud]
 
 

@@ -51,8 +51,11 @@ def build(layout, windows_and_counts, writer=None):
 
 def test_windows_are_seven_days_from_the_start_and_the_last_is_cut_at_now():
     windows = archive.plan_windows(T0, T0 + 2 * WEEK + 3600)
-    assert windows == [Window(T0, T0 + WEEK), Window(T0 + WEEK, T0 + 2 * WEEK),
-                       Window(T0 + 2 * WEEK, T0 + 2 * WEEK + 3600)]
+    assert windows == [
+        Window(T0, T0 + WEEK),
+        Window(T0 + WEEK, T0 + 2 * WEEK),
+        Window(T0 + 2 * WEEK, T0 + 2 * WEEK + 3600),
+    ]
 
 
 def test_thirty_days_offline_gives_one_window_per_missed_week():
@@ -84,12 +87,13 @@ def test_framed_chunks_are_the_chunks_of_one_message_at_a_time(sizes, limit, bat
     framed = Chunker(limit=limit)
     got = []
     for start in range(0, len(records), batch):
-        entries = [archive.field_bytes(3, r) for r in records[start: start + batch]]
+        entries = [archive.field_bytes(3, r) for r in records[start : start + batch]]
         ends = [sum(map(len, entries[: i + 1])) for i in range(len(entries))]
-        got += framed.add_framed(b"".join(entries), ends, sizes[start: start + batch])
+        got += framed.add_framed(b"".join(entries), ends, sizes[start : start + batch])
     got += [last] if (last := framed.finish_framed()) else []
-    assert [(b"".join(pieces), count) for pieces, count in got] == \
-        [(b"".join(archive.field_bytes(3, r) for r in chunk), len(chunk)) for chunk in expected]
+    assert [(b"".join(pieces), count) for pieces, count in got] == [
+        (b"".join(archive.field_bytes(3, r) for r in chunk), len(chunk)) for chunk in expected
+    ]
     assert framed.dropped == one.dropped
 
 
@@ -104,7 +108,7 @@ def test_status_go_padding_rule(raw, padding):
 def test_status_go_padding_is_zero_bytes_after_the_protobuf():
     writer, data = build(Layout.STATUS_GO, [(Window(T0, T0 + WEEK), 10)])
     entry = writer.entries[0]
-    assert len(data) == entry.size == L and data[entry.encoded_size:] == bytes(entry.padding)
+    assert len(data) == entry.size == L and data[entry.encoded_size :] == bytes(entry.padding)
     parsed = archive_status_go_pb2.WakuMessageArchive()
     parsed.ParseFromString(data[: entry.encoded_size])
     assert len(parsed.messages) == 10
@@ -148,15 +152,22 @@ def test_messages_come_back_exactly_with_pubsub_topic_meta_version_and_arrival(l
     assert len(back.messages) == 4
     first = back.messages[0]
     assert first.pubsub_topic == PUBSUB and first.arrival_ns == window.start_ns + 8
-    assert first.message == WakuMessage(payload=b"\x00" * 200, content_topic=TOPICS[0], version=1,
-                                        timestamp=window.start_ns + 1, meta=b"\x01\x02", rate_limit_proof=b"p")
+    assert first.message == WakuMessage(
+        payload=b"\x00" * 200,
+        content_topic=TOPICS[0],
+        version=1,
+        timestamp=window.start_ns + 1,
+        meta=b"\x01\x02",
+        rate_limit_proof=b"p",
+    )
 
 
 def test_an_archive_made_by_status_go_maps_to_seconds_and_the_default_pubsub_topic():
     window = Window(T0, T0 + WEEK)
     topic = topics.topic_bytes_from_content_topic(TOPICS[1])
-    record = archive_status_go_pb2.WakuMessage(sig=b"\x04" * 65, timestamp=T0 + 60, topic=topic,
-                                               payload=b"clear", padding=b"\x00", hash=b"h" * 32)
+    record = archive_status_go_pb2.WakuMessage(
+        sig=b"\x04" * 65, timestamp=T0 + 60, topic=topic, payload=b"clear", padding=b"\x00", hash=b"h" * 32
+    )
     writer = ArchiveWriter(Layout.STATUS_GO)
     data = writer.add(window, TOPICS, [record.SerializeToString()])
     back = archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, "/waku/2/rs/16/64")
@@ -176,7 +187,9 @@ def encrypted_message(window, signed=True, key=CHANNEL_KEY):
 
 def test_channel_key_is_derived_from_the_chat_id_as_status_go_does():
     assert CHANNEL_KEY == waku_v1.key_from_password(topics.community_id(PUB) + "general")
-    assert topics.channel_content_topic(PUB, "general") == topics.content_topic_for_name(topics.community_id(PUB) + "general")
+    assert topics.channel_content_topic(PUB, "general") == topics.content_topic_for_name(
+        topics.community_id(PUB) + "general"
+    )
 
 
 def test_status_go_record_of_a_channel_message_is_decrypted_and_carries_the_signer():
@@ -185,7 +198,9 @@ def test_status_go_record_of_a_channel_message_is_decrypted_and_carries_the_sign
     message = encrypted_message(window)
     opened = waku_v1.decrypt_symmetric(message.payload, CHANNEL_KEY)
     writer = ArchiveWriter(Layout.STATUS_GO)
-    data = writer.add(window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, message, 0, CHANNEL_KEY).data])
+    data = writer.add(
+        window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, message, 0, CHANNEL_KEY).data]
+    )
     parsed = archive_status_go_pb2.WakuMessageArchive()
     parsed.ParseFromString(data[: writer.entries[0].encoded_size])
     (record,) = parsed.messages
@@ -193,7 +208,9 @@ def test_status_go_record_of_a_channel_message_is_decrypted_and_carries_the_sign
     assert record.sig == coincurve.PrivateKey(SENDER).public_key.format(compressed=False)
     assert record.hash == message_hash(PUBSUB, message)
     assert archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, message, 0, CHANNEL_KEY).payload_size == 19 + 65
-    back = archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, PUBSUB, channel_keys={TOPICS[0]: CHANNEL_KEY})
+    back = archive.read_archive(
+        Layout.STATUS_GO, writer.entries[0], data, PUBSUB, channel_keys={TOPICS[0]: CHANNEL_KEY}
+    )
     assert back.messages[0].message == message  # sealed again byte for byte
     with pytest.raises(ArchiveError, match="channel key"):
         archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, PUBSUB)
@@ -204,33 +221,49 @@ def _records_both_ways(entry, data, keys):
     whole = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
     one_by_one = archive.RecordDecoder(Layout.STATUS_GO, PUBSUB, keys)
     one_by_one.parse_archive = lambda body: None
-    return (whole.parse_archive(memoryview(data)[: entry.encoded_size]),
-            archive.read_archive_records(entry, data, whole), archive.read_archive_records(entry, data, one_by_one))
+    return (
+        whole.parse_archive(memoryview(data)[: entry.encoded_size]),
+        archive.read_archive_records(entry, data, whole),
+        archive.read_archive_records(entry, data, one_by_one),
+    )
 
 
 def test_a_status_go_archive_is_read_whole_as_it_is_read_a_record_at_a_time():
     window = Window(T0, T0 + WEEK)
-    messages = [encrypted_message(window), encrypted_message(window, signed=False),
-                WakuMessage(b"plain", TOPICS[0], timestamp=window.start_ns + 9, meta=b"m", rate_limit_proof=b"p")]
+    messages = [
+        encrypted_message(window),
+        encrypted_message(window, signed=False),
+        WakuMessage(b"plain", TOPICS[0], timestamp=window.start_ns + 9, meta=b"m", rate_limit_proof=b"p"),
+    ]
     writer = ArchiveWriter(Layout.STATUS_GO)
-    data = writer.add(window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, m, window.start_ns + 5,
-                                                                       CHANNEL_KEY).data for m in messages])
+    data = writer.add(
+        window,
+        TOPICS,
+        [
+            archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, m, window.start_ns + 5, CHANNEL_KEY).data
+            for m in messages
+        ],
+    )
     parsed, whole, one_by_one = _records_both_ways(writer.entries[0], data, {TOPICS[0]: CHANNEL_KEY})
     assert parsed is not None and len(parsed.messages) == 3
     assert whole == one_by_one and [r[2] for r in whole] == [m.payload for m in messages]
 
 
-@pytest.mark.parametrize("extra", [
-    archive.field_bytes(1005, b"not a varint"),  # a known number with another wire type: refused
-    archive.field_varint(1004, 0),  # explicit and canonical: read whole
-    archive.varint(1005 << 3) + bytes([0x81, 0x80, 0x00]),  # 1005 again, as a longer varint than needed
-    archive.field_bytes(1200, b"unknown"),  # ignored
-    archive.field_bytes(4, b"payload again"),  # a repeated field, the last one winning
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        archive.field_bytes(1005, b"not a varint"),  # a known number with another wire type: refused
+        archive.field_varint(1004, 0),  # explicit and canonical: read whole
+        archive.varint(1005 << 3) + bytes([0x81, 0x80, 0x00]),  # 1005 again, as a longer varint than needed
+        archive.field_bytes(1200, b"unknown"),  # ignored
+        archive.field_bytes(4, b"payload again"),  # a repeated field, the last one winning
+    ],
+)
 def test_an_archive_read_whole_or_a_record_at_a_time_gives_the_same_rows_or_error(extra):
     window = Window(T0, T0 + WEEK)
-    record = archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, encrypted_message(window), window.start_ns + 5,
-                                             CHANNEL_KEY).data
+    record = archive.encode_archived_message(
+        Layout.STATUS_GO, PUBSUB, encrypted_message(window), window.start_ns + 5, CHANNEL_KEY
+    ).data
     writer = ArchiveWriter(Layout.STATUS_GO)
     data = writer.add(window, TOPICS, [record + extra])
     keys = {TOPICS[0]: CHANNEL_KEY}
@@ -265,13 +298,17 @@ def test_unsigned_or_foreign_payloads_round_trip(signed, key):
     window = Window(T0, T0 + WEEK)
     message = encrypted_message(window, signed=signed, key=key)
     writer = ArchiveWriter(Layout.STATUS_GO)
-    data = writer.add(window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, message, 0, CHANNEL_KEY).data])
+    data = writer.add(
+        window, TOPICS, [archive.encode_archived_message(Layout.STATUS_GO, PUBSUB, message, 0, CHANNEL_KEY).data]
+    )
     parsed = archive_status_go_pb2.WakuMessageArchive()
     parsed.ParseFromString(data[: writer.entries[0].encoded_size])
     assert parsed.messages[0].sig == b""
     opened_here = key == CHANNEL_KEY
     assert (parsed.messages[0].payload == b"application payload") is opened_here
-    back = archive.read_archive(Layout.STATUS_GO, writer.entries[0], data, PUBSUB, channel_keys={TOPICS[0]: CHANNEL_KEY})
+    back = archive.read_archive(
+        Layout.STATUS_GO, writer.entries[0], data, PUBSUB, channel_keys={TOPICS[0]: CHANNEL_KEY}
+    )
     assert back.messages[0].message == message
 
 
@@ -301,8 +338,9 @@ def test_index_keys_are_keccak_of_the_encoded_metadata(layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_appending_keeps_the_previous_data_byte_for_byte(layout):
     first, data = build(layout, [(Window(T0, T0 + WEEK), 30)])
-    second, more = build(layout, [(Window(T0 + WEEK, T0 + 2 * WEEK), 30)],
-                         ArchiveWriter(layout, first.index_bytes(), len(data)))
+    second, more = build(
+        layout, [(Window(T0 + WEEK, T0 + 2 * WEEK), 30)], ArchiveWriter(layout, first.index_bytes(), len(data))
+    )
     assert [e.archive_id for e in second.entries[:1]] == [first.entries[0].archive_id]
     assert second.new_entries[0].offset == len(data)
     entries = archive.parse_index(layout, second.index_bytes(), len(data + more))
@@ -507,11 +545,13 @@ def test_wrapped_magnet_for_another_chat_or_garbage_is_refused():
             archive.unwrap_magnet_payload(garbage, MAGNET_CHAT)
     key = waku_v1.key_from_password(MAGNET_CHAT)
     unsigned = waku_v1.encrypt_symmetric(
-        protocol_message_pb2.ProtocolMessage(public_message=raw).SerializeToString(), key)
+        protocol_message_pb2.ProtocolMessage(public_message=raw).SerializeToString(), key
+    )
     with pytest.raises(ArchiveError, match="signature"):
         archive.unwrap_magnet_payload(unsigned, MAGNET_CHAT)
     not_a_magnet = waku_v1.encrypt_symmetric(
-        protocol_message_pb2.ProtocolMessage(public_message=b"\x1a\x01x").SerializeToString(), key, signing_key=KEY)
+        protocol_message_pb2.ProtocolMessage(public_message=b"\x1a\x01x").SerializeToString(), key, signing_key=KEY
+    )
     with pytest.raises(ArchiveError):
         archive.unwrap_magnet_payload(not_a_magnet, MAGNET_CHAT)
 

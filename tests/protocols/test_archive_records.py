@@ -123,9 +123,13 @@ def test_a_channel_message_is_archived_readable_and_sealed_back_byte_for_byte():
 
 
 def test_a_record_status_go_wrote_maps_to_seconds_and_the_default_shard():
-    raw = (field_bytes(SIG, b"\x04" + bytes(64)) + field_varint(TIMESTAMP, 1_700_000_000)
-           + field_bytes(TOPIC_FIELD, bytes.fromhex("0a0b0c0d")) + field_bytes(PAYLOAD, b"plain")
-           + field_bytes(HASH, bytes(32)))
+    raw = (
+        field_bytes(SIG, b"\x04" + bytes(64))
+        + field_varint(TIMESTAMP, 1_700_000_000)
+        + field_bytes(TOPIC_FIELD, bytes.fromhex("0a0b0c0d"))
+        + field_bytes(PAYLOAD, b"plain")
+        + field_bytes(HASH, bytes(32))
+    )
     back = decode_archived_message(Layout.STATUS_GO, raw, DEFAULT_PUBSUB)
     ts = 1_700_000_000 * NS_PER_S
     assert back == ArchivedMessage(DEFAULT_PUBSUB, WakuMessage(b"plain", TOPIC, timestamp=ts), ts)
@@ -138,8 +142,9 @@ def test_a_spec_record_is_the_14_waku2_message_plus_the_extension_fields():
     assert found[1] == b"p" and found[2] == b"/app/1/chat/proto"  # WakuMessage payload, content_topic
     assert found[EXT_PUBSUB_TOPIC] == PUBSUB.encode() and found[EXT_ARRIVAL] == ARRIVAL
     # An extension field may be missing: the caller's shard, the sender time as arrival.
-    bare = b"".join(field_bytes(n, v) if isinstance(v, bytes) else field_varint(n, v)
-                    for n, v in found.items() if n < 1000)
+    bare = b"".join(
+        field_bytes(n, v) if isinstance(v, bytes) else field_varint(n, v) for n, v in found.items() if n < 1000
+    )
     assert decode_archived_message(Layout.SPEC, bare, DEFAULT_PUBSUB) == ArchivedMessage(DEFAULT_PUBSUB, message, T)
 
 
@@ -155,16 +160,19 @@ def _good(layout: Layout) -> bytes:
 
 
 @pytest.mark.parametrize("layout", list(Layout))
-@pytest.mark.parametrize("raw", [
-    b"\x00",  # field number 0
-    b"\x0b",  # wire type 3 (groups)
-    b"\xff" * 11,  # varint longer than 10 bytes
-    b"\x22\x05ab",  # truncated bytes field
-    b"\x09\x00\x00",  # truncated fixed64
-    field_bytes(EXT_PUBSUB_TOPIC, b"\xff\xfe") + field_varint(EXT_ARRIVAL, 1),  # not UTF-8
-    field_varint(EXT_PUBSUB_TOPIC, 7) + field_varint(EXT_ARRIVAL, 1),  # wrong wire type
-    field_bytes(EXT_ARRIVAL, b"x"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x00",  # field number 0
+        b"\x0b",  # wire type 3 (groups)
+        b"\xff" * 11,  # varint longer than 10 bytes
+        b"\x22\x05ab",  # truncated bytes field
+        b"\x09\x00\x00",  # truncated fixed64
+        field_bytes(EXT_PUBSUB_TOPIC, b"\xff\xfe") + field_varint(EXT_ARRIVAL, 1),  # not UTF-8
+        field_varint(EXT_PUBSUB_TOPIC, 7) + field_varint(EXT_ARRIVAL, 1),  # wrong wire type
+        field_bytes(EXT_ARRIVAL, b"x"),
+    ],
+)
 def test_malformed_records_raise_archive_error(layout, raw):
     with pytest.raises(ArchiveError):
         decode_archived_message(layout, raw, DEFAULT_PUBSUB, {TOPIC: KEY})
@@ -177,6 +185,7 @@ def test_tampered_status_go_records_are_refused():
     def rebuilt(changes=None):
         values = {**found, **(changes or {})}
         return b"".join(field_bytes(n, v) if isinstance(v, bytes) else field_varint(n, v) for n, v in values.items())
+
     assert decode_archived_message(Layout.STATUS_GO, rebuilt(), DEFAULT_PUBSUB, {TOPIC: KEY}).message.meta == b"m"
     for changes, match in [
         ({PAYLOAD: b"other"}, "hash"),
@@ -194,12 +203,15 @@ def test_tampered_status_go_records_are_refused():
 @settings(max_examples=400, deadline=None)
 def test_any_bytes_decode_or_raise_archive_error(layout, data):
     good = _good(layout)
-    raw = data.draw(st.one_of(
-        st.binary(max_size=300),
-        st.builds(lambda cut: good[:cut], st.integers(0, len(good))),
-        st.builds(lambda i, b: good[:i] + bytes([b]) + good[i + 1:], st.integers(0, len(good) - 1),
-                  st.integers(0, 255)),
-    ))
+    raw = data.draw(
+        st.one_of(
+            st.binary(max_size=300),
+            st.builds(lambda cut: good[:cut], st.integers(0, len(good))),
+            st.builds(
+                lambda i, b: good[:i] + bytes([b]) + good[i + 1 :], st.integers(0, len(good) - 1), st.integers(0, 255)
+            ),
+        )
+    )
     try:
         decode_archived_message(layout, raw, DEFAULT_PUBSUB, {TOPIC: KEY})
     except ArchiveError:
@@ -223,9 +235,18 @@ def _split(record: bytes) -> tuple[bytes, list[tuple[int, object]]]:
 sealed_messages = st.builds(
     lambda body, signed, padding, ts, meta, version, proof: WakuMessage(
         waku_v1.encrypt_symmetric(body, KEY, SENDER if signed else None) if version == 1 else body,
-        TOPIC, version=version, timestamp=ts, meta=meta, rate_limit_proof=proof),
-    body=st.binary(max_size=300), signed=st.booleans(), padding=st.none(),
-    ts=st.integers(0, 2**62), meta=st.binary(max_size=40), version=st.sampled_from([0, 1, 1, 1, 2]),
+        TOPIC,
+        version=version,
+        timestamp=ts,
+        meta=meta,
+        rate_limit_proof=proof,
+    ),
+    body=st.binary(max_size=300),
+    signed=st.booleans(),
+    padding=st.none(),
+    ts=st.integers(0, 2**62),
+    meta=st.binary(max_size=40),
+    version=st.sampled_from([0, 1, 1, 1, 2]),
     proof=st.binary(max_size=20),
 )
 
@@ -242,19 +263,43 @@ def test_the_record_encoder_writes_what_the_protobuf_class_writes(batch):
     from wakustore.protos import archive_status_go_pb2
 
     signer = PrivateKey(SENDER).public_key.format(compressed=False)
-    columns = [[PUBSUB, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, a,
-                message_hash(PUBSUB, m)] for m, a in batch]
+    columns = [
+        [
+            PUBSUB,
+            m.content_topic,
+            m.payload,
+            m.meta,
+            m.version,
+            m.timestamp,
+            m.rate_limit_proof,
+            a,
+            message_hash(PUBSUB, m),
+        ]
+        for m, a in batch
+    ]
     records, sizes = RecordEncoder(Layout.STATUS_GO, {TOPIC: KEY}).encode_columns(*zip(*columns))
     for (message, arrival), record, size, row in zip(batch, records, sizes, columns):
         single = encode_archived_message(Layout.STATUS_GO, PUBSUB, message, arrival, KEY)
         assert record == single.data and size == single.payload_size
         head, ext = _split(record)
         values = fields(head)
-        assert archive_status_go_pb2.WakuMessage(**{
-            name: values[number] for name, number in
-            (("sig", SIG), ("timestamp", TIMESTAMP), ("topic", TOPIC_FIELD), ("payload", PAYLOAD),
-             ("padding", PADDING), ("hash", HASH)) if number in values
-        }).SerializeToString() == head
+        assert (
+            archive_status_go_pb2.WakuMessage(
+                **{
+                    name: values[number]
+                    for name, number in (
+                        ("sig", SIG),
+                        ("timestamp", TIMESTAMP),
+                        ("topic", TOPIC_FIELD),
+                        ("payload", PAYLOAD),
+                        ("padding", PADDING),
+                        ("hash", HASH),
+                    )
+                    if number in values
+                }
+            ).SerializeToString()
+            == head
+        )
         assert values[HASH] == message_hash(PUBSUB, message)
         assert values.get(TIMESTAMP, 0) == (message.timestamp or arrival) // NS_PER_S
         numbers = [n for n, _ in ext]
@@ -262,24 +307,43 @@ def test_the_record_encoder_writes_what_the_protobuf_class_writes(batch):
         assert opened == (message.version == 1)  # every sealed payload here opens and seals back
         if opened:
             assert values.get(SIG) == (signer if EXT_SIGNATURE in numbers else None)
-        expected = [EXT_PUBSUB_TOPIC, EXT_ARRIVAL] + ([EXT_NONCE] if opened else []) + \
-            ([EXT_SIGNATURE] if SIG in values else []) + ([EXT_TIMESTAMP] if message.timestamp else []) + \
-            ([EXT_META] if message.meta else []) + ([EXT_VERSION] if message.version else []) + \
-            ([EXT_PROOF] if message.rate_limit_proof else [])
+        expected = (
+            [EXT_PUBSUB_TOPIC, EXT_ARRIVAL]
+            + ([EXT_NONCE] if opened else [])
+            + ([EXT_SIGNATURE] if SIG in values else [])
+            + ([EXT_TIMESTAMP] if message.timestamp else [])
+            + ([EXT_META] if message.meta else [])
+            + ([EXT_VERSION] if message.version else [])
+            + ([EXT_PROOF] if message.rate_limit_proof else [])
+        )
         assert numbers == expected
         assert RecordDecoder(Layout.STATUS_GO, DEFAULT_PUBSUB, {TOPIC: KEY}).decode(record) == tuple(row)
 
 
 @pytest.mark.parametrize("layout", list(Layout))
-@given(batch=st.lists(st.tuples(sealed_messages, st.integers(0, 2**62)), max_size=8),
-       unset=st.lists(st.booleans(), min_size=8, max_size=8))
+@given(
+    batch=st.lists(st.tuples(sealed_messages, st.integers(0, 2**62)), max_size=8),
+    unset=st.lists(st.booleans(), min_size=8, max_size=8),
+)
 @settings(max_examples=60, deadline=None)
 def test_framed_records_are_the_records_as_archive_entries(layout, batch, unset):
     """encode_framed: each record of encode_columns framed as field 3 of the
     archive, back to back, with its end offset and payload size (sender
     timestamps unset or not, so that seconds come from either time)."""
-    columns = [[PUBSUB, m.content_topic, m.payload, m.meta, m.version, 0 if gone else m.timestamp,
-                m.rate_limit_proof, a, message_hash(PUBSUB, m)] for (m, a), gone in zip(batch, unset)]
+    columns = [
+        [
+            PUBSUB,
+            m.content_topic,
+            m.payload,
+            m.meta,
+            m.version,
+            0 if gone else m.timestamp,
+            m.rate_limit_proof,
+            a,
+            message_hash(PUBSUB, m),
+        ]
+        for (m, a), gone in zip(batch, unset)
+    ]
     encoder = RecordEncoder(layout, {TOPIC: KEY})
     records, sizes = encoder.encode_columns(*zip(*columns)) if columns else ([], [])
     framed, ends, framed_sizes = encoder.encode_framed(*(zip(*columns) if columns else [[]] * 9))
@@ -303,7 +367,9 @@ def test_varints_are_varint_of_each_value(values):
 
 def _ext_reference(raw: bytes):
     """The extra fields by the general protobuf reader, last one winning."""
-    return {number: (wire, value) for number, wire, value in proto_fields(raw) if number > 1000}  # status-go's fields stop below 1001
+    return {
+        number: (wire, value) for number, wire, value in proto_fields(raw) if number > 1000
+    }  # status-go's fields stop below 1001
 
 
 _EXT_FIELD = st.one_of(
@@ -318,8 +384,9 @@ def test_ext_fields_reads_what_the_general_reader_reads(fields, cut, tail):
     """The inlined reader of a record's extra fields gives what
     proto_fields gives, and refuses what it refuses (truncated and
     overlong varints, bad wire types), on whole, cut and noisy records."""
-    whole = b"".join(encode_uvarint(n << 3 | w) + (encode_uvarint(v) if w == 0 else encode_uvarint(len(v)) + v)
-                     for n, w, v in fields)
+    whole = b"".join(
+        encode_uvarint(n << 3 | w) + (encode_uvarint(v) if w == 0 else encode_uvarint(len(v)) + v) for n, w, v in fields
+    )
     for raw in (whole, whole[: max(0, len(whole) - cut)], whole + tail, whole + b"\xff" * 11):
         try:
             expected = _ext_reference(raw)

@@ -86,7 +86,7 @@ def test_frames_split_across_and_packed_into_chunks_come_out_whole():
         reader = FrameReader(max_size=100_000)
         frames = []
         for start in range(0, len(stream), chunk_size):
-            frames += reader.feed(stream[start:start + chunk_size])
+            frames += reader.feed(stream[start : start + chunk_size])
         reader.eof()
         assert frames == bodies
         assert all(type(f) is bytes for f in frames)

@@ -27,20 +27,20 @@ from wakustore.protos import lightpush_legacy_pb2, lightpush_v3_pb2, waku_messag
 
 MESSAGE = WakuMessage(payload=b"x", content_topic="/c")
 # nwaku-style encoding of MESSAGE (every field written), 19 bytes.
-MESSAGE_BYTES = bytes.fromhex("0a0178" "12022f63" "1800" "5000" "5a00" "aa0100" "f80100")
+MESSAGE_BYTES = bytes.fromhex("0a017812022f63180050005a00aa0100f80100")
 
 # Hand-assembled LightpushRequest:
 #   0a 01 'q'          request_id = "q"
 #   a2 01 02 '/p'      pubsub_topic (20) = "/p"
 #   aa 01 13 <19>      message (21)
-V3_REQUEST = bytes.fromhex("0a0171" "a201022f70" "aa0113") + MESSAGE_BYTES
+V3_REQUEST = bytes.fromhex("0a0171a201022f70aa0113") + MESSAGE_BYTES
 
 # Hand-assembled PushRPC:
 #   0a 01 'q'          request_id = "q"
 #   12 19              request (25 bytes)
 #     0a 02 '/p'         pubsub_topic = "/p"
 #     12 13 <19>         message
-V2_REQUEST = bytes.fromhex("0a0171" "1219" "0a022f70" "1213") + MESSAGE_BYTES
+V2_REQUEST = bytes.fromhex("0a017112190a022f701213") + MESSAGE_BYTES
 
 
 def _refused(decode, raw: bytes, status: int = 400) -> LightpushError:
@@ -82,7 +82,7 @@ def test_hand_assembled_v2_request_decodes_and_encodes():
 
 def test_encoded_size_is_the_size_received_for_a_minimal_message():
     # js-waku writes only the fields it has: payload and content topic, 7 bytes.
-    raw = bytes.fromhex("0a0171" "aa0107" "0a0178" "12022f63")
+    raw = bytes.fromhex("0a0171aa01070a017812022f63")
     assert decode_request_v3(raw) == PushRequest("q", None, MESSAGE, 7)
 
 
@@ -142,7 +142,7 @@ def test_v2_undecodable_is_400_with_empty_request_id():
 def test_v2_refusal_writes_is_success_false():
     raw = encode_response_v2("r", False, "bad")
     # 0a 01 'r' | 1a 07 (08 00 | 12 03 'bad')
-    assert raw == bytes.fromhex("0a0172" "1a07" "0800" "1203") + b"bad"
+    assert raw == bytes.fromhex("0a01721a0708001203") + b"bad"
     assert decode_response_v2(raw) == PushResponseV2("r", False, "bad")
 
 
@@ -153,9 +153,7 @@ def test_v3_success_response():
 
 def test_error_answers_carry_request_id_status_and_description():
     error = _refused(decode_request_v3, encode_request_v3("r", "", MESSAGE))
-    assert decode_response_v3(encode_error_v3(error)) == PushResponseV3(
-        "r", 400, error.description, None
-    )
+    assert decode_response_v3(encode_error_v3(error)) == PushResponseV3("r", 400, error.description, None)
     error = _refused(decode_request_v2, b"\x0a\x05ab")
     raw = encode_error_v2(error)
     assert raw.startswith(bytes.fromhex("0a00"))  # empty request_id still written
@@ -201,8 +199,12 @@ def test_v2_response_round_trip(request_id, is_success, info):
     )
 
 
-@given(st.text(max_size=10), st.integers(1, 2**32 - 1), st.none() | st.text(max_size=20),
-       st.none() | st.integers(0, 2**32 - 1))
+@given(
+    st.text(max_size=10),
+    st.integers(1, 2**32 - 1),
+    st.none() | st.text(max_size=20),
+    st.none() | st.integers(0, 2**32 - 1),
+)
 def test_v3_response_round_trip(request_id, status, desc, peers):
     assert decode_response_v3(encode_response_v3(request_id, status, desc, peers)) == PushResponseV3(
         request_id, status, desc, peers

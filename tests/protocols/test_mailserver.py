@@ -55,14 +55,15 @@ topic = st.binary(min_size=4, max_size=4)
 cursors = st.one_of(st.just(b""), st.binary(min_size=CURSOR_SIZE, max_size=CURSOR_SIZE))
 requests = st.builds(
     MessagesRequest,
-    lower=uint32, upper=uint32,
+    lower=uint32,
+    upper=uint32,
     bloom=st.one_of(st.just(b""), st.binary(min_size=64, max_size=64)),
     topics=st.lists(topic, max_size=12).map(tuple),
-    limit=uint32, cursor=cursors, batch=st.booleans(),
+    limit=uint32,
+    cursor=cursors,
+    batch=st.booleans(),
 )
-rlp_structures = st.recursive(
-    st.binary(max_size=70), lambda children: st.lists(children, max_size=9), max_leaves=40
-)
+rlp_structures = st.recursive(st.binary(max_size=70), lambda children: st.lists(children, max_size=9), max_leaves=40)
 
 
 def test_packet_codes_are_status_go_values():
@@ -72,18 +73,18 @@ def test_packet_codes_are_status_go_values():
 
 # --- request payloads --------------------------------------------------------------
 
+
 def test_status_go_payload_encodes_field_by_field():
-    request = MessagesRequest(lower=1, upper=300, bloom=b"", topics=[b"abcd"], limit=1000,
-                              cursor=b"", batch=True)
+    request = MessagesRequest(lower=1, upper=300, bloom=b"", topics=[b"abcd"], limit=1000, cursor=b"", batch=True)
     # [1, 300, "", ["abcd"], 1000, "", true]
-    body = bytes.fromhex("01" "82012c" "80" "c5" "8461626364" "8203e8" "80" "01")
+    body = bytes.fromhex("0182012c80c584616263648203e88001")
     assert encode_request_payload(request, "status-go") == bytes([0xC0 + len(body)]) + body
 
 
 def test_spec_payload_encodes_field_by_field():
     request = MessagesRequest(lower=1, upper=300, bloom=b"", topics=[b"abcd"], limit=1000, cursor=b"")
     # [1, 300, "", 1000, "", ["abcd"]]
-    body = bytes.fromhex("01" "82012c" "80" "8203e8" "80" "c5" "8461626364")
+    body = bytes.fromhex("0182012c808203e880c58461626364")
     assert encode_request_payload(request, "spec") == bytes([0xC0 + len(body)]) + body
     # Without topics the list is left out; the cursor stays.
     no_topics = MessagesRequest(lower=1, upper=300, bloom=b"", limit=1000)
@@ -128,16 +129,16 @@ def test_spec_payload_forms_are_all_accepted(fields, expected):
 @pytest.mark.parametrize(
     "fields",
     [
-        [1, 2, b"", [b"abcd"], 10, b""],                 # status-go without batch: go-ethereum refuses
-        [1, 2, b"", [b"abcd"], 10, b"", True, b""],      # status-go with an extra element
-        [1, 2, b"x" * 64, 10, b"", True],                # pre-2020 status-go (batch, no topics)
-        [1, 2, b"", 10, b"", [b"abcd"], b""],            # spec with an extra element
-        [1, 2, b""],                                     # too short
-        [1, 2, [b""], 10],                               # bloom as a list
-        [1, 2, b"", [b"abcd"], 10, b"", 2],              # batch not a boolean
-        [1, 2, b"", [[b"abcd"]], 10, b"", True],         # topic nested in a list
-        [2**32, 2, b"x", 10],                            # lower wider than uint32
-        [1, 2, b"x", 10, [b""]],                         # cursor as a list
+        [1, 2, b"", [b"abcd"], 10, b""],  # status-go without batch: go-ethereum refuses
+        [1, 2, b"", [b"abcd"], 10, b"", True, b""],  # status-go with an extra element
+        [1, 2, b"x" * 64, 10, b"", True],  # pre-2020 status-go (batch, no topics)
+        [1, 2, b"", 10, b"", [b"abcd"], b""],  # spec with an extra element
+        [1, 2, b""],  # too short
+        [1, 2, [b""], 10],  # bloom as a list
+        [1, 2, b"", [b"abcd"], 10, b"", 2],  # batch not a boolean
+        [1, 2, b"", [[b"abcd"]], 10, b"", True],  # topic nested in a list
+        [2**32, 2, b"x", 10],  # lower wider than uint32
+        [1, 2, b"x", 10, [b""]],  # cursor as a list
         b"not a list",
     ],
 )
@@ -147,7 +148,7 @@ def test_malformed_request_payloads_are_rejected(fields):
 
 
 def test_request_payload_with_non_canonical_integer_is_rejected():
-    raw = bytes.fromhex("c6" "820001" "02" "80" "0a")  # lower = 0x0001 with a leading zero
+    raw = bytes.fromhex("c682000102800a")  # lower = 0x0001 with a leading zero
     with pytest.raises(WakuV1Error, match="leading zero"):
         decode_request_payload(raw)
 
@@ -161,6 +162,7 @@ def test_request_payload_topic_count_is_bounded():
 
 # --- validation ----------------------------------------------------------------------
 
+
 def test_validation_applies_status_go_defaults():
     request = validate_request(MessagesRequest(lower=5, upper=0, topics=[b"abcd"], limit=0), NOW)
     assert request.upper == NOW + 60
@@ -171,17 +173,23 @@ def test_validation_applies_status_go_defaults():
     ("request_", "message"),
     [
         (MessagesRequest(lower=10, upper=9, topics=[b"abcd"]), "^query range is invalid: lower > upper$"),
-        (MessagesRequest(lower=10, upper=9, topics=[b"abcd"], layout="direct", request_id=REQUEST_ID),
-         "^request is invalid: query range is invalid: lower > upper$"),
+        (
+            MessagesRequest(lower=10, upper=9, topics=[b"abcd"], layout="direct", request_id=REQUEST_ID),
+            "^request is invalid: query range is invalid: lower > upper$",
+        ),
         (MessagesRequest(lower=NOW + 61, upper=0, topics=[b"abcd"]), "lower > upper"),
         (MessagesRequest(lower=1, upper=2), "^request is invalid: bloom filter and topics is empty$"),
-        (MessagesRequest(lower=1, upper=2, topics=[b"abcd"], limit=MAX_REQUEST_LIMIT + 1),
-         "^request is invalid: limit exceeds the maximum allowed value$"),
+        (
+            MessagesRequest(lower=1, upper=2, topics=[b"abcd"], limit=MAX_REQUEST_LIMIT + 1),
+            "^request is invalid: limit exceeds the maximum allowed value$",
+        ),
         (MessagesRequest(lower=1, upper=2, topics=[b"abc"]), "^request is invalid: topics must be 4 bytes$"),
         (MessagesRequest(lower=1, upper=2, topics=[b"abcd"] * (MAX_TOPICS + 1)), "more than 1000 topics"),
         (MessagesRequest(lower=1, upper=2, bloom=b"\xff" * 63), "bloom filter must be 64 bytes"),
-        (MessagesRequest(lower=1, upper=2, topics=[b"abcd"], cursor=b"\x01" * 35),
-         "^request is invalid: invalid cursor size: expected 36 but got 35$"),
+        (
+            MessagesRequest(lower=1, upper=2, topics=[b"abcd"], cursor=b"\x01" * 35),
+            "^request is invalid: invalid cursor size: expected 36 but got 35$",
+        ),
     ],
 )
 def test_validation_rejects_with_status_go_messages(request_, message):
@@ -196,9 +204,7 @@ def test_limit_of_exactly_1000_and_empty_cursor_are_valid():
 
 def test_topics_win_over_the_bloom_filter():
     bloom_only_for_other = bloom_for_topics([b"zzzz"])
-    request = validate_request(
-        MessagesRequest(lower=1, upper=2, bloom=bloom_only_for_other, topics=[b"abcd"]), NOW
-    )
+    request = validate_request(MessagesRequest(lower=1, upper=2, bloom=bloom_only_for_other, topics=[b"abcd"]), NOW)
     assert request.matches_topic(b"abcd")
     assert not request.matches_topic(b"zzzz")
     by_bloom = validate_request(MessagesRequest(lower=1, upper=2, bloom=bloom_only_for_other), NOW)
@@ -218,6 +224,7 @@ def test_request_fields_are_range_checked():
 
 
 # --- request envelopes -----------------------------------------------------------------
+
 
 def _request_envelope(payload: bytes, signed: bool = True, ttl: int = 50) -> Envelope:
     data = encrypt_symmetric(payload, KEY, signing_key=SIGNER if signed else None)
@@ -274,6 +281,7 @@ def test_garbage_p2p_request_is_rejected():
 
 # --- cursors ---------------------------------------------------------------------------
 
+
 def test_cursor_is_big_endian_timestamp_then_hash():
     raw = encode_cursor(0x01020304, bytes([0xAB]) * 32)
     assert raw == b"\x01\x02\x03\x04" + b"\xab" * 32
@@ -302,6 +310,7 @@ def test_bad_cursors_are_rejected():
 
 # --- Request Complete ---------------------------------------------------------------------
 
+
 def test_status_go_request_complete_is_one_rlp_string():
     raw = encode_request_complete(REQUEST_ID, LAST_HASH, CURSOR)
     assert raw == b"\xb8\x64" + REQUEST_ID + LAST_HASH + CURSOR
@@ -313,8 +322,11 @@ def test_error_request_complete_is_one_rlp_string_with_prefix():
     body = b"ERROR=" + REQUEST_ID + b"rate limit exceeded"
     assert raw == b"\xb8" + bytes([len(body)]) + body
     assert decode_request_complete(raw) == RequestComplete(
-        request_id=REQUEST_ID, last_envelope_hash=bytes(32), cursor=b"",
-        error="rate limit exceeded", layout="status-go",
+        request_id=REQUEST_ID,
+        last_envelope_hash=bytes(32),
+        cursor=b"",
+        error="rate limit exceeded",
+        layout="status-go",
     )
 
 
@@ -326,8 +338,12 @@ def test_spec_request_complete_is_an_rlp_list():
     assert (two.cursor, two.layout) == (b"", "spec")
 
 
-@given(st.binary(min_size=32, max_size=32), st.binary(min_size=32, max_size=32), cursors,
-       st.sampled_from(["status-go", "spec"]))
+@given(
+    st.binary(min_size=32, max_size=32),
+    st.binary(min_size=32, max_size=32),
+    cursors,
+    st.sampled_from(["status-go", "spec"]),
+)
 def test_request_complete_round_trips(request_id, last_hash, cursor, layout):
     decoded = decode_request_complete(encode_request_complete(request_id, last_hash, cursor, layout))
     assert decoded == RequestComplete(request_id, last_hash, cursor, None, layout)
@@ -347,9 +363,14 @@ def test_request_id_only_form_is_accepted():
 @pytest.mark.parametrize(
     "raw",
     [
-        rlp.encode(bytes(31)), rlp.encode(bytes(33)), rlp.encode(bytes(65)), rlp.encode(bytes(101)),
-        rlp.encode([REQUEST_ID]), rlp.encode([REQUEST_ID, LAST_HASH, CURSOR, b""]),
-        rlp.encode([REQUEST_ID, bytes(31)]), rlp.encode([[REQUEST_ID], LAST_HASH]),
+        rlp.encode(bytes(31)),
+        rlp.encode(bytes(33)),
+        rlp.encode(bytes(65)),
+        rlp.encode(bytes(101)),
+        rlp.encode([REQUEST_ID]),
+        rlp.encode([REQUEST_ID, LAST_HASH, CURSOR, b""]),
+        rlp.encode([REQUEST_ID, bytes(31)]),
+        rlp.encode([[REQUEST_ID], LAST_HASH]),
         b"\xb8\x64" + REQUEST_ID,
     ],
 )
@@ -370,6 +391,7 @@ def test_request_complete_arguments_are_checked():
 
 
 # --- bundles ---------------------------------------------------------------------------------
+
 
 def _envelope(index: int, size: int) -> bytes:
     return Envelope(expiry=NOW + index, ttl=10, topic=b"abcd", data=bytes([index % 256]) * size).encode()
@@ -416,12 +438,17 @@ def test_default_bundle_cap_is_one_mebibyte():
 
 # --- every decoder fails only with WakuV1Error ---------------------------------------------
 
+
 @settings(max_examples=300)
 @given(st.one_of(st.binary(max_size=200), rlp_structures.map(rlp.encode)))
 def test_decoders_raise_only_waku_v1_errors(raw):
     decoders = [
-        decode_request_payload, decode_direct_request, decode_p2p_request,
-        decode_request_complete, decode_cursor, envelope_cursor,
+        decode_request_payload,
+        decode_direct_request,
+        decode_p2p_request,
+        decode_request_complete,
+        decode_cursor,
+        envelope_cursor,
         lambda data: validate_request(decode_request_payload(data), NOW),
     ]
     for decode in decoders:
@@ -432,9 +459,15 @@ def test_decoders_raise_only_waku_v1_errors(raw):
 
 
 @settings(max_examples=100)
-@given(st.lists(st.one_of(st.integers(0, 2**40), st.binary(max_size=70),
-                          st.lists(st.binary(max_size=6), max_size=4), st.booleans()),
-                min_size=3, max_size=8))
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 2**40), st.binary(max_size=70), st.lists(st.binary(max_size=6), max_size=4), st.booleans()
+        ),
+        min_size=3,
+        max_size=8,
+    )
+)
 def test_request_shaped_inputs_raise_only_waku_v1_errors(fields):
     raw = rlp.encode(fields)
     for decode in (decode_request_payload, decode_direct_request, decode_p2p_request):
@@ -447,4 +480,3 @@ def test_request_shaped_inputs_raise_only_waku_v1_errors(fields):
                 validate_request(request, NOW)
             except WakuV1Error:
                 pass
-

@@ -25,13 +25,18 @@ TIMESTAMP = 0x175789BFA23F8400
 @pytest.mark.parametrize(
     ("payload", "meta", "expected"),
     [
-        (PAYLOAD, bytes.fromhex("73757065722d736563726574"),
-         "64cce733fed134e83da02b02c6f689814872b1a0ac97ea56b76095c3c72bfe05"),
+        (
+            PAYLOAD,
+            bytes.fromhex("73757065722d736563726574"),
+            "64cce733fed134e83da02b02c6f689814872b1a0ac97ea56b76095c3c72bfe05",
+        ),
         (PAYLOAD, b"", "a2554498b31f5bcdfcbf7fa58ad1c2d45f0254f3f8110a85588ec3cf10720fd8"),
-        (PAYLOAD, bytes(range(64)),
-         "7158b6498753313368b9af8f6e0a0a05104f68f972981da42a43bc53fb0c1b27"),
-        (b"", bytes.fromhex("73757065722d736563726574"),
-         "483ea950cb63f9b9d6926b262bb36194d3f40a0463ce8446228350bd44e96de4"),
+        (PAYLOAD, bytes(range(64)), "7158b6498753313368b9af8f6e0a0a05104f68f972981da42a43bc53fb0c1b27"),
+        (
+            b"",
+            bytes.fromhex("73757065722d736563726574"),
+            "483ea950cb63f9b9d6926b262bb36194d3f40a0463ce8446228350bd44e96de4",
+        ),
     ],
 )
 def test_message_hash_matches_published_vectors(payload, meta, expected):
@@ -48,8 +53,12 @@ def test_message_hash_appends_zero_timestamp_bytes_like_nwaku():
 def test_message_hash_ignores_version_ephemeral_and_proof():
     base = WakuMessage(payload=b"x", content_topic="/a/1/b/proto", timestamp=5)
     other = WakuMessage(
-        payload=b"x", content_topic="/a/1/b/proto", timestamp=5,
-        version=1, ephemeral=True, rate_limit_proof=b"proof",
+        payload=b"x",
+        content_topic="/a/1/b/proto",
+        timestamp=5,
+        version=1,
+        ephemeral=True,
+        rate_limit_proof=b"proof",
     )
     assert message_hash("/p", base) == message_hash("/p", other)
 

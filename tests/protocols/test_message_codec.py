@@ -37,7 +37,7 @@ def test_pb_conversion_round_trips(message):
 
 def test_encoding_writes_every_field_like_nwaku():
     # Hand-assembled: 0a 01 'x' | 12 02 '/c' | 18 00 | 50 00 | 5a 00 | aa 01 00 | f8 01 00
-    expected = bytes.fromhex("0a0178" "12022f63" "1800" "5000" "5a00" "aa0100" "f80100")
+    expected = bytes.fromhex("0a017812022f63180050005a00aa0100f80100")
     assert encode_message(WakuMessage(payload=b"x", content_topic="/c")) == expected
 
 

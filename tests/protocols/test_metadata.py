@@ -26,7 +26,7 @@ def test_protocol_id():
 
 def test_shards_are_written_unpacked_at_2_and_packed_at_3():
     # 08 10 cluster 16 | 10 00, 10 05 unpacked shards | 1a 02 00 05 packed shards
-    expected = bytes.fromhex("0810" "1000" "1005" "1a020005")
+    expected = bytes.fromhex("0810100010051a020005")
     assert encode_request(Metadata(16, (0, 5))) == expected
     assert encode_response(Metadata(16, (0, 5))) == expected
 
@@ -42,17 +42,17 @@ def test_cluster_id_zero_is_written():
 
 
 def test_packed_field_3_is_preferred_over_field_2():
-    raw = bytes.fromhex("0801" "1007" "1a020102")
+    raw = bytes.fromhex("080110071a020102")
     assert decode_response(raw) == Metadata(1, (1, 2))
 
 
 def test_js_waku_unpacked_field_2_alone_is_read():
-    raw = bytes.fromhex("0801" "1003" "1004")
+    raw = bytes.fromhex("080110031004")
     assert decode_request(raw) == Metadata(1, (3, 4))
 
 
 def test_packed_field_2_alone_is_read():
-    raw = bytes.fromhex("0801" "12020304")
+    raw = bytes.fromhex("080112020304")
     assert decode_response(raw) == Metadata(1, (3, 4))
 
 

@@ -161,8 +161,10 @@ def recipient_b() -> rlpx.Handshake:
 
 def initiator_a() -> rlpx.Handshake:
     return rlpx.Handshake(
-        KEY_A, remote_public_key=ecies.public_key_of(KEY_B),
-        ephemeral_key=EPHEMERAL_A, nonce=NONCE_A,
+        KEY_A,
+        remote_public_key=ecies.public_key_of(KEY_B),
+        ephemeral_key=EPHEMERAL_A,
+        nonce=NONCE_A,
     )
 
 
@@ -183,9 +185,7 @@ def test_recipient_derives_the_eip8_secrets_and_ingress_mac():
     assert body[:2] == [ecies.public_key_of(EPHEMERAL_B), NONCE_B]
 
 
-@pytest.mark.parametrize(
-    "auth", [AUTH_1, AUTH_2, AUTH_3], ids=["auth1-legacy", "auth2", "auth3-v56"]
-)
+@pytest.mark.parametrize("auth", [AUTH_1, AUTH_2, AUTH_3], ids=["auth1-legacy", "auth2", "auth3-v56"])
 def test_recipient_accepts_every_auth_format(auth):
     handshake = recipient_b()
     ack = handshake.receive_data(auth)
@@ -234,8 +234,11 @@ def test_vector_packets_arrive_byte_by_byte():
 
 def test_frame_matches_go_ethereum_golden_vector():
     secrets = rlpx.Secrets(
-        remote_public_key=bytes(64), aes_secret=keccak256(b""), mac_secret=keccak256(b""),
-        egress_mac=ConstantHash(b"\x01" * 32), ingress_mac=ConstantHash(b"\x01" * 32),
+        remote_public_key=bytes(64),
+        aes_secret=keccak256(b""),
+        mac_secret=keccak256(b""),
+        egress_mac=ConstantHash(b"\x01" * 32),
+        ingress_mac=ConstantHash(b"\x01" * 32),
     )
     codec = rlpx.FrameCodec(secrets)
     assert codec.encode_frame(rlp.encode(8) + rlp.encode([1, 2, 3, 4])) == FRAME_GOLDEN
@@ -252,6 +255,7 @@ def test_eip8_hello_with_additional_elements_decodes():
 
 
 # --- ECIES -------------------------------------------------------------------
+
 
 def test_ecies_round_trip_with_shared_mac_data():
     key = os.urandom(32)
@@ -280,6 +284,7 @@ def test_ecies_rejects_any_flipped_byte(position):
 
 
 # --- handshake and connection in memory ---------------------------------------
+
 
 def handshake_pair() -> tuple[rlpx.Handshake, rlpx.Handshake, bytes, bytes]:
     key_i, key_r = os.urandom(32), os.urandom(32)
@@ -343,7 +348,7 @@ def test_handshake_trailing_bytes_feed_the_connection():
     recipient = rlpx.Handshake(key_r)
     ack = recipient.receive_data(initiator.initiate())
     conn_r = rlpx.Connection(recipient.secrets, hello_for(key_r))
-    initiator.receive_data(ack + conn_r.send_hello())     # ack and Hello in one read
+    initiator.receive_data(ack + conn_r.send_hello())  # ack and Hello in one read
     conn_i, events = rlpx.Connection.from_handshake(initiator, hello_for(key_i))
     assert events == [conn_r.local_hello]
 
@@ -435,16 +440,19 @@ def test_hello_with_another_identity_is_refused():
         conn_r.receive_data(conn_i.send_hello())
 
 
-@pytest.mark.parametrize("payload", [
-    rlp.encode([b"\x00" * 10]),                              # not five elements
-    rlp.encode([5, b"id", [[b"waku"]], 0, b"\x01" * 64]),     # capability without version
-    rlp.encode([5, b"id", [[b"waku", 1, 2]], 0, b"\x01" * 64]),  # capability with three
-    rlp.encode([5, b"id", [b"waku"], 0, b"\x01" * 64]),       # capability not a list
-    rlp.encode([5, b"id", [], 0, bytes(64)]),                # all-zero node id
-    rlp.encode([5, b"id", [], 0, b"\x01" * 63]),             # short node id
-    rlp.encode([5, [b"id"], [], 0, b"\x01" * 64]),           # client id a list
-    b"\xc5\x05\x00\xc0\x80\x80",                              # non-canonical integer
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        rlp.encode([b"\x00" * 10]),  # not five elements
+        rlp.encode([5, b"id", [[b"waku"]], 0, b"\x01" * 64]),  # capability without version
+        rlp.encode([5, b"id", [[b"waku", 1, 2]], 0, b"\x01" * 64]),  # capability with three
+        rlp.encode([5, b"id", [b"waku"], 0, b"\x01" * 64]),  # capability not a list
+        rlp.encode([5, b"id", [], 0, bytes(64)]),  # all-zero node id
+        rlp.encode([5, b"id", [], 0, b"\x01" * 63]),  # short node id
+        rlp.encode([5, [b"id"], [], 0, b"\x01" * 64]),  # client id a list
+        b"\xc5\x05\x00\xc0\x80\x80",  # non-canonical integer
+    ],
+)
 def test_malformed_hellos_raise(payload):
     with pytest.raises(RLPxError):
         rlpx.Hello.decode(payload)
@@ -456,13 +464,16 @@ def test_oversized_hello_is_refused():
         rlpx.Hello.decode(hello.encode())
 
 
-@pytest.mark.parametrize("payload, reason", [
-    (rlp.encode([8]), 8),                  # go-ethereum: [reason]
-    (rlp.encode(8), 8),                    # ethereumjs: the bare reason
-    (rlp.encode([0]), 0),
-    (rlp.encode([]), None),
-    (b"\xff\xff", None),
-])
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (rlp.encode([8]), 8),  # go-ethereum: [reason]
+        (rlp.encode(8), 8),  # ethereumjs: the bare reason
+        (rlp.encode([0]), 0),
+        (rlp.encode([]), None),
+        (b"\xff\xff", None),
+    ],
+)
 def test_disconnect_reason_forms(payload, reason):
     for compress in (True, False):
         conn_i, conn_r = connected()
@@ -504,10 +515,13 @@ def test_waku_codes_follow_the_base_protocol():
 
 
 def test_capabilities_match_as_go_ethereum_assigns_offsets():
-    local = {rlpx.Capability("waku", 0): 128, rlpx.Capability("waku", 1): 128,
-             rlpx.Capability("les", 2): 21}
-    remote = [rlpx.Capability("waku", 1), rlpx.Capability("waku", 0),
-              rlpx.Capability("eth", 66), rlpx.Capability("les", 2)]
+    local = {rlpx.Capability("waku", 0): 128, rlpx.Capability("waku", 1): 128, rlpx.Capability("les", 2): 21}
+    remote = [
+        rlpx.Capability("waku", 1),
+        rlpx.Capability("waku", 0),
+        rlpx.Capability("eth", 66),
+        rlpx.Capability("les", 2),
+    ]
     shared = rlpx.match_capabilities(local, remote)
     assert shared == {
         "les": rlpx.SharedCapability("les", 2, 0x10, 21),
@@ -587,8 +601,8 @@ def test_fuzz_random_bytes_to_a_connection_raise_only_rlpx_errors(chunks):
 FRAME_CONTENTS = st.one_of(
     st.binary(max_size=300),
     st.tuples(st.integers(0, 0x90), RLP_VALUES, st.booleans()).map(
-        lambda t: rlp.encode(t[0]) + (
-            bytes(cramjam.snappy.compress_raw(rlp.encode(t[1]))) if t[2] else rlp.encode(t[1])
+        lambda t: (
+            rlp.encode(t[0]) + (bytes(cramjam.snappy.compress_raw(rlp.encode(t[1]))) if t[2] else rlp.encode(t[1]))
         )
     ),
 )

@@ -9,8 +9,21 @@ import wakustore.protocols
 
 PACKAGE = pathlib.Path(wakustore.protocols.__file__).parent
 FORBIDDEN_MODULES = {
-    "trio", "pyspark", "pysail", "deltalake", "socket", "asyncio", "selectors",
-    "os", "io", "pathlib", "shutil", "tempfile", "subprocess", "libtorrent", "libp2p",
+    "trio",
+    "pyspark",
+    "pysail",
+    "deltalake",
+    "socket",
+    "asyncio",
+    "selectors",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "subprocess",
+    "libtorrent",
+    "libp2p",
 }
 FORBIDDEN_CALLS = {"open"}
 

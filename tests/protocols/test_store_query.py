@@ -17,8 +17,13 @@ CONTENTS = ["/a/1/x/proto", "/a/1/y/proto", "/a/1/z/proto"]
 
 
 def row_fields(m: StoredMessage, content_topic: str) -> dict:
-    return dict(pubsub_topic=m.pubsub_topic, content_topic=content_topic, message_hash=m.message_hash,
-                timestamp=m.timestamp, digest=m.digest)
+    return dict(
+        pubsub_topic=m.pubsub_topic,
+        content_topic=content_topic,
+        message_hash=m.message_hash,
+        timestamp=m.timestamp,
+        digest=m.digest,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +39,11 @@ hashes = st.binary(min_size=1, max_size=1).map(lambda b: b * 32)
 rows_strategy = st.lists(
     st.builds(
         lambda ps, ct, h, ts, d: Gen(StoredMessage(h, ps, None, ts, d), ct),
-        st.sampled_from(PUBSUBS), st.sampled_from(CONTENTS), hashes,
-        st.integers(0, 6), hashes,
+        st.sampled_from(PUBSUBS),
+        st.sampled_from(CONTENTS),
+        hashes,
+        st.integers(0, 6),
+        hashes,
     ),
     max_size=40,
     # Digests unique too: two rows with one (timestamp, digest) are one
@@ -56,7 +64,8 @@ def queries(draw, rows):
         time_start=start,
         time_end=end,
         message_hashes=tuple(draw(st.lists(st.sampled_from(some_hashes), max_size=4, unique=True)))
-        if some_hashes and draw(st.booleans()) else (),
+        if some_hashes and draw(st.booleans())
+        else (),
         forward=draw(st.booleans()),
         limit=draw(st.integers(1, 5)),
         ordering=ordering,
@@ -134,14 +143,18 @@ def test_an_sql_translation_of_the_description_selects_the_same_rows(case):
     q = dataclasses.replace(q, ordering=Ordering.MESSAGE_HASH)
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE Message (pubsubTopic BLOB, contentTopic BLOB, messageHash BLOB, timestamp INTEGER)")
-    db.executemany("INSERT INTO Message VALUES (?, ?, ?, ?)", [
-        (g.message.pubsub_topic.encode(), g.content_topic.encode(), g.message.message_hash, g.message.timestamp)
-        for g in rows
-    ])
+    db.executemany(
+        "INSERT INTO Message VALUES (?, ?, ?, ?)",
+        [
+            (g.message.pubsub_topic.encode(), g.content_topic.encode(), g.message.message_hash, g.message.timestamp)
+            for g in rows
+        ],
+    )
     where, params = _filter_and_order(q, key, "?", _sqlite_value)
     got = [h for (h,) in db.execute("SELECT messageHash FROM Message" + where, params)]
-    expected = sorted((g.message for g in rows if reference(q, key, g)),
-                      key=sq.sort_key(q.ordering), reverse=not q.forward)
+    expected = sorted(
+        (g.message for g in rows if reference(q, key, g)), key=sq.sort_key(q.ordering), reverse=not q.forward
+    )
     assert got == [m.message_hash for m in expected]
 
 
@@ -151,8 +164,11 @@ def pages(rows, q):
     order = sq.sort_key(q.ordering)
     key, out = None, []
     for _ in range(len(rows) + 2):
-        found = sorted((g.message for g in rows if sq.matches(q, key, **row_fields(g.message, g.content_topic))),
-                       key=order, reverse=not q.forward)[: q.limit + 1]
+        found = sorted(
+            (g.message for g in rows if sq.matches(q, key, **row_fields(g.message, g.content_topic))),
+            key=order,
+            reverse=not q.forward,
+        )[: q.limit + 1]
         page = sq.finish_page(q, found)
         out.append(page)
         if page.next_cursor is None:

@@ -42,9 +42,7 @@ GOOD_CURSOR = Cursor(digest=b"\x11" * 32, receiver_time=100, sender_time=99, pub
 #     28 14                               start_time = zigzag(10)
 #     30 28                               end_time = zigzag(20)
 HAND_ASSEMBLED = bytes.fromhex(
-    "0a0171" "1242" "12022f70" "1a040a022f63"
-    "2232" "0805" "122c" "0a20" + "11" * 32 + "10c801" "18c601" "22022f70" "1801"
-    "2814" "3028"
+    "0a0171124212022f701a040a022f6322320805122c0a20" + "11" * 32 + "10c80118c60122022f70180128143028"
 )
 
 
@@ -60,8 +58,10 @@ def _paging(**fields):
 
 def _index(cursor: Cursor):
     return store_legacy_pb2.Index(
-        digest=cursor.digest, receiver_time=cursor.receiver_time,
-        sender_time=cursor.sender_time, pubsub_topic=cursor.pubsub_topic,
+        digest=cursor.digest,
+        receiver_time=cursor.receiver_time,
+        sender_time=cursor.sender_time,
+        pubsub_topic=cursor.pubsub_topic,
     )
 
 
@@ -100,8 +100,14 @@ def test_hand_assembled_request_decodes():
 
 def test_encode_request_writes_the_hand_assembled_bytes():
     raw = encode_request(
-        "q", pubsub_topic="/p", content_topics=["/c"], start_time=10, end_time=20,
-        cursor=GOOD_CURSOR, page_size=5, forward=True,
+        "q",
+        pubsub_topic="/p",
+        content_topics=["/c"],
+        start_time=10,
+        end_time=20,
+        cursor=GOOD_CURSOR,
+        page_size=5,
+        forward=True,
     )
     assert raw == HAND_ASSEMBLED
 
@@ -128,9 +134,7 @@ def test_page_size_defaults_to_20_and_clamps_to_100(size, expected):
 
 
 def test_content_topics_need_no_pubsub_topic():
-    _, query = decode_request(
-        _rpc(content_filters=[store_legacy_pb2.ContentFilter(content_topic=CONTENT)])
-    )
+    _, query = decode_request(_rpc(content_filters=[store_legacy_pb2.ContentFilter(content_topic=CONTENT)]))
     assert query.pubsub_topic is None and query.content_topics == (CONTENT,)
 
 
@@ -191,8 +195,11 @@ def _stored(n: int, *, timestamp: int | None = None) -> StoredMessage:
         payload=bytes([n]), content_topic=CONTENT, timestamp=1000 + n if timestamp is None else timestamp
     )
     return StoredMessage(
-        message_hash=bytes([n]) * 32, pubsub_topic=PUBSUB, message=message,
-        timestamp=message.timestamp or 5000 + n, digest=digest(message),
+        message_hash=bytes([n]) * 32,
+        pubsub_topic=PUBSUB,
+        message=message,
+        timestamp=message.timestamp or 5000 + n,
+        digest=digest(message),
     )
 
 
@@ -278,14 +285,25 @@ cursors = st.builds(
 
 
 @given(
-    st.text(max_size=10), st.none() | topics, st.lists(topics, max_size=10, unique=True),
-    st.none() | sint64, st.none() | sint64, st.none() | cursors, st.integers(0, 2**64 - 1),
+    st.text(max_size=10),
+    st.none() | topics,
+    st.lists(topics, max_size=10, unique=True),
+    st.none() | sint64,
+    st.none() | sint64,
+    st.none() | cursors,
+    st.integers(0, 2**64 - 1),
     st.booleans(),
 )
 def test_request_round_trip(request_id, pubsub, contents, start, end, cursor, page_size, forward):
     raw = encode_request(
-        request_id, pubsub_topic=pubsub, content_topics=contents, start_time=start, end_time=end,
-        cursor=cursor, page_size=page_size, forward=forward,
+        request_id,
+        pubsub_topic=pubsub,
+        content_topics=contents,
+        start_time=start,
+        end_time=end,
+        cursor=cursor,
+        page_size=page_size,
+        forward=forward,
     )
     got_id, query = decode_request(raw)
     assert got_id == request_id
@@ -303,13 +321,21 @@ def test_request_round_trip(request_id, pubsub, contents, start, end, cursor, pa
 
 
 messages = st.builds(
-    WakuMessage, payload=st.binary(max_size=20), content_topic=st.text(max_size=10),
-    timestamp=st.integers(1, 2**63 - 1), meta=st.binary(max_size=10),
+    WakuMessage,
+    payload=st.binary(max_size=20),
+    content_topic=st.text(max_size=10),
+    timestamp=st.integers(1, 2**63 - 1),
+    meta=st.binary(max_size=10),
 )
 
 
-@given(st.text(max_size=10), st.lists(messages, max_size=4), st.booleans(), st.booleans(),
-       st.sampled_from(list(HistoryError)))
+@given(
+    st.text(max_size=10),
+    st.lists(messages, max_size=4),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(list(HistoryError)),
+)
 def test_response_round_trip(request_id, msgs, more, forward, error):
     stored = [StoredMessage(b"\x01" * 32, PUBSUB, m, m.timestamp, digest(m)) for m in msgs]
     next_cursor = stored[-1] if stored and more else None
@@ -319,7 +345,8 @@ def test_response_round_trip(request_id, msgs, more, forward, error):
         error=error,
         messages=msgs,
         cursor=Cursor(next_cursor.digest, next_cursor.timestamp, next_cursor.timestamp, PUBSUB)
-        if next_cursor else None,
+        if next_cursor
+        else None,
         page_size=len(msgs),
         forward=forward,
     )

@@ -31,9 +31,7 @@ HASH = bytes(range(32))
 #   9a 03 20 11*32       pagination_cursor (51)
 #   a0 03 01             pagination_forward (52) = true
 #   a8 03 05             pagination_limit (53) = 5
-HAND_ASSEMBLED = bytes.fromhex(
-    "0a0171" "1001" "52022f70" "5a022f63" "6014" "6828" "9a0320" + "11" * 32 + "a00301" "a80305"
-)
+HAND_ASSEMBLED = bytes.fromhex("0a0171100152022f705a022f63601468289a0320" + "11" * 32 + "a00301a80305")
 HAND_ASSEMBLED_QUERY = HistoryQuery(
     pubsub_topic="/p",
     content_topics=("/c",),
@@ -182,9 +180,7 @@ def test_ok_response_says_ok():
 def test_response_entries_carry_data_and_the_next_cursor():
     page = Page(messages=[_stored(1), _stored(2)], next_cursor=_stored(2))
     response = decode_response(encode_response("r", page))
-    assert response.messages == [
-        ResponseEntry(s.message_hash, PUBSUB, s.message) for s in (_stored(1), _stored(2))
-    ]
+    assert response.messages == [ResponseEntry(s.message_hash, PUBSUB, s.message) for s in (_stored(1), _stored(2))]
     assert response.cursor == _stored(2).message_hash
 
 
@@ -244,17 +240,23 @@ def valid_queries(draw):
         return HistoryQuery(
             pubsub_topic=draw(st.none() | topics),
             message_hashes=tuple(draw(st.lists(hashes, min_size=1, max_size=5, unique=True))),
-            cursor=cursor, forward=forward, limit=limit, include_data=include_data,
+            cursor=cursor,
+            forward=forward,
+            limit=limit,
+            include_data=include_data,
         )
     has_filter = draw(st.booleans())
     start = draw(st.none() | st.integers(-(2**63), 2**63 - 1))
     end = draw(st.none() | st.integers(start if start is not None else -(2**63), 2**63 - 1))
     return HistoryQuery(
         pubsub_topic=draw(topics) if has_filter else None,
-        content_topics=tuple(draw(st.lists(topics, min_size=1, max_size=10, unique=True)))
-        if has_filter else (),
-        time_start=start, time_end=end,
-        cursor=cursor, forward=forward, limit=limit, include_data=include_data,
+        content_topics=tuple(draw(st.lists(topics, min_size=1, max_size=10, unique=True))) if has_filter else (),
+        time_start=start,
+        time_end=end,
+        cursor=cursor,
+        forward=forward,
+        limit=limit,
+        include_data=include_data,
     )
 
 
@@ -269,10 +271,16 @@ def pages(draw):
         StoredMessage(
             message_hash=draw(hashes),
             pubsub_topic=draw(topics),
-            message=draw(st.none() | st.builds(
-                WakuMessage, payload=st.binary(max_size=20), content_topic=st.text(max_size=10),
-                timestamp=st.integers(-(2**63), 2**63 - 1), meta=st.binary(max_size=10),
-            )),
+            message=draw(
+                st.none()
+                | st.builds(
+                    WakuMessage,
+                    payload=st.binary(max_size=20),
+                    content_topic=st.text(max_size=10),
+                    timestamp=st.integers(-(2**63), 2**63 - 1),
+                    meta=st.binary(max_size=10),
+                )
+            ),
             timestamp=0,
         )
         for _ in range(draw(st.integers(0, 4)))
@@ -289,8 +297,7 @@ def test_response_round_trip(request_id, page, status_code, status_desc):
         status_code=status_code,
         status_desc=status_desc,
         messages=[
-            ResponseEntry(s.message_hash, s.pubsub_topic if s.message else None, s.message)
-            for s in page.messages
+            ResponseEntry(s.message_hash, s.pubsub_topic if s.message else None, s.message) for s in page.messages
         ],
         cursor=page.next_cursor.message_hash if page.next_cursor else None,
     )

@@ -35,18 +35,26 @@ def test_spec_delta_encoding_table():
     # waku-org/specs sync.md, "Delta encoding for sequential SyncIDs": times
     # 1000, 1002, 1002 (hash 0x3560...), 1003 encode as 1000, 2, 0 + 023560, 1.
     hash_3560 = bytes([0x35, 0x60]) + bytes(30)
-    payload = RangesData(lower=(1000, Z), ranges=(
-        Range((1002, Z), RangeType.SKIP),
-        Range((1002, hash_3560), RangeType.SKIP),
-        Range((1003, Z), RangeType.FINGERPRINT, fingerprint=h(7)),
-    ))
+    payload = RangesData(
+        lower=(1000, Z),
+        ranges=(
+            Range((1002, Z), RangeType.SKIP),
+            Range((1002, hash_3560), RangeType.SKIP),
+            Range((1003, Z), RangeType.FINGERPRINT, fingerprint=h(7)),
+        ),
+    )
     raw = sync.encode_payload(payload)
     assert raw == (
-        b"\x00\x00"            # no pubsub topics, no content topics
-        + b"\xe8\x07"          # 1000, LEB128
-        + b"\x02" + b"\x00"    # +2, skip
-        + b"\x00" + b"\x02\x35\x60" + b"\x00"  # +0, 2 hash bytes, skip
-        + b"\x01" + b"\x01" + h(7)  # +1, fingerprint
+        b"\x00\x00"  # no pubsub topics, no content topics
+        + b"\xe8\x07"  # 1000, LEB128
+        + b"\x02"
+        + b"\x00"  # +2, skip
+        + b"\x00"
+        + b"\x02\x35\x60"
+        + b"\x00"  # +0, 2 hash bytes, skip
+        + b"\x01"
+        + b"\x01"
+        + h(7)  # +1, fingerprint
     )
     assert sync.decode_payload(raw) == payload
 
@@ -58,8 +66,9 @@ def test_nwaku_layout_of_a_first_payload():
     lower, upper = 1_700_000_000_000_000_000, 1_700_003_600_000_000_000
     payload = RangesData((TOPIC,), (), (lower, Z), (Range((upper, Z), RangeType.FINGERPRINT, fingerprint=h(0xAB)),))
     raw = sync.encode_payload(payload)
-    expected = bytes([1, len(TOPIC)]) + TOPIC.encode() + b"\x00" + _leb128(lower) + _leb128(upper - lower) \
-        + b"\x01" + h(0xAB)
+    expected = (
+        bytes([1, len(TOPIC)]) + TOPIC.encode() + b"\x00" + _leb128(lower) + _leb128(upper - lower) + b"\x01" + h(0xAB)
+    )
     assert raw == expected
     assert sync.decode_payload(raw) == payload
 
@@ -69,8 +78,21 @@ def test_item_set_layout():
     items = ((5000, h(1)), (5000, h(2)), (5300, h(3)))
     payload = RangesData(lower=(4000, Z), ranges=(Range((6000, Z), RangeType.ITEM_SET, items=items, reconciled=True),))
     raw = sync.encode_payload(payload)
-    assert raw == b"\x00\x00" + _leb128(4000) + _leb128(2000) + b"\x02" + b"\x03" \
-        + _leb128(5000) + h(1) + b"\x00" + h(2) + _leb128(300) + h(3) + b"\x01"
+    assert (
+        raw
+        == b"\x00\x00"
+        + _leb128(4000)
+        + _leb128(2000)
+        + b"\x02"
+        + b"\x03"
+        + _leb128(5000)
+        + h(1)
+        + b"\x00"
+        + h(2)
+        + _leb128(300)
+        + h(3)
+        + b"\x01"
+    )
     assert sync.decode_payload(raw) == payload
 
 
@@ -152,19 +174,22 @@ def test_mutated_payloads_raise_only_sync_error(payload, data):
         pass
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"\x01", "ends early"),                                      # not the empty payload, one topic promised
-    (b"\x00\x00\x05", "header but no range"),
-    (b"\x00\x00\x05\x01\x07", "unknown range type"),
-    (b"\x00\x00\x05\x00\x00", "prefix length"),                   # +0 with an empty prefix
-    (b"\x00\x00\x05\x80\x00\x00", "minimally"),                   # overlong varint
-    (b"\x00\x00" + b"\xff" * 11, "longer than"),
-    (b"\x00\x00\x05\x01\x02\x01\x09" + h(1) + b"\x00", "outside its range"),  # item at 9 in [5, 6)
-    (b"\x00\x00\x05\x05\x02\x00\x02", "reconciled flag"),
-    (b"\x00\x00\x05\x05\x02\x05", "longer than the payload"),   # 5 items promised
-    (b"\x00\x00\x05\x05\x01" + b"\x00" * 10, "ends early"),       # short fingerprint
-    (b"\x01\x02\xff\xfe\x00\x05\x05\x00", "UTF-8"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\x01", "ends early"),  # not the empty payload, one topic promised
+        (b"\x00\x00\x05", "header but no range"),
+        (b"\x00\x00\x05\x01\x07", "unknown range type"),
+        (b"\x00\x00\x05\x00\x00", "prefix length"),  # +0 with an empty prefix
+        (b"\x00\x00\x05\x80\x00\x00", "minimally"),  # overlong varint
+        (b"\x00\x00" + b"\xff" * 11, "longer than"),
+        (b"\x00\x00\x05\x01\x02\x01\x09" + h(1) + b"\x00", "outside its range"),  # item at 9 in [5, 6)
+        (b"\x00\x00\x05\x05\x02\x00\x02", "reconciled flag"),
+        (b"\x00\x00\x05\x05\x02\x05", "longer than the payload"),  # 5 items promised
+        (b"\x00\x00\x05\x05\x01" + b"\x00" * 10, "ends early"),  # short fingerprint
+        (b"\x01\x02\xff\xfe\x00\x05\x05\x00", "UTF-8"),
+    ],
+)
 def test_bad_payloads_raise_sync_error(raw, reason):
     with pytest.raises(SyncError, match=reason):
         sync.decode_payload(raw)
@@ -305,8 +330,14 @@ def test_lying_fingerprints_end_within_the_round_limit():
             reply = sync.decode_payload(ours.answer(payload))
             assert len(reply.ranges) <= limits.partition_count * len(payload.ranges)
             # The liar answers every range with a fingerprint that matches nothing.
-            raw = sync.encode_payload(RangesData(lower=reply.lower, ranges=tuple(
-                Range(r.upper, RangeType.FINGERPRINT, fingerprint=rng.randbytes(32)) for r in reply.ranges)))
+            raw = sync.encode_payload(
+                RangesData(
+                    lower=reply.lower,
+                    ranges=tuple(
+                        Range(r.upper, RangeType.FINGERPRINT, fingerprint=rng.randbytes(32)) for r in reply.ranges
+                    ),
+                )
+            )
     assert ours.rounds == 13
 
 

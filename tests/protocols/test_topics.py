@@ -76,11 +76,16 @@ def test_malformed_shard_topics_are_rejected(bad):
 @pytest.mark.parametrize(
     ("index", "usage"),
     [
-        (0, topics.ShardUsage.RESERVED), (15, topics.ShardUsage.RESERVED),
-        (16, topics.ShardUsage.LARGE_COMMUNITIES), (127, topics.ShardUsage.LARGE_COMMUNITIES),
-        (128, topics.ShardUsage.COMMUNITIES), (767, topics.ShardUsage.COMMUNITIES),
-        (768, topics.ShardUsage.ONE_TO_ONE), (895, topics.ShardUsage.ONE_TO_ONE),
-        (896, topics.ShardUsage.MEDIA_AND_CONTROL), (1023, topics.ShardUsage.MEDIA_AND_CONTROL),
+        (0, topics.ShardUsage.RESERVED),
+        (15, topics.ShardUsage.RESERVED),
+        (16, topics.ShardUsage.LARGE_COMMUNITIES),
+        (127, topics.ShardUsage.LARGE_COMMUNITIES),
+        (128, topics.ShardUsage.COMMUNITIES),
+        (767, topics.ShardUsage.COMMUNITIES),
+        (768, topics.ShardUsage.ONE_TO_ONE),
+        (895, topics.ShardUsage.ONE_TO_ONE),
+        (896, topics.ShardUsage.MEDIA_AND_CONTROL),
+        (1023, topics.ShardUsage.MEDIA_AND_CONTROL),
     ],
 )
 def test_shard_allocation_ranges(index, usage):

@@ -54,19 +54,18 @@ envelopes = st.builds(
     data=st.binary(max_size=300),
     nonce=st.integers(0, MAX_UINT64),
 )
-rlp_structures = st.recursive(
-    st.binary(max_size=70), lambda children: st.lists(children, max_size=8), max_leaves=30
-)
+rlp_structures = st.recursive(st.binary(max_size=70), lambda children: st.lists(children, max_size=8), max_leaves=30)
 topics = st.binary(min_size=TOPIC_SIZE, max_size=TOPIC_SIZE)
 
 
 # --- envelopes -----------------------------------------------------------------
 
+
 def test_envelope_encodes_as_hand_built_rlp():
     envelope = Envelope(expiry=0, ttl=1, topic=bytes(4), data=bytes.fromhex("deadbeef"), nonce=100000)
     # list header 0xd0 (16 bytes); expiry 0 -> 0x80; ttl 1 -> 0x01;
     # topic -> 0x84 + 4 bytes; data -> 0x84 + 4 bytes; nonce 0x0186a0 -> 0x83 + 3 bytes.
-    expected = bytes.fromhex("d0" "80" "01" "8400000000" "84deadbeef" "830186a0")
+    expected = bytes.fromhex("d08001840000000084deadbeef830186a0")
     assert envelope.encode() == expected
     assert Envelope.decode(expected) == envelope
 
@@ -74,7 +73,7 @@ def test_envelope_encodes_as_hand_built_rlp():
 def test_envelope_with_long_data_uses_long_headers():
     data = bytes(range(60))
     envelope = Envelope(expiry=0x5F5E1000, ttl=50, topic=b"\x01\x02\x03\x04", data=data, nonce=7)
-    body = bytes.fromhex("845f5e1000" "32" "8401020304") + b"\xb8\x3c" + data + b"\x07"
+    body = bytes.fromhex("845f5e1000328401020304") + b"\xb8\x3c" + data + b"\x07"
     assert envelope.encode() == b"\xf8" + bytes([len(body)]) + body
 
 
@@ -96,9 +95,7 @@ def test_envelope_round_trips(envelope):
     raw = envelope.encode()
     assert Envelope.decode(raw) == envelope
     fields = rlp.decode(raw)
-    assert [int.from_bytes(fields[i], "big") for i in (0, 1, 4)] == [
-        envelope.expiry, envelope.ttl, envelope.nonce
-    ]
+    assert [int.from_bytes(fields[i], "big") for i in (0, 1, 4)] == [envelope.expiry, envelope.ttl, envelope.nonce]
     assert fields[2:4] == [envelope.topic, envelope.data]
 
 
@@ -146,8 +143,11 @@ def _with_field(index: int, value_hex: str) -> bytes:
         pytest.param(_with_field(4, "89010000000000000000"), "too long", id="nonce wider than uint64"),
         pytest.param(_with_field(3, "b804deadbeef"), "Long string prefix", id="long header, short data"),
         pytest.param(_with_field(0, "c0"), "nested", id="list where an integer belongs"),
-        pytest.param(_rlp_list("80", "01", "84000000", "84deadbeef"), "larger than containing list",
-                     id="element overruns its list"),
+        pytest.param(
+            _rlp_list("80", "01", "84000000", "84deadbeef"),
+            "larger than containing list",
+            id="element overruns its list",
+        ),
         pytest.param(bytes.fromhex("8401020304"), "expected input list", id="a string"),
         pytest.param(b"", "empty", id="empty"),
         pytest.param(b"\xc0", "too few elements", id="empty list"),
@@ -186,8 +186,13 @@ def test_item_count_is_bounded():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"expiry": -1}, {"expiry": MAX_UINT32 + 1}, {"ttl": MAX_UINT32 + 1},
-        {"nonce": MAX_UINT64 + 1}, {"topic": b"abc"}, {"topic": "abcd"}, {"data": "text"},
+        {"expiry": -1},
+        {"expiry": MAX_UINT32 + 1},
+        {"ttl": MAX_UINT32 + 1},
+        {"nonce": MAX_UINT64 + 1},
+        {"topic": b"abc"},
+        {"topic": "abcd"},
+        {"data": "text"},
         {"expiry": True},
     ],
 )
@@ -214,6 +219,7 @@ def test_envelope_list_rejects_a_bad_member():
 
 
 # --- proof of work ---------------------------------------------------------------
+
 
 # Vectors from status-go waku/common/envelope_test.go
 # (TestPoWCalculationsWithNoLeadingZeros / With8LeadingZeros).
@@ -251,6 +257,7 @@ def test_seal_gives_up_after_max_iterations():
 
 
 # --- bloom filters -----------------------------------------------------------------
+
 
 def _bloom_with_bits(*bits):
     bloom = bytearray(BLOOM_SIZE)
@@ -294,6 +301,7 @@ def test_bloom_matching_is_subset_inclusion():
 
 
 # --- symmetric payloads ----------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def _password_key():
@@ -409,6 +417,7 @@ def test_wrong_key_garbage_and_tampering_are_rejected():
 
 # --- every decoder fails only with WakuV1Error -----------------------------------
 
+
 def _decoders():
     return [
         Envelope.decode,
@@ -444,8 +453,9 @@ def test_envelope_checks_follow_status_go():
     too_far = Envelope(expiry=now + 61, ttl=50, topic=TOPIC, data=b"x")
     assert envelope_problem(too_far, now, minimum_pow=0.0, max_size=1024) == "envelope from future"
     assert envelope_problem(Envelope(now - 1, 50, TOPIC, b"x"), now, minimum_pow=0, max_size=1024) == "expired"
-    assert envelope_problem(Envelope(now - 21, 50, TOPIC, b"x"), now, minimum_pow=0,
-                            max_size=1024) == "very old envelope"
+    assert (
+        envelope_problem(Envelope(now - 21, 50, TOPIC, b"x"), now, minimum_pow=0, max_size=1024) == "very old envelope"
+    )
     big = Envelope(expiry=now + 40, ttl=50, topic=TOPIC, data=bytes(1005))
     assert envelope_problem(big, now, minimum_pow=0.0, max_size=1024).startswith("huge messages")
     assert envelope_problem(fresh, now, minimum_pow=1e9, max_size=1024) == "envelope with low PoW"

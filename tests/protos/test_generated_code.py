@@ -90,9 +90,10 @@ def test_every_proto_has_importable_modules():
 def test_generated_modules_import_each_other_by_package_path():
     text = (PROTO_DIR / "store_v3_pb2.py").read_text()
     assert "from wakustore.protos import waku_message_pb2" in text
-    assert store_v3_pb2.WakuMessageKeyValue.DESCRIPTOR.fields_by_name[
-        "message"
-    ].message_type is waku_message_pb2.WakuMessage.DESCRIPTOR
+    assert (
+        store_v3_pb2.WakuMessageKeyValue.DESCRIPTOR.fields_by_name["message"].message_type
+        is waku_message_pb2.WakuMessage.DESCRIPTOR
+    )
 
 
 def test_generation_is_deterministic(tmp_path):
@@ -146,11 +147,9 @@ def test_check_reports_changed_missing_and_extra(proto_copy, capsys):
 
 
 def test_waku_message_wire_bytes():
-    message = waku_message_pb2.WakuMessage(
-        payload=b"\x01\x02", content_topic="/t", version=1, timestamp=1
-    )
+    message = waku_message_pb2.WakuMessage(payload=b"\x01\x02", content_topic="/t", version=1, timestamp=1)
     # 0a 02 0102 | 12 02 "/t" | 18 01 | 50 02 (field 10 varint, zigzag(1) = 2)
-    assert message.SerializeToString() == bytes.fromhex("0a0201021202" "2f74" "1801" "5002")
+    assert message.SerializeToString() == bytes.fromhex("0a02010212022f7418015002")
     roundtrip(message)
 
 
@@ -162,21 +161,19 @@ def test_waku_message_timestamp_is_zigzag_sint64_field_10():
     # (doubled) = 0x2eaf137f447f0800, as a base-128 varint.
     ts = 0x175789BFA23F8400
     data = waku_message_pb2.WakuMessage(timestamp=ts).SerializeToString()
-    assert data == bytes.fromhex("50" "8090fca3f4efc4d72e")
+    assert data == bytes.fromhex("508090fca3f4efc4d72e")
     assert waku_message_pb2.WakuMessage.FromString(data).timestamp == ts
 
 
 def test_waku_message_high_fields_and_presence():
-    message = waku_message_pb2.WakuMessage(
-        meta=b"\xaa", rate_limit_proof=b"\xbb", ephemeral=True
-    )
+    message = waku_message_pb2.WakuMessage(meta=b"\xaa", rate_limit_proof=b"\xbb", ephemeral=True)
     # meta: field 11 bytes -> 5a; proof: field 21 -> aa 01; ephemeral: field 31 varint -> f8 01
-    assert message.SerializeToString() == bytes.fromhex("5a01aa" "aa0101bb" "f80101")
+    assert message.SerializeToString() == bytes.fromhex("5a01aaaa0101bbf80101")
     roundtrip(message)
 
     # An empty payload is still written when set: nwaku requires field 1.
     empty = waku_message_pb2.WakuMessage(payload=b"", content_topic="x")
-    assert empty.SerializeToString() == bytes.fromhex("0a00" "120178")
+    assert empty.SerializeToString() == bytes.fromhex("0a00120178")
     assert empty.HasField("payload")
     assert not waku_message_pb2.WakuMessage().HasField("payload")
     assert waku_message_pb2.WakuMessage().SerializeToString() == b""
@@ -186,7 +183,7 @@ def test_waku_message_high_fields_and_presence():
 def test_waku_message_as_nwaku_writes_it_reencodes_identically():
     # nwaku writes every field, defaults included (empty payload, version 0,
     # timestamp 0, empty meta, empty proof, ephemeral false).
-    raw = bytes.fromhex("0a00" "120163" "1800" "5000" "5a00" "aa0100" "f80100")
+    raw = bytes.fromhex("0a00120163180050005a00aa0100f80100")
     message = waku_message_pb2.WakuMessage.FromString(raw)
     assert message.content_topic == "c" and message.payload == b""
     assert message.SerializeToString() == raw
@@ -237,12 +234,10 @@ def test_store_query_response_wire_bytes():
         message=waku_message_pb2.WakuMessage(payload=b"", content_topic="c"),
         pubsub_topic="p",
     )
-    response = store_v3_pb2.StoreQueryResponse(
-        request_id="r", status_code=200, status_desc="", messages=[entry]
-    )
+    response = store_v3_pb2.StoreQueryResponse(request_id="r", status_code=200, status_desc="", messages=[entry])
     data = response.SerializeToString()
     # status 200 -> 50 c801; an empty status_desc is still written (nwaku needs it).
-    assert data.startswith(bytes.fromhex("0a0172" "50c801" "5a00" "a201"))
+    assert data.startswith(bytes.fromhex("0a017250c8015a00a201"))
     decoded = roundtrip(response)
     assert decoded.HasField("status_desc")
     assert not decoded.HasField("pagination_cursor")
@@ -265,11 +260,9 @@ def test_history_response_writes_error_none():
 
 
 def test_history_rpc_roundtrip_and_bytes():
-    cursor = store_legacy_pb2.Index(
-        digest=b"\x22" * 32, receiver_time=0, sender_time=-1, pubsub_topic="p"
-    )
+    cursor = store_legacy_pb2.Index(digest=b"\x22" * 32, receiver_time=0, sender_time=-1, pubsub_topic="p")
     # Zero receiver_time is still written: nwaku requires all four fields.
-    assert cursor.SerializeToString()[34:] == bytes.fromhex("1000" "1801" "220170")
+    assert cursor.SerializeToString()[34:] == bytes.fromhex("10001801220170")
     query = store_legacy_pb2.HistoryQuery(
         pubsub_topic="p",
         content_filters=[store_legacy_pb2.ContentFilter(content_topic="c")],
@@ -282,8 +275,8 @@ def test_history_rpc_roundtrip_and_bytes():
         end_time=2,
     )
     data = query.SerializeToString()
-    assert data.startswith(bytes.fromhex("120170" "1a030a0163" "22"))
-    assert data.endswith(bytes.fromhex("2802" "3004"))  # 5, 6: sint64 zigzag
+    assert data.startswith(bytes.fromhex("1201701a030a016322"))
+    assert data.endswith(bytes.fromhex("28023004"))  # 5, 6: sint64 zigzag
     # Direction BACKWARD (0) is written because it was set.
     assert query.paging_info.SerializeToString().endswith(bytes.fromhex("1800"))
     rpc = store_legacy_pb2.HistoryRPC(
@@ -305,14 +298,14 @@ def test_history_rpc_roundtrip_and_bytes():
 def test_lightpush_legacy_bytes_and_roundtrip():
     assert lightpush_legacy_pb2.PushResponse(is_success=False).SerializeToString() == bytes.fromhex("0800")
     response = lightpush_legacy_pb2.PushResponse(is_success=True, info="ok")
-    assert response.SerializeToString() == bytes.fromhex("0801" "12026f6b")
+    assert response.SerializeToString() == bytes.fromhex("080112026f6b")
     rpc = lightpush_legacy_pb2.PushRPC(
         request_id="a",
         request=lightpush_legacy_pb2.PushRequest(
             pubsub_topic="p", message=waku_message_pb2.WakuMessage(payload=b"", content_topic="c")
         ),
     )
-    assert rpc.SerializeToString() == bytes.fromhex("0a0161" "120a" "0a0170" "1205" "0a00" "120163")
+    assert rpc.SerializeToString() == bytes.fromhex("0a0161120a0a017012050a00120163")
     roundtrip(rpc)
     roundtrip(lightpush_legacy_pb2.PushRPC(request_id="a", response=response))
 
@@ -324,14 +317,12 @@ def test_lightpush_v3_bytes_and_roundtrip():
         message=waku_message_pb2.WakuMessage(payload=b"", content_topic="c"),
     )
     # 20: tag 162 (a2 01); 21: tag 170 (aa 01)
-    assert request.SerializeToString() == bytes.fromhex("0a0161" "a2010170" "aa0105" "0a00120163")
+    assert request.SerializeToString() == bytes.fromhex("0a0161a2010170aa01050a00120163")
     roundtrip(request)
     assert not lightpush_v3_pb2.LightpushRequest(request_id="a").HasField("pubsub_topic")
 
-    response = lightpush_v3_pb2.LightpushResponse(
-        request_id="a", status_code=200, status_desc="", relay_peer_count=0
-    )
-    assert response.SerializeToString() == bytes.fromhex("0a0161" "50c801" "5a00" "6000")
+    response = lightpush_v3_pb2.LightpushResponse(request_id="a", status_code=200, status_desc="", relay_peer_count=0)
+    assert response.SerializeToString() == bytes.fromhex("0a016150c8015a006000")
     roundtrip(response)
 
 
@@ -341,12 +332,11 @@ def test_lightpush_v3_bytes_and_roundtrip():
 
 def test_metadata_shards_written_unpacked_at_2_and_packed_at_3():
     shards = [32, 300]
-    request = waku_metadata_pb2.WakuMetadataRequest(
-        cluster_id=16, shards=shards, packed_shards=shards
-    )
+    request = waku_metadata_pb2.WakuMetadataRequest(cluster_id=16, shards=shards, packed_shards=shards)
     assert request.SerializeToString() == bytes.fromhex(
         "0810"  # 1: cluster_id 16
-        "1020" "10ac02"  # 2: one varint per shard (js-waku / nwaku "deprecated")
+        "1020"
+        "10ac02"  # 2: one varint per shard (js-waku / nwaku "deprecated")
         "1a0320ac02"  # 3: packed (nwaku >= March 2024, go-waku)
     )
     roundtrip(request)
@@ -358,10 +348,10 @@ def test_metadata_shards_written_unpacked_at_2_and_packed_at_3():
 
 def test_metadata_reads_every_deployed_shard_encoding():
     decode = waku_metadata_pb2.WakuMetadataResponse.FromString
-    js_waku = bytes.fromhex("0801" "1020" "1021")  # unpacked field 2
-    nwaku = bytes.fromhex("0810" "1020" "1a0120")  # field 2 unpacked + field 3 packed
-    go_waku = bytes.fromhex("0810" "1a022021")  # field 3 packed only
-    packed_2 = bytes.fromhex("0810" "12022021")  # field 2 packed (spec proto3 default)
+    js_waku = bytes.fromhex("080110201021")  # unpacked field 2
+    nwaku = bytes.fromhex("081010201a0120")  # field 2 unpacked + field 3 packed
+    go_waku = bytes.fromhex("08101a022021")  # field 3 packed only
+    packed_2 = bytes.fromhex("081012022021")  # field 2 packed (spec proto3 default)
     assert list(decode(js_waku).shards) == [32, 33]
     assert list(decode(js_waku).packed_shards) == []
     assert list(decode(nwaku).shards) == [32] and list(decode(nwaku).packed_shards) == [32]
@@ -429,9 +419,11 @@ def test_community_description_roundtrip():
 
 
 def test_community_description_field_numbers():
-    assert community_description_pb2.CommunityDescription(relay_shard_index=64).SerializeToString() == bytes.fromhex("7840")
+    assert community_description_pb2.CommunityDescription(relay_shard_index=64).SerializeToString() == bytes.fromhex(
+        "7840"
+    )
     assert community_description_pb2.CommunityDescription(clock=1, tags=["t"]).SerializeToString() == bytes.fromhex(
-        "0801" "720174"
+        "0801720174"
     )
     admin = community_description_pb2.CommunityDescription(
         admin_settings=community_description_pb2.CommunityAdminSettings(pin_message_all_members_enabled=True)
@@ -441,19 +433,21 @@ def test_community_description_field_numbers():
     assert identity.SerializeToString() == bytes.fromhex("2a020802")
     roles = community_description_pb2.CommunityMember(roles=[1, 4])
     assert roles.SerializeToString() == bytes.fromhex("0a020104")  # proto3 packs repeated enums
-    assert community_description_pb2.CommunityMember.ROLE_ALL == community_description_pb2.CommunityMember.ROLE_OWNER == 1
+    assert (
+        community_description_pb2.CommunityMember.ROLE_ALL == community_description_pb2.CommunityMember.ROLE_OWNER == 1
+    )
     assert community_description_pb2.CommunityPermissions.NO_MEMBERSHIP == 1
     assert community_description_pb2.CommunityPermissions.MANUAL_ACCEPT == 3
     # 100: tag 802 = a2 06; map entry {1: "k", 2: b"v"}
     private = community_description_pb2.CommunityDescription(private_data={"k": b"v"})
-    assert private.SerializeToString() == bytes.fromhex("a20606" "0a016b" "120176")
+    assert private.SerializeToString() == bytes.fromhex("a206060a016b120176")
 
 
 def test_status_go_token_permissions_at_15_survive_as_unknown_field():
     # status-go's field 15 is map<string, CommunityTokenPermission>: a
     # length-delimited entry {key "x"}. It must neither break parsing nor be
     # read as relay_shard_index, and re-encoding keeps it.
-    raw = bytes.fromhex("0801" "7a03" "0a0178")
+    raw = bytes.fromhex("08017a030a0178")
     description = community_description_pb2.CommunityDescription.FromString(raw)
     assert description.clock == 1
     assert description.relay_shard_index == 0
@@ -471,7 +465,7 @@ def test_application_metadata_message():
     )
     data = wrapper.SerializeToString()
     assert data[:2] == bytes.fromhex("0a41")
-    assert data[67:] == bytes.fromhex("12020801" "182b")
+    assert data[67:] == bytes.fromhex("12020801182b")
     roundtrip(wrapper)
     # An unnamed type number is kept (open enum).
     other = application_metadata_pb2.ApplicationMetadataMessage.FromString(bytes.fromhex("185a"))
@@ -481,7 +475,7 @@ def test_application_metadata_message():
 
 def test_archive_magnetlink():
     link = archive_magnetlink_pb2.CommunityMessageArchiveMagnetlink(clock=300, magnet_uri="magnet:?xt=x")
-    assert link.SerializeToString() == bytes.fromhex("08ac02" "120c") + b"magnet:?xt=x"
+    assert link.SerializeToString() == bytes.fromhex("08ac02120c") + b"magnet:?xt=x"
     roundtrip(link)
 
 
@@ -506,15 +500,13 @@ def test_status_go_archive_layout():
     )
     tail = message.SerializeToString()[67:]
     assert tail.startswith(bytes.fromhex("10"))  # 2: timestamp varint
-    assert bytes.fromhex("1a04deadbeef" "220170" "2a0100") in tail
+    assert bytes.fromhex("1a04deadbeef2201702a0100") in tail
     assert tail.endswith(bytes.fromhex("3a0174"))  # 7: thirdPartyId
     archive = archive_status_go_pb2.WakuMessageArchive(metadata=metadata, messages=[message])
     roundtrip(archive)
-    entry = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
-        metadata=metadata, offset=0, size=102400, padding=100
-    )
+    entry = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(metadata=metadata, offset=0, size=102400, padding=100)
     # 4: size 102400 = varint 80 a0 06; 5: padding 100; offset 0 is not written
-    assert entry.SerializeToString().endswith(bytes.fromhex("2080a006" "2864"))
+    assert entry.SerializeToString().endswith(bytes.fromhex("2080a0062864"))
     index = archive_status_go_pb2.WakuMessageArchiveIndex(archives={"0x" + "ab" * 32: entry})
     roundtrip(index)
 
@@ -533,7 +525,7 @@ def test_spec_archive_layout():
     assert data.endswith(bytes.fromhex("2205") + b"\x00" * 5)  # 4: padding inside the protobuf
     roundtrip(archive)
     entry = archive_spec_pb2.WakuMessageArchiveIndexMetadata(metadata=metadata, offset=1, num_pieces=2)
-    assert entry.SerializeToString().endswith(bytes.fromhex("1801" "2002"))
+    assert entry.SerializeToString().endswith(bytes.fromhex("18012002"))
     roundtrip(archive_spec_pb2.WakuMessageArchiveIndex(archives={"k": entry}))
 
 

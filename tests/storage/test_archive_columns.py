@@ -38,20 +38,40 @@ def _payload(kind: str, body: bytes, topic: str, sender: bytes) -> bytes:
     if kind == "extra flag":  # a flag bit status-go never sets
         return _sealed_raw(key, bytes([0x01 | 0x10, len(body) & 0xFF]) + body)
     if kind == "long size field":  # size in two bytes where one would do
-        return _sealed_raw(key, bytes([0x02, len(body) & 0x7F, 0]) + body[:len(body) & 0x7F])
+        return _sealed_raw(key, bytes([0x02, len(body) & 0x7F, 0]) + body[: len(body) & 0x7F])
     if kind == "size past the end":
         return _sealed_raw(key, bytes([0x01, 200]) + body[:10])
     if kind == "bad signature":  # signed flag, a signature that recovers no key
-        return _sealed_raw(key, bytes([0x01 | waku_v1.FLAG_SIGNED, len(body) & 0xFF]) + body[:len(body) & 0xFF] + bytes(65))
+        return _sealed_raw(
+            key, bytes([0x01 | waku_v1.FLAG_SIGNED, len(body) & 0xFF]) + body[: len(body) & 0xFF] + bytes(65)
+        )
     return body  # opaque bytes
 
 
 rows = st.tuples(
-    st.sampled_from(["signed", "signed", "unsigned", "other key", "extra flag", "long size field",
-                     "size past the end", "bad signature", "opaque"]),
-    st.binary(max_size=400), st.sampled_from(TOPICS), st.sampled_from(PUBSUBS), st.sampled_from(SENDERS),
-    st.sampled_from([0, 1, 1, 1, 2]), st.one_of(st.just(0), st.integers(1, 2**62)), st.integers(0, 2**62),
-    st.binary(max_size=40), st.binary(max_size=20), st.sampled_from(["none", "known", "empty"]),
+    st.sampled_from(
+        [
+            "signed",
+            "signed",
+            "unsigned",
+            "other key",
+            "extra flag",
+            "long size field",
+            "size past the end",
+            "bad signature",
+            "opaque",
+        ]
+    ),
+    st.binary(max_size=400),
+    st.sampled_from(TOPICS),
+    st.sampled_from(PUBSUBS),
+    st.sampled_from(SENDERS),
+    st.sampled_from([0, 1, 1, 1, 2]),
+    st.one_of(st.just(0), st.integers(1, 2**62)),
+    st.integers(0, 2**62),
+    st.binary(max_size=40),
+    st.binary(max_size=20),
+    st.sampled_from(["none", "known", "empty"]),
 )
 
 
@@ -65,12 +85,22 @@ def test_a_batch_encodes_as_its_records_one_by_one(batch, with_signers):
         message = WakuMessage(payload, topic, version=version, timestamp=stamp, meta=meta, rate_limit_proof=proof)
         columns.append([pubsub, topic, payload, meta, version, stamp, proof, arrival, message_hash(pubsub, message)])
         uncompressed = PrivateKey(sender).public_key.format(compressed=False)
-        known.append({"none": None, "known": uncompressed, "empty": b""}[signer]
-                     if kind == "signed" and topic in KEYS else None)
+        known.append(
+            {"none": None, "known": uncompressed, "empty": b""}[signer] if kind == "signed" and topic in KEYS else None
+        )
     signers = known if with_signers else None
     expected = encoder.encode_framed(*(zip(*columns) if columns else [[]] * 9), signers=signers)
-    types = [pa.string(), pa.string(), pa.binary(), pa.binary(), pa.int32(), pa.int64(), pa.binary(), pa.int64(),
-             pa.binary()]
+    types = [
+        pa.string(),
+        pa.string(),
+        pa.binary(),
+        pa.binary(),
+        pa.int32(),
+        pa.int64(),
+        pa.binary(),
+        pa.int64(),
+        pa.binary(),
+    ]
     table = pa.table([pa.array([row[i] for row in columns], t) for i, t in enumerate(types)], names=EXPORT_COLUMNS)
     got = archive_columns.encode_framed(encoder, table, None if signers is None else pa.array(signers, pa.binary()))
     assert got == expected
@@ -78,8 +108,17 @@ def test_a_batch_encodes_as_its_records_one_by_one(batch, with_signers):
 
 def test_a_batch_with_a_time_before_1970_is_left_to_the_record_encoder():
     encoder = RecordEncoder(Layout.STATUS_GO, KEYS)
-    types = [pa.string(), pa.string(), pa.binary(), pa.binary(), pa.int32(), pa.int64(), pa.binary(), pa.int64(),
-             pa.binary()]
+    types = [
+        pa.string(),
+        pa.string(),
+        pa.binary(),
+        pa.binary(),
+        pa.int32(),
+        pa.int64(),
+        pa.binary(),
+        pa.int64(),
+        pa.binary(),
+    ]
     row = [PUBSUBS[0], TOPICS[2], b"x", b"", 0, -5, b"", 10, bytes(32)]
     table = pa.table([pa.array([v], t) for v, t in zip(row, types)], names=EXPORT_COLUMNS)
     assert archive_columns.encode_framed(encoder, table) is None
@@ -88,7 +127,16 @@ def test_a_batch_with_a_time_before_1970_is_left_to_the_record_encoder():
 @pytest.mark.parametrize("topic", [TOPICS[0], TOPICS[2]])
 def test_an_empty_batch_is_empty(topic):
     encoder = RecordEncoder(Layout.STATUS_GO, KEYS)
-    types = [pa.string(), pa.string(), pa.binary(), pa.binary(), pa.int32(), pa.int64(), pa.binary(), pa.int64(),
-             pa.binary()]
+    types = [
+        pa.string(),
+        pa.string(),
+        pa.binary(),
+        pa.binary(),
+        pa.int32(),
+        pa.int64(),
+        pa.binary(),
+        pa.int64(),
+        pa.binary(),
+    ]
     table = pa.table([pa.array([], t) for t in types], names=EXPORT_COLUMNS)
     assert archive_columns.encode_framed(encoder, table) == (b"", [], [])

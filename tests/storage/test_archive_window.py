@@ -17,12 +17,14 @@ T0 = 1_700_000_000 * 10**9
 
 def test_oldest_timestamp_of_the_listed_topics_only(store):
     odd = "/it's/1/{table}/proto"  # a quote and braces reach the SQL as text
-    store.put([
-        (PUBSUB, WakuMessage(b"a", "/a/1/x/proto", timestamp=T0 + 50), 0),
-        (PUBSUB, WakuMessage(b"b", "/b/1/x/proto", timestamp=T0 + 10), 0),
-        (PUBSUB, WakuMessage(b"c", odd, timestamp=T0 + 30), 0),
-        (PUBSUB, WakuMessage(b"d", "/a/1/x/proto", timestamp=T0 + 70), 0),
-    ])
+    store.put(
+        [
+            (PUBSUB, WakuMessage(b"a", "/a/1/x/proto", timestamp=T0 + 50), 0),
+            (PUBSUB, WakuMessage(b"b", "/b/1/x/proto", timestamp=T0 + 10), 0),
+            (PUBSUB, WakuMessage(b"c", odd, timestamp=T0 + 30), 0),
+            (PUBSUB, WakuMessage(b"d", "/a/1/x/proto", timestamp=T0 + 70), 0),
+        ]
+    )
     assert oldest_timestamp_ns(store.table, ["/a/1/x/proto"]) is None  # not committed yet
     store.flush()
     assert oldest_timestamp_ns(store.table, ["/a/1/x/proto"]) == T0 + 50
@@ -93,9 +95,23 @@ def test_an_exports_days_read_from_the_files_are_the_engines(store, monkeypatch)
     assert store.table.bulk_in_process
     topics = ["/a/1/x/proto", "/b/1/x/proto", "/c/1/x/proto"]
     for part in range(3):  # three commits: several files a day
-        store.put([(PUBSUB, WakuMessage(b"%d-%d" % (part, i), topics[i % 3], version=i % 2,
-                                        timestamp=T0 + (i % 4) * DAY_NS + (i // 3) * 10**9, meta=b"m" * (i % 2)),
-                    i + 1) for i in range(40) if i % 4 != 2])
+        store.put(
+            [
+                (
+                    PUBSUB,
+                    WakuMessage(
+                        b"%d-%d" % (part, i),
+                        topics[i % 3],
+                        version=i % 2,
+                        timestamp=T0 + (i % 4) * DAY_NS + (i // 3) * 10**9,
+                        meta=b"m" * (i % 2),
+                    ),
+                    i + 1,
+                )
+                for i in range(40)
+                if i % 4 != 2
+            ]
+        )
         store.flush()
     start, end = T0 + 3 * 10**9, T0 + 3 * DAY_NS + 5 * 10**9
     from_files = _window(store, start, end, topics[:2])
@@ -105,7 +121,9 @@ def test_an_exports_days_read_from_the_files_are_the_engines(store, monkeypatch)
     assert from_files == through_engine
     rows = [row for day in from_files for row in day]
     assert all(start <= r["timestamp"] < end and r["content_topic"] in topics[:2] for r in rows)
-    assert [(r["timestamp"], r["message_hash"]) for r in rows] == sorted((r["timestamp"], r["message_hash"]) for r in rows)
+    assert [(r["timestamp"], r["message_hash"]) for r in rows] == sorted(
+        (r["timestamp"], r["message_hash"]) for r in rows
+    )
     # A day the files alone cannot answer is read by the engine.
     store.table.bulk_in_process = True
     monkeypatch.setattr(store.reader, "day_rows", lambda *args: None)

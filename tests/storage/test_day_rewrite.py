@@ -27,8 +27,12 @@ def rows(n: int, seed: int) -> pa.Table:
     for i in range(n):
         # Many rows share a timestamp (ties keep their order, any order is right).
         ts = T0 + rng.randrange(200) * 10**9
-        message = WakuMessage(payload=os.urandom(rng.randrange(10, 400)), content_topic=rng.choice(TOPICS),
-                              timestamp=ts, meta=b"m%d" % seed)
+        message = WakuMessage(
+            payload=os.urandom(rng.randrange(10, 400)),
+            content_topic=rng.choice(TOPICS),
+            timestamp=ts,
+            meta=b"m%d" % seed,
+        )
         out.append(Row.build(rng.choice(PUBSUBS), message, ts))
     return to_arrow(out)
 
@@ -41,8 +45,9 @@ def files_of(uri: str) -> list[str]:
 def day_table(tmp_path):
     uri = str(tmp_path / "messages")
     for seed in range(12):  # ingest files: unsorted, one row group each
-        write_deltalake(uri, rows(150, seed).cast(schema.MESSAGES), mode="append",
-                        partition_by=[schema.MESSAGES_PARTITION])
+        write_deltalake(
+            uri, rows(150, seed).cast(schema.MESSAGES), mode="append", partition_by=[schema.MESSAGES_PARTITION]
+        )
     return uri
 
 
@@ -65,8 +70,11 @@ def test_a_day_is_rewritten_sorted_in_small_row_groups_with_the_same_rows(day_ta
         file = pq.ParquetFile(os.path.join(day_table, path))
         assert {file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups - 1)} <= {64}
         group = file.metadata.row_group(0)
-        blooms = {group.column(c).path_in_schema for c in range(group.num_columns)
-                  if group.column(c).bloom_filter_offset is not None}
+        blooms = {
+            group.column(c).path_in_schema
+            for c in range(group.num_columns)
+            if group.column(c).bloom_filter_offset is not None
+        }
         assert blooms == {"muid", "message_hash"}  # what engines skip row groups by in a lookup
         keys = file.read(columns=["pubsub_topic", "content_topic", "timestamp"])
         ordered = list(zip(*(keys.column(c).to_pylist() for c in keys.column_names)))
@@ -92,8 +100,7 @@ def test_a_file_another_writer_adds_during_the_rewrite_stays(day_table, monkeypa
 
     def runs_then_append(*args):
         out = write_runs(*args)
-        write_deltalake(day_table, late.cast(schema.MESSAGES), mode="append",
-                        partition_by=[schema.MESSAGES_PARTITION])
+        write_deltalake(day_table, late.cast(schema.MESSAGES), mode="append", partition_by=[schema.MESSAGES_PARTITION])
         return out
 
     monkeypatch.setattr(day_rewrite, "_write_runs", runs_then_append)

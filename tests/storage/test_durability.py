@@ -48,7 +48,9 @@ def _writer(tmp_path, uri, wal, first, last, flush_every, shared):
     script.write_text(WRITER)
     return subprocess.Popen(
         [sys.executable, str(script), uri, str(wal), str(first), str(last), str(flush_every), str(int(shared))],
-        stdout=subprocess.PIPE, stderr=open(tmp_path / f"writer-{first}.log", "w"), text=True,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / f"writer-{first}.log", "w"),
+        text=True,
     )
 
 

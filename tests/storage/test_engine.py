@@ -88,12 +88,16 @@ def test_engine_writes_merges_and_reads_delta_shared_with_delta_rs(engine, tmp_p
     path = str(tmp_path / "t")
     schema = "id BIGINT, v STRING, day STRING"
     rows = [(i, f"v{i}", f"2026-11-0{i % 3 + 1}") for i in range(6)]
-    engine.run(lambda spark: spark.createDataFrame(rows, schema).write.format("delta")
-               .mode("append").partitionBy("day").save(path))
+    engine.run(
+        lambda spark: (
+            spark.createDataFrame(rows, schema).write.format("delta").mode("append").partitionBy("day").save(path)
+        )
+    )
 
     def merge(spark):
-        spark.createDataFrame([(5, "dup", "2026-11-03"), (7, "new", "2026-11-02")], schema) \
-            .createOrReplaceTempView("incoming")
+        spark.createDataFrame([(5, "dup", "2026-11-03"), (7, "new", "2026-11-02")], schema).createOrReplaceTempView(
+            "incoming"
+        )
         spark.sql(
             f"MERGE INTO delta.`{path}` AS t USING incoming AS s "
             "ON t.day IN ('2026-11-02', '2026-11-03') AND t.id = s.id WHEN NOT MATCHED THEN INSERT *"

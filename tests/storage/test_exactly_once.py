@@ -23,8 +23,17 @@ def msg(i, ts):
 
 
 def page_all(store, **kw):
-    base = dict(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=None, time_end=None,
-                message_hashes=[], cursor=None, forward=True, limit=7, include_data=True)
+    base = dict(
+        pubsub_topic=PUBSUB,
+        content_topics=[TOPIC],
+        time_start=None,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=7,
+        include_data=True,
+    )
     base.update(kw)
     query = validate_v3(**base)
     out = []
@@ -135,8 +144,19 @@ def test_a_cursor_removed_by_retention_is_unknown(engine, tmp_path):
     store = open_store(engine, tmp_path)
     store.put([(PUBSUB, msg(i, base + i * SECOND), base) for i in range(10)])
     store.flush()
-    first = store.query(validate_v3(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=None, time_end=None,
-                                    message_hashes=[], cursor=None, forward=True, limit=3, include_data=True))
+    first = store.query(
+        validate_v3(
+            pubsub_topic=PUBSUB,
+            content_topics=[TOPIC],
+            time_start=None,
+            time_end=None,
+            message_hashes=[],
+            cursor=None,
+            forward=True,
+            limit=3,
+            include_data=True,
+        )
+    )
     cursor = first.next_cursor.message_hash
     maintenance.delete_before(store.table, base + 5 * SECOND)
     store.forget_before(base + 5 * SECOND)
@@ -153,10 +173,20 @@ def test_hot_tier_keeps_one_row_per_muid_and_forgets_cleanly():
     other = Row.build(PUBSUB, msg(2, now - SECOND), now)
     tier.start(now - 10 * SECOND, [row, row, copy, other], now)
     assert len(tier) == 2
-    query = validate_v3(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=now - 10 * SECOND, time_end=None,
-                        message_hashes=[], cursor=None, forward=True, limit=20, include_data=True)
+    query = validate_v3(
+        pubsub_topic=PUBSUB,
+        content_topics=[TOPIC],
+        time_start=now - 10 * SECOND,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=20,
+        include_data=True,
+    )
     assert [m.message_hash for m in tier.page(query, None)] == sorted(
-        [row.message_hash, other.message_hash], key=lambda h: (now - SECOND, h))
+        [row.message_hash, other.message_hash], key=lambda h: (now - SECOND, h)
+    )
     tier.add([copy, row], now)
     assert len(tier) == 2
     tier.forget_before(now)
@@ -183,8 +213,9 @@ def test_puts_that_need_the_engine_pause_while_it_is_down_and_are_decided_at_com
     table = EngineDownForLookups(engine, str(tmp_path / "messages"))
     # Without the key index the reader cannot say which keys the table
     # holds: the engine is the one to ask.
-    store = MessageStore(table, tmp_path / "wal", StoreConfig(recent_muids=1),
-                         reader=TableReader(table.uri, key_index=False))
+    store = MessageStore(
+        table, tmp_path / "wal", StoreConfig(recent_muids=1), reader=TableReader(table.uri, key_index=False)
+    )
     store.open()
     store.put([(PUBSUB, msg(i, base + i), base) for i in range(3)])
     store.flush()
@@ -260,6 +291,8 @@ def test_queries_do_not_wait_for_the_log_fsync_of_a_put(engine, tmp_path):
     putter.join(30)
     reader.join(30)
     assert finished_first, "a query waited for another put's fsync"
-    assert [m.message.payload for m in answered[0]] == [b"payload-0"], "the row in flight is not shown before its put returns"
+    assert [m.message.payload for m in answered[0]] == [b"payload-0"], (
+        "the row in flight is not shown before its put returns"
+    )
     assert [m.message.payload for m in page_all(store)] == [b"payload-0", b"payload-1"]
     store.close()

@@ -29,8 +29,17 @@ def _messages(now_ns, count, seed):
 
 
 def _query(**kw):
-    base = dict(pubsub_topic=PUBSUB, content_topics=TOPICS[:2], time_start=None, time_end=None,
-                message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
+    base = dict(
+        pubsub_topic=PUBSUB,
+        content_topics=TOPICS[:2],
+        time_start=None,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=None,
+        include_data=True,
+    )
     base.update(kw)
     return validate_v3(**base)
 
@@ -77,8 +86,12 @@ def test_hot_and_table_answers_are_identical_for_random_queries(pair, monkeypatc
     monkeypatch.setattr(hot.table, "page", lambda *a, **k: calls.append(1) or original(*a, **k))
     rng = random.Random(7)
     for _ in range(40):
-        kw = dict(forward=rng.random() < 0.5, limit=rng.choice([1, 5, 20, 100]),
-                  content_topics=rng.sample(TOPICS, rng.randint(1, 3)), include_data=rng.random() < 0.8)
+        kw = dict(
+            forward=rng.random() < 0.5,
+            limit=rng.choice([1, 5, 20, 100]),
+            content_topics=rng.sample(TOPICS, rng.randint(1, 3)),
+            include_data=rng.random() < 0.8,
+        )
         if rng.random() < 0.5:
             kw["time_start"] = now - rng.randrange(0, 700) * SECOND
         if rng.random() < 0.5:
@@ -161,9 +174,21 @@ def test_the_tier_holds_no_more_memory_than_it_counts():
     from wakustore.storage.rows import messages_to_arrow
 
     now = 10**15
-    table = messages_to_arrow([(PUBSUB, WakuMessage(payload=bytes(200 + i % 800) + b"%d" % i,
-                                                    content_topic=TOPICS[i % 2], timestamp=now - i,
-                                                    meta=b"m" * (i % 40)), now) for i in range(5000)])
+    table = messages_to_arrow(
+        [
+            (
+                PUBSUB,
+                WakuMessage(
+                    payload=bytes(200 + i % 800) + b"%d" % i,
+                    content_topic=TOPICS[i % 2],
+                    timestamp=now - i,
+                    meta=b"m" * (i % 40),
+                ),
+                now,
+            )
+            for i in range(5000)
+        ]
+    )
     tier = HotTier(max_bytes=10**9, window_ns=10**12)
     tier.start(now - 10**6, [], now)
     gc.collect()
@@ -184,8 +209,7 @@ def _reference_page(rows, query, key):
     from wakustore.protocols import store_query
 
     match = store_query.matcher(query, key)
-    found = [r for r in rows
-             if match(r.pubsub_topic, r.message.content_topic, r.message_hash, r.timestamp, r.digest)]
+    found = [r for r in rows if match(r.pubsub_topic, r.message.content_topic, r.message_hash, r.timestamp, r.digest)]
     found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
     return [r.message_hash for r in found[: query.limit + 1]]
 
@@ -203,14 +227,19 @@ def test_pages_from_many_chunks_are_the_table_pages_whenever_the_tier_answers(se
     tier.start(now - 10**6, [], now)
     rows = []
     for batch in range(rng.randint(5, 40)):
-        added = [_row(now - 2000 + batch * 20 + rng.randrange(0, 60), 1000 * batch + i, rng.choice(TOPICS))
-                 for i in range(rng.choice([1, 3, 17, 60]))]
+        added = [
+            _row(now - 2000 + batch * 20 + rng.randrange(0, 60), 1000 * batch + i, rng.choice(TOPICS))
+            for i in range(rng.choice([1, 3, 17, 60]))
+        ]
         tier.add(added, now)
         rows += added
     answered = 0
     for _ in range(150):
-        kw = dict(forward=rng.random() < 0.5, limit=rng.choice([1, 2, 5, 20, 100]),
-                  content_topics=rng.sample(TOPICS, rng.randint(1, 3)))
+        kw = dict(
+            forward=rng.random() < 0.5,
+            limit=rng.choice([1, 2, 5, 20, 100]),
+            content_topics=rng.sample(TOPICS, rng.randint(1, 3)),
+        )
         if rng.random() < 0.6:
             kw["time_start"] = now - 2000 + rng.randrange(0, 900)
         if rng.random() < 0.4:

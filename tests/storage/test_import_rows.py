@@ -56,6 +56,7 @@ def test_counts_are_exact_across_days_and_repeats(store):
 
 def test_a_failing_input_commits_nothing(store, monkeypatch):
     monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 16 * 1024)  # rows already spilled to disk
+
     def lines():
         for i in range(1000):
             if i == 700:
@@ -91,8 +92,17 @@ def test_recent_imports_are_answered_once_by_the_hot_tier(store):
     fresh = [WakuMessage(b"fresh-%d" % i, TOPIC, timestamp=now - i * 10**9) for i in range(5)]
     again = WakuMessage(b"again", TOPIC, timestamp=now - 10**9 // 2)  # same MUID as old, recent time
     assert store.import_rows(triples([*fresh, again])) == (5, 1)
-    query = validate_v3(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=now - DAY, time_end=None,
-                        message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
+    query = validate_v3(
+        pubsub_topic=PUBSUB,
+        content_topics=[TOPIC],
+        time_start=now - DAY,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=None,
+        include_data=True,
+    )
     page = store.query(query)
     assert sorted(m.message.payload for m in page.messages) == sorted(m.payload for m in fresh)
 
@@ -105,7 +115,16 @@ def test_history_older_than_the_hot_window_is_found_after_import(store):
     store.flush()
     old = [WakuMessage(b"old-%d" % i, TOPIC, timestamp=now - (3 + i) * DAY) for i in range(3)]
     assert store.import_rows(triples([*old, WakuMessage(b"recent", TOPIC, timestamp=now - 10**9)])) == (4, 0)
-    query = validate_v3(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=None, time_end=None,
-                        message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
+    query = validate_v3(
+        pubsub_topic=PUBSUB,
+        content_topics=[TOPIC],
+        time_start=None,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=None,
+        include_data=True,
+    )
     got = [m.message.payload for m in store.query(query).messages]
     assert got == [b"old-2", b"old-1", b"old-0", b"recent", b"live"]

@@ -116,7 +116,9 @@ def test_adding_arrow_columns_sets_the_bits_adding_keys_and_days_sets():
     days = [dt.date(2026, 11, 1 + i % 7) for i in range(3000)]
     by_lists, by_columns = DayKeyFilter(1000), DayKeyFilter(1000)
     by_lists.add(keys, days)
-    by_columns.add_columns(pa.chunked_array([pa.array(keys[:1000]), pa.array(keys[1000:])]), pa.array(days, pa.date32()))
+    by_columns.add_columns(
+        pa.chunked_array([pa.array(keys[:1000]), pa.array(keys[1000:])]), pa.array(days, pa.date32())
+    )
     assert (by_lists._all._array == by_columns._all._array).all()
     assert by_lists._days.keys() == by_columns._days.keys()
     for day in by_lists._days:

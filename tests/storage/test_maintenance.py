@@ -43,10 +43,18 @@ def filled(engine, tmp_path):
     store.open()
     # 10 days, 6 messages a day at 0h, 4h, ... 20h; flushed per day (several files).
     for day in range(10):
-        store.put([
-            (PUBSUB, WakuMessage(b"d%d-%d" % (day, h), "/app/1/c/proto", timestamp=DAY0 + day * DAY + h * 4 * 3600 * 10**9), 0)
-            for h in range(6)
-        ])
+        store.put(
+            [
+                (
+                    PUBSUB,
+                    WakuMessage(
+                        b"d%d-%d" % (day, h), "/app/1/c/proto", timestamp=DAY0 + day * DAY + h * 4 * 3600 * 10**9
+                    ),
+                    0,
+                )
+                for h in range(6)
+            ]
+        )
         store.flush()
     yield store
     store.close()
@@ -149,11 +157,15 @@ def test_rewrite_lock_lets_one_holder_rewrite_at_a_time(tmp_path):
     with rewrite_lock(table):
         pass  # makes the lock file
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, sys, time; f = open(sys.argv[1], 'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(1.5)",
-         str(tmp_path / "messages_locks" / "rewrite.lock")],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(1.5)",
+            str(tmp_path / "messages_locks" / "rewrite.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"

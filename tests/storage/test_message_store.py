@@ -20,7 +20,9 @@ SECOND = 10**9
 
 
 def msg(i, topic="/app/1/chat/proto", ts=None, meta=b""):
-    return WakuMessage(payload=b"payload-%d" % i, content_topic=topic, timestamp=T0 + i * SECOND if ts is None else ts, meta=meta)
+    return WakuMessage(
+        payload=b"payload-%d" % i, content_topic=topic, timestamp=T0 + i * SECOND if ts is None else ts, meta=meta
+    )
 
 
 def triples(messages):
@@ -28,8 +30,17 @@ def triples(messages):
 
 
 def query(**kw):
-    base = dict(pubsub_topic=PUBSUB, content_topics=["/app/1/chat/proto"], time_start=None, time_end=None,
-                message_hashes=[], cursor=None, forward=True, limit=None, include_data=True)
+    base = dict(
+        pubsub_topic=PUBSUB,
+        content_topics=["/app/1/chat/proto"],
+        time_start=None,
+        time_end=None,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=None,
+        include_data=True,
+    )
     base.update(kw)
     return validate_v3(**base)
 
@@ -114,7 +125,9 @@ def test_time_range_start_inclusive_end_exclusive(store):
 
 
 def test_content_topic_and_pubsub_filters(store):
-    store.put(triples([msg(i, topic="/a/1/x/proto") for i in range(3)] + [msg(i, topic="/b/1/y/proto") for i in range(3, 6)]))
+    store.put(
+        triples([msg(i, topic="/a/1/x/proto") for i in range(3)] + [msg(i, topic="/b/1/y/proto") for i in range(3, 6)])
+    )
     store.put([("/waku/2/rs/16/33", msg(9, topic="/a/1/x/proto"), T0)])
     store.flush()
     got = store.query(query(content_topics=["/b/1/y/proto"])).messages
@@ -154,8 +167,9 @@ def test_message_without_timestamp_is_ordered_by_arrival_and_returned_unchanged(
 def test_legacy_digest_ordering_and_cursor(store):
     store.put(triples([msg(i) for i in range(6)]))
     store.flush()
-    q = HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/app/1/chat/proto",), forward=True, limit=3,
-                     ordering=Ordering.DIGEST)
+    q = HistoryQuery(
+        pubsub_topic=PUBSUB, content_topics=("/app/1/chat/proto",), forward=True, limit=3, ordering=Ordering.DIGEST
+    )
     first = store.query(q)
     assert payloads(first.messages) == [b"payload-0", b"payload-1", b"payload-2"]
     cur = first.next_cursor
@@ -221,7 +235,8 @@ def test_arrow_log_records_of_another_schema_are_replayed_into_todays(engine, tm
     rows = messages_to_arrow(triples([msg(i) for i in range(5)]))
     # As a version whose schema had an extra column and another field order logged them.
     older = rows.append_column("relayed_by", pa.array([b"peer"] * 5)).select(
-        ["relayed_by", *reversed(rows.column_names)])
+        ["relayed_by", *reversed(rows.column_names)]
+    )
     log = WriteAheadLog(wal)
     log.append(batch_records(older))
     log.close()
@@ -403,14 +418,24 @@ def test_crowded_days_names_the_smallest_tier_with_many_files(monkeypatch):
     monkeypatch.setattr(maintenance, "SMALL_FILES_PER_TIER", 3)
     monkeypatch.setattr(maintenance, "COMPACTION_TIERS", (100, 1000))
     d1, d2, d3, d4 = (dt.date(2026, 1, d) for d in (1, 2, 3, 4))
-    sizes = {d1: [10, 20, 30], d2: [10, 500, 5000, 6000], d3: [150, 200, 300, 99], d4: [5000, 6000, 7000], None: [1] * 9}
+    sizes = {
+        d1: [10, 20, 30],
+        d2: [10, 500, 5000, 6000],
+        d3: [150, 200, 300, 99],
+        d4: [5000, 6000, 7000],
+        None: [1] * 9,
+    }
     assert maintenance.crowded_days(sizes) == [(d1, 100), (d3, 1000)]
     assert maintenance.crowded_days(sizes, [d3, d4, d2]) == [(d3, 1000)]
     assert maintenance.crowded_days(sizes, [dt.date(2026, 2, 1)]) == []
 
 
 def test_stream_and_replace_a_window(store):
-    store.put(triples([msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]))
+    store.put(
+        triples(
+            [msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]
+        )
+    )
     window = (T0, T0 + 10 * SECOND)
     rows = [r for chunk in store.stream_window(*window, ["/c/1/a/proto"]) for r in chunk]
     assert [r.message.payload for r in rows] == [b"payload-%d" % i for i in range(10)]
@@ -467,7 +492,10 @@ def test_a_large_window_is_staged_on_disk_and_replaced_in_one_transaction(store,
     assert DeltaTable(store.table.uri).version() == before + 1
     rows = [r for chunk in store.stream_window(*window, ["/big/1/a/proto"]) for r in chunk]
     assert len(rows) == 300 and all(r.message.meta == b"new" for r in rows)
-    assert not any((p.name.endswith("_staging") and any(p.iterdir())) for p in __import__("pathlib").Path(store.table.uri).parent.iterdir())
+    assert not any(
+        (p.name.endswith("_staging") and any(p.iterdir()))
+        for p in __import__("pathlib").Path(store.table.uri).parent.iterdir()
+    )
 
 
 def test_a_failing_source_commits_nothing(store):
@@ -515,8 +543,9 @@ def test_uncommitted_rows_page_exactly_as_committed_rows(engine, tmp_path):
     cases = []
     for forward in (True, False):
         for start, end in ((None, None), (T0 + 2 * SECOND, T0 + 9 * SECOND)):
-            v3 = query(content_topics=topics[:1] if start else topics, time_start=start, time_end=end,
-                       forward=forward, limit=4)
+            v3 = query(
+                content_topics=topics[:1] if start else topics, time_start=start, time_end=end, forward=forward, limit=4
+            )
             v2 = dataclasses.replace(v3, ordering=Ordering.DIGEST)
             cases += [(v3, _v3_cursor), (v2, _v2_cursor)]
     s.put(triples(messages[:25]))
@@ -584,8 +613,17 @@ def test_pages_and_cursors_of_pending_rows_copy_no_pending_rows(engine, tmp_path
 
 def _record(pubsub, m, arrival):
     """A decoded archive record (protocols.archive_records.DecodedRecord) of a message."""
-    return (pubsub, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, arrival,
-            message_hash(pubsub, m))
+    return (
+        pubsub,
+        m.content_topic,
+        m.payload,
+        m.meta,
+        m.version,
+        m.timestamp,
+        m.rate_limit_proof,
+        arrival,
+        message_hash(pubsub, m),
+    )
 
 
 def test_rows_built_a_column_at_a_time_are_the_rows_built_one_by_one():
@@ -613,13 +651,19 @@ def test_replace_a_window_from_arrow_batches(store, monkeypatch):
     from wakustore.storage.rows import records_to_arrow
 
     monkeypatch.setattr(staging, "STAGING_THRESHOLD_BYTES", 2048)
-    store.put(triples([msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]))
+    store.put(
+        triples(
+            [msg(i, topic="/c/1/a/proto") for i in range(20)] + [msg(i, topic="/c/1/b/proto") for i in range(20, 30)]
+        )
+    )
     store.flush()
     window, topics = (T0, T0 + 10 * SECOND), ["/c/1/a/proto"]
     before = DeltaTable(store.table.uri).version()
     new = [msg(i, topic="/c/1/a/proto", meta=b"new") for i in range(0, 10, 2)]
-    batches = [records_to_arrow([_record(PUBSUB, m, T0) for m in new[:3]]),
-               records_to_arrow([_record(PUBSUB, m, T0) for m in new[2:]])]  # new[2] twice
+    batches = [
+        records_to_arrow([_record(PUBSUB, m, T0) for m in new[:3]]),
+        records_to_arrow([_record(PUBSUB, m, T0) for m in new[2:]]),
+    ]  # new[2] twice
     assert store.replace_window_tables(*window, topics, iter(batches)) == 5
     assert DeltaTable(store.table.uri).version() == before + 1
     rows = [r for chunk in store.stream_window(*window, topics) for r in chunk]
@@ -657,10 +701,13 @@ def test_a_window_replaced_from_arrow_batches_keeps_the_hot_tier_to_its_own_wind
     old = [msg(i, topic=topic) for i in range(50)]  # 2023
     fresh = [msg(i, topic=topic, ts=now - (i + 1) * SECOND) for i in range(3)]
     assert store.hot.enabled and store.hot.start_ns is not None
-    store.replace_window_tables(T0, T0 + 100 * SECOND, [topic], [records_to_arrow([_record(PUBSUB, m, T0) for m in old])])
+    store.replace_window_tables(
+        T0, T0 + 100 * SECOND, [topic], [records_to_arrow([_record(PUBSUB, m, T0) for m in old])]
+    )
     assert len(store.hot) == 0 and store.hot.start_ns > T0 + 49 * SECOND
-    store.replace_window_tables(now - 60 * SECOND, now, [topic],
-                                [records_to_arrow([_record(PUBSUB, m, now) for m in fresh])])
+    store.replace_window_tables(
+        now - 60 * SECOND, now, [topic], [records_to_arrow([_record(PUBSUB, m, now) for m in fresh])]
+    )
     assert len(store.hot) == 3
     found = [m for page in page_all(store, query(content_topics=[topic], limit=20)) for m in page]
     assert len(found) == 53

@@ -16,13 +16,15 @@ from wakustore.storage.parquet_footer import FooterError, GroupFooters
 
 
 def _rows(n: int) -> pa.Table:
-    return pa.table({
-        "muid": pa.array([i.to_bytes(4, "big") * 8 for i in range(n)], pa.binary()),
-        "content_topic": pa.array([f"/app/1/t{i % 7}/proto" for i in range(n)]),
-        "payload": pa.array([os.urandom(50 + i % 300) for i in range(n)], pa.binary()),
-        "timestamp": pa.array(range(n), pa.int64()),
-        "meta": pa.array([None if i % 3 else b"m" for i in range(n)], pa.binary()),
-    })
+    return pa.table(
+        {
+            "muid": pa.array([i.to_bytes(4, "big") * 8 for i in range(n)], pa.binary()),
+            "content_topic": pa.array([f"/app/1/t{i % 7}/proto" for i in range(n)]),
+            "payload": pa.array([os.urandom(50 + i % 300) for i in range(n)], pa.binary()),
+            "timestamp": pa.array(range(n), pa.int64()),
+            "meta": pa.array([None if i % 3 else b"m" for i in range(n)], pa.binary()),
+        }
+    )
 
 
 def _walked(footers: GroupFooters, monkeypatch) -> GroupFooters:
@@ -38,8 +40,9 @@ def _every_group_equal(path: str, monkeypatch, found: bool = True) -> int:
     assert footers.num_row_groups == whole.metadata.num_row_groups
     # The row groups found by their first bytes are the walked ones.
     assert (footers._bounds == _walked(footers, monkeypatch)._bounds).all()
-    assert (parquet_footer._found_bounds(footers._footer, int(footers._bounds[0]), footers.num_row_groups)
-            is not None) == found
+    assert (
+        parquet_footer._found_bounds(footers._footer, int(footers._bounds[0]), footers.num_row_groups) is not None
+    ) == found
     for group in range(footers.num_row_groups):
         alone = pq.ParquetFile(path, metadata=footers.metadata(group), pre_buffer=False)
         assert alone.metadata.num_row_groups == 1

@@ -28,8 +28,13 @@ COLD = StoreConfig(hot_tier_bytes=0)  # every page from the table
 
 
 def message(i: int, topic: str, ts: int) -> WakuMessage:
-    return WakuMessage(payload=b"p-%d-" % i + bytes([i % 256]) * (i % 7), content_topic=topic, timestamp=ts,
-                       meta=b"m%d" % (i % 3), version=i % 2)
+    return WakuMessage(
+        payload=b"p-%d-" % i + bytes([i % 256]) * (i % 7),
+        content_topic=topic,
+        timestamp=ts,
+        meta=b"m%d" % (i % 3),
+        version=i % 2,
+    )
 
 
 def corpus(n: int = 240, days: int = 4) -> list[tuple[str, WakuMessage, int]]:
@@ -56,12 +61,30 @@ def queries(data) -> list[HistoryQuery]:
             # Over four days, the first (in either order) too short to fill a page.
             (TOPICS[:1], DAY0 + DAY - 3 * HOUR, DAY0 + 3 * DAY + 2 * HOUR),
         ]:
-            out.append(HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(topics), time_start=start,
-                                    time_end=end, forward=forward, limit=7))
-        out.append(HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), forward=forward, limit=9,
-                                include_data=False))
-        out.append(HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS[:1]), forward=forward, limit=5,
-                                ordering=Ordering.DIGEST))
+            out.append(
+                HistoryQuery(
+                    pubsub_topic=PUBSUB,
+                    content_topics=tuple(topics),
+                    time_start=start,
+                    time_end=end,
+                    forward=forward,
+                    limit=7,
+                )
+            )
+        out.append(
+            HistoryQuery(
+                pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), forward=forward, limit=9, include_data=False
+            )
+        )
+        out.append(
+            HistoryQuery(
+                pubsub_topic=PUBSUB,
+                content_topics=tuple(TOPICS[:1]),
+                forward=forward,
+                limit=5,
+                ordering=Ordering.DIGEST,
+            )
+        )
     hashes = tuple(message_hash(p, m) for p, m, _ in data[::17])
     out.append(HistoryQuery(message_hashes=hashes, forward=False, limit=100))
     out.append(HistoryQuery(pubsub_topic=OTHER_PUBSUB, message_hashes=hashes, forward=True, limit=3))
@@ -97,7 +120,7 @@ def test_reader_agrees_with_the_engine_across_commits_compaction_retention_and_r
     data = corpus()
     try:
         for start in range(0, len(data), 40):  # several commits, several files a day
-            store.put(data[start:start + 40])
+            store.put(data[start : start + 40])
             store.flush()
         versions = [store.reader.version]
         assert assert_reader_agrees(store, data) > 100
@@ -113,14 +136,24 @@ def test_reader_agrees_with_the_engine_across_commits_compaction_retention_and_r
         versions.append(store.reader.version)
         kept = [d for d in data if d[1].timestamp >= cutoff]
         assert assert_reader_agrees(store, kept) > 50
-        assert store.reader.page(HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), time_end=cutoff),
-                                 None, 10).num_rows == 0
+        assert (
+            store.reader.page(
+                HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), time_end=cutoff), None, 10
+            ).num_rows
+            == 0
+        )
 
         window = (DAY0 + 2 * DAY, DAY0 + 3 * DAY)
-        inside = [Row.build(p, m, a) for p, m, a in kept if window[0] <= m.timestamp < window[1] and m.content_topic == TOPICS[0]]
+        inside = [
+            Row.build(p, m, a)
+            for p, m, a in kept
+            if window[0] <= m.timestamp < window[1] and m.content_topic == TOPICS[0]
+        ]
         store.replace_window(*window, [TOPICS[0]], inside[::2])
         versions.append(store.reader.version)
-        remaining = [d for d in kept if not (window[0] <= d[1].timestamp < window[1] and d[1].content_topic == TOPICS[0])]
+        remaining = [
+            d for d in kept if not (window[0] <= d[1].timestamp < window[1] and d[1].content_topic == TOPICS[0])
+        ]
         remaining += [(r.pubsub_topic, r.message, r.arrival_time) for r in inside[::2]]
         assert assert_reader_agrees(store, remaining) > 50
         assert versions == sorted(set(versions)), versions  # advanced after every kind of commit
@@ -137,8 +170,17 @@ def test_odd_topics_and_binary_values_survive_the_sql(engine, tmp_path):
         store.put(data)
         store.flush()
         for topic in topics:
-            query = validate_v3(pubsub_topic=PUBSUB + "'", content_topics=[topic], time_start=None, time_end=None,
-                                message_hashes=[], cursor=None, forward=True, limit=20, include_data=True)
+            query = validate_v3(
+                pubsub_topic=PUBSUB + "'",
+                content_topics=[topic],
+                time_start=None,
+                time_end=None,
+                message_hashes=[],
+                cursor=None,
+                forward=True,
+                limit=20,
+                include_data=True,
+            )
             got = store.query(query).messages
             assert [m.message for m in got] == [m for _, m, _ in data if m.content_topic == topic]
     finally:
@@ -185,8 +227,17 @@ def test_pages_merge_pending_rows_with_the_committed_version(engine, tmp_path):
         store.put(data[1::2])  # not committed
         assert store.pending == len(data[1::2])
         for forward in (True, False):
-            query = validate_v3(pubsub_topic=PUBSUB, content_topics=TOPICS, time_start=None, time_end=None,
-                                message_hashes=[], cursor=None, forward=forward, limit=7, include_data=True)
+            query = validate_v3(
+                pubsub_topic=PUBSUB,
+                content_topics=TOPICS,
+                time_start=None,
+                time_end=None,
+                message_hashes=[],
+                cursor=None,
+                forward=forward,
+                limit=7,
+                include_data=True,
+            )
             got, cursor = [], None
             while True:
                 page = store.query(dataclasses.replace(query, cursor=cursor))
@@ -232,7 +283,7 @@ def test_a_version_whose_files_were_vacuumed_is_left_for_the_latest(engine, tmp_
     query = HistoryQuery(pubsub_topic=PUBSUB, content_topics=tuple(TOPICS), limit=100)
     try:
         for start in range(0, 60, 20):
-            store.put(data[start:start + 20])
+            store.put(data[start : start + 20])
             store.flush()
         expected = stale.page(query, None, 101).to_pylist()
         old = stale.version
@@ -265,7 +316,7 @@ def test_every_acknowledged_message_is_in_every_page_while_commits_land(engine, 
     def writer():
         try:
             for start in range(0, len(data), 9):
-                store.put(data[start:start + 9])
+                store.put(data[start : start + 9])
                 acknowledged[0] = start + 9
                 store.flush()
         finally:
@@ -298,8 +349,13 @@ def test_an_unreachable_object_store_fails_a_read_within_seconds(monkeypatch):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "key",
-                        "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}.items():
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "key",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     reader = TableReader("s3://bucket/messages")
     assert reader.storage_options["max_retries"] == "2"
@@ -307,5 +363,7 @@ def test_an_unreachable_object_store_fails_a_read_within_seconds(monkeypatch):
     with pytest.raises(TableUnreadable):
         reader.refresh()
     assert time.monotonic() - started < 5
-    assert TableReader("s3://bucket/messages", storage_options={"max_retries": "9"}).storage_options["max_retries"] == "9"
+    assert (
+        TableReader("s3://bucket/messages", storage_options={"max_retries": "9"}).storage_options["max_retries"] == "9"
+    )
     assert TableReader("/data/messages").storage_options is None

@@ -58,10 +58,15 @@ def page_query(draw, data):
     bound = st.one_of(st.none(), st.sampled_from(times).flatmap(lambda t: st.sampled_from([t - 1, t, t + 1])))
     query = HistoryQuery(
         pubsub_topic=draw(st.sampled_from([PUBSUB, OTHER_PUBSUB])),
-        content_topics=tuple(draw(st.lists(st.sampled_from(TOPICS + ["/app/1/none/proto"]), min_size=1, max_size=5,
-                                           unique=True))),
-        time_start=draw(bound), time_end=draw(bound), forward=draw(st.booleans()),
-        limit=draw(st.integers(1, 6)), include_data=draw(st.booleans()), ordering=ordering,
+        content_topics=tuple(
+            draw(st.lists(st.sampled_from(TOPICS + ["/app/1/none/proto"]), min_size=1, max_size=5, unique=True))
+        ),
+        time_start=draw(bound),
+        time_end=draw(bound),
+        forward=draw(st.booleans()),
+        limit=draw(st.integers(1, 6)),
+        include_data=draw(st.booleans()),
+        ordering=ordering,
     )
     # The cursor: often a message on the page's topics, where rows tied
     # with it at its timestamp fall on both sides of it.
@@ -77,8 +82,13 @@ def hash_query(draw, data):
     chosen = draw(st.lists(st.sampled_from(hashes), min_size=1, max_size=25, unique=True))
     if draw(st.booleans()):
         chosen.append(bytes(32 * [7]))  # in no file
-    query = HistoryQuery(pubsub_topic=draw(st.sampled_from([None, PUBSUB, OTHER_PUBSUB])), message_hashes=tuple(chosen),
-                         forward=draw(st.booleans()), limit=draw(st.integers(1, 30)), include_data=draw(st.booleans()))
+    query = HistoryQuery(
+        pubsub_topic=draw(st.sampled_from([None, PUBSUB, OTHER_PUBSUB])),
+        message_hashes=tuple(chosen),
+        forward=draw(st.booleans()),
+        limit=draw(st.integers(1, 30)),
+        include_data=draw(st.booleans()),
+    )
     return query, draw(cursor(data, Ordering.MESSAGE_HASH))
 
 
@@ -131,7 +141,7 @@ def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(
     DataFusion does."""
     data = corpus()
     for start in range(0, len(data), 50):  # several files a day, topics interleaved in each
-        store.put(data[start:start + 50])
+        store.put(data[start : start + 50])
         store.flush()
     directory = tmp_path / "index" if kept else None
     indexed, plain = readers(store.table.uri, directory)
@@ -151,7 +161,8 @@ def test_indexed_answers_equal_datafusion_on_ingest_files_and_on_compacted_days(
     # Mapped, an index holds its topic pairs' ids alone (12 bytes a pair).
     assert indexed.index_bytes() == sum(12 * len(i.pair_ids) for i in indexed._indexes.values())
     assert sorted(os.listdir(directory)) == sorted(
-        os.path.basename(indexed._files.path_of(p)) for p, _ in indexed._snapshot.files)
+        os.path.basename(indexed._files.path_of(p)) for p, _ in indexed._snapshot.files
+    )
     restarted, _ = readers(store.table.uri, directory)
     restarted.refresh()
     assert restarted.index_complete() and restarted.index_builds == 0
@@ -177,9 +188,13 @@ def test_the_index_of_a_file_of_many_topics_is_the_size_it_reports(tmp_path):
         "digest": [b"d" * 32] * n,
         "pubsub_topic": [PUBSUB] * n,
         "content_topic": [f"/app/1/t{i % 2000}/proto" for i in range(n)],  # 2,000 pairs
-        "payload": [b"p"] * n, "meta": [b""] * n, "version": [0] * n,
-        "timestamp": [DAY0 + i for i in range(n)], "sender_timestamp": [DAY0 + i for i in range(n)],
-        "rate_limit_proof": [b""] * n, "arrival_time": [DAY0] * n,
+        "payload": [b"p"] * n,
+        "meta": [b""] * n,
+        "version": [0] * n,
+        "timestamp": [DAY0 + i for i in range(n)],
+        "sender_timestamp": [DAY0 + i for i in range(n)],
+        "rate_limit_proof": [b""] * n,
+        "arrival_time": [DAY0] * n,
         "day": [dt.date(2026, 3, 1)] * n,
     }
     path = str(tmp_path / "file.parquet")
@@ -201,7 +216,7 @@ def test_the_index_of_a_file_of_many_topics_is_the_size_it_reports(tmp_path):
 def test_files_compacted_away_leave_the_index_and_the_new_ones_are_indexed(store):
     data = corpus(120, days=2)
     for start in range(0, len(data), 30):
-        store.put(data[start:start + 30])
+        store.put(data[start : start + 30])
         store.flush()
     reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False)
     reader.index_now()
@@ -233,7 +248,7 @@ def _open_paths() -> set[str]:
 def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
     data = corpus(120, days=2)
     for start in range(0, len(data), 30):
-        store.put(data[start:start + 30])
+        store.put(data[start : start + 30])
         store.flush()
     reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False, row_group_cache_bytes=0)
     reader.index_now()
@@ -259,16 +274,19 @@ def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
 def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
     data = corpus(600, days=1)
     for start in range(0, len(data), 300):
-        store.put(data[start:start + 300])
+        store.put(data[start : start + 300])
         store.flush()
     maintenance.compact(store.table, today=dt.date(2030, 1, 1))
     reader = TableReader(store.table.uri, check_interval_s=None)
     reader.refresh()
-    (path, _), = reader._snapshot.files
+    ((path, _),) = reader._snapshot.files
     metadata = pq.ParquetFile(os.path.join(store.table.uri, path)).metadata
     assert metadata.num_row_groups == -(-600 // maintenance.ROW_GROUP_ROWS)
-    codecs = {metadata.row_group(g).column(c).path_in_schema: metadata.row_group(g).column(c).compression
-              for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
+    codecs = {
+        metadata.row_group(g).column(c).path_in_schema: metadata.row_group(g).column(c).compression
+        for g in range(metadata.num_row_groups)
+        for c in range(metadata.num_columns)
+    }
     # Hashes are random bytes: stored as they are; the rest in Snappy.
     assert {name for name, codec in codecs.items() if codec != "SNAPPY"} == {"muid", "message_hash", "digest"}
     assert {codecs[name] for name in ("muid", "message_hash", "digest")} == {"UNCOMPRESSED"}
@@ -289,7 +307,7 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp
 
     data = corpus(240, days=3)
     for start in range(0, len(data), 40):
-        store.put(data[start:start + 40])
+        store.put(data[start : start + 40])
         store.flush()
     stored = [muid(p, m) for p, m, _ in data]
     day_of = {k: day_of_ns(m.timestamp) for k, (p, m, _) in zip(stored, data)}
@@ -299,8 +317,9 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp
     unknown = [bytes(32 * [i]) for i in range(10)]
     asked = stored[::3] + twins + unknown
     directory = tmp_path / "index"
-    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
-                         index_directory=directory if kept else None)
+    reader = TableReader(
+        store.table.uri, check_interval_s=None, index_in_background=False, index_directory=directory if kept else None
+    )
     for compacted in (False, True):
         reader.committed()
         for wanted in (days, days[:1], days[1:]):
@@ -344,7 +363,7 @@ def indexed_on_disk(store, tmp_path, data):
     its indexes in ``tmp_path/index``: (that reader, a reader without the
     index, the directory)."""
     for start in range(0, len(data), 50):
-        store.put(data[start:start + 50])
+        store.put(data[start : start + 50])
         store.flush()
     directory = tmp_path / "index"
     first, plain = readers(store.table.uri, directory)
@@ -431,8 +450,9 @@ def test_a_missing_damaged_or_stale_index_file_is_built_again_for_that_file_alon
         with open(first._files.path_of(paths[1]), "rb") as other, open(victim, "wb") as f:
             f.write(other.read())
     caplog.set_level(logging.WARNING, logger="wakustore.storage.reader")
-    restarted = TableReader(store.table.uri, check_interval_s=None, index_directory=directory,
-                            index_in_background=False)
+    restarted = TableReader(
+        store.table.uri, check_interval_s=None, index_directory=directory, index_in_background=False
+    )
     restarted.refresh()
     restarted.index_now()
     # The body's CRC is checked by the background pass; run it here.
@@ -516,7 +536,8 @@ def test_candidates_keep_every_row_tied_at_the_cut_and_at_the_cursor():
 
 @pytest.mark.parametrize("filled", [False, True], ids=["filter-filling", "filter-full"])
 def test_a_restarted_node_fills_its_key_filter_from_the_index_files_and_finds_old_duplicates(
-        engine, tmp_path, monkeypatch, filled):
+    engine, tmp_path, monkeypatch, filled
+):
     """A node started again on its data dir reads no MUID through the
     table: its key filter is filled from the key index files in the
     background, and until it is full every new key is looked up on every
@@ -561,16 +582,23 @@ def test_the_newest_rows_read_in_process_are_every_row_from_the_cut_as_the_engin
     with it included), the rows as the engine gives them."""
     data = corpus(300, days=3)
     for start in range(0, len(data), 60):
-        store.put(data[start:start + 60])
+        store.put(data[start : start + 60])
         store.flush()
-    reader = TableReader(store.table.uri, check_interval_s=None, index_in_background=False,
-                         index_directory=tmp_path / "index")
+    reader = TableReader(
+        store.table.uri, check_interval_s=None, index_in_background=False, index_directory=tmp_path / "index"
+    )
     reader.index_now()
     size = sum(s for sizes in reader.file_sizes_by_day().values() for s in sizes)
     per_row = size / len(data)  # about: each file's own bytes a row weigh its rows
     times = sorted(m.timestamp for _, m, _ in data)
-    for since, budget in ((times[0], 10 * size), (times[len(times) // 2], 10 * size), (times[0], 37 * per_row),
-                          (times[-1], 5 * per_row), (times[-1] + 1, 10 * per_row), (times[0], 0)):
+    for since, budget in (
+        (times[0], 10 * size),
+        (times[len(times) // 2], 10 * size),
+        (times[0], 37 * per_row),
+        (times[-1], 5 * per_row),
+        (times[-1] + 1, 10 * per_row),
+        (times[0], 0),
+    ):
         rows, cut = reader.newest_rows(since, int(budget))
         assert cut >= since
         if budget >= size:
@@ -594,8 +622,14 @@ def test_the_compiled_key_finder_finds_every_copy_of_every_key_in_every_run():
     rng = random.Random(7)
     for _ in range(150):
         n = rng.choice([0, 1, 2, 63, 64, 65, 300, 3000])
-        keys = [os.urandom(32) if rng.random() < 0.8 else bytes(8) + os.urandom(24) if rng.random() < 0.5
-                else bytes(31) + bytes([rng.randrange(3)]) for _ in range(n)]
+        keys = [
+            os.urandom(32)
+            if rng.random() < 0.8
+            else bytes(8) + os.urandom(24)
+            if rng.random() < 0.5
+            else bytes(31) + bytes([rng.randrange(3)])
+            for _ in range(n)
+        ]
         if n and rng.random() < 0.3:
             keys += keys[: n // 3] * rng.randrange(1, 40)  # copies: more hits than the finder's first buffer
         runs_keys = [sorted(keys), [], sorted(os.urandom(32) for _ in range(70))]
@@ -603,6 +637,7 @@ def test_the_compiled_key_finder_finds_every_copy_of_every_key_in_every_run():
         asked = rng.sample(keys, min(len(keys), 25)) + [os.urandom(32) for _ in range(5)] + [bytes(32), b"\xff" * 32]
         wanted, found = row_index.find_keys(runs, asked)
         assert wanted == sorted(set(asked))
-        expected = sorted((r, i, wanted.index(k)) for r, run in enumerate(runs_keys) for i, k in enumerate(run)
-                          if k in set(wanted))
+        expected = sorted(
+            (r, i, wanted.index(k)) for r, run in enumerate(runs_keys) for i, k in enumerate(run) if k in set(wanted)
+        )
         assert sorted(found) == expected

@@ -21,7 +21,9 @@ def test_store_over_a_remote_spark_connect_endpoint(engine, tmp_path):
     remote = Engine(engine.url)
     assert not remote.is_embedded
     try:
-        store = MessageStore(DeltaTableRef(remote, str(tmp_path / "m")), tmp_path / "wal", StoreConfig(shared_table=True))
+        store = MessageStore(
+            DeltaTableRef(remote, str(tmp_path / "m")), tmp_path / "wal", StoreConfig(shared_table=True)
+        )
         store.open()
         messages = [(PUBSUB, WakuMessage(b"r-%d" % i, "/r/1/t/proto", timestamp=T0 + i), T0) for i in range(30)]
         store.put(messages)
@@ -29,8 +31,17 @@ def test_store_over_a_remote_spark_connect_endpoint(engine, tmp_path):
         store.put(messages[:10])  # duplicates
         store.flush()
         assert store.table.count() == 30
-        query = validate_v3(pubsub_topic=PUBSUB, content_topics=["/r/1/t/proto"], time_start=None, time_end=None,
-                            message_hashes=[], cursor=None, forward=True, limit=20, include_data=True)
+        query = validate_v3(
+            pubsub_topic=PUBSUB,
+            content_topics=["/r/1/t/proto"],
+            time_start=None,
+            time_end=None,
+            message_hashes=[],
+            cursor=None,
+            forward=True,
+            limit=20,
+            include_data=True,
+        )
         first = store.query(query)
         second = store.query(dataclasses.replace(query, cursor=first.next_cursor.message_hash))
         got = [m.message.payload for m in first.messages + second.messages]

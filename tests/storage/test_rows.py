@@ -57,14 +57,17 @@ def test_pending_rows_are_read_in_order_by_time_range_and_group_whatever_order_t
 
     rng = random.Random(5)
     messages = [
-        (f"/waku/2/rs/16/{rng.randrange(3)}",
-         WakuMessage(b"%d" % i, f"/a/1/t{rng.randrange(4)}/proto", timestamp=T0 + rng.randrange(50)), T0)
+        (
+            f"/waku/2/rs/16/{rng.randrange(3)}",
+            WakuMessage(b"%d" % i, f"/a/1/t{rng.randrange(4)}/proto", timestamp=T0 + rng.randrange(50)),
+            T0,
+        )
         for i in range(400)
     ]
     rows = [Row.build(*t) for t in messages]
     pending = _Pending(MESSAGE_CODEC)
     for start in range(0, 400, 37):  # puts of unsorted batches, reads in between
-        chunk = messages_to_arrow(messages[start:start + 37])
+        chunk = messages_to_arrow(messages[start : start + 37])
         pending.add(chunk.column("muid").to_pylist(), chunk)
         list(pending.entries(T0 + 10, T0 + 20, False))
     assert len(pending) == 400
@@ -138,8 +141,11 @@ def test_the_hash_worker_makes_the_columns_hashing_in_process_makes_and_a_dead_o
     from wakustore.storage.hash_worker import MIN_BATCH, BatchHasher
     from wakustore.storage.rows import messages_to_arrow
 
-    many = [(p, WakuMessage(m.payload + b"%d" % i, m.content_topic, m.version, m.timestamp + i, m.meta[:i % 50]), a)
-            for i in range(MIN_BATCH) for p, m, a in MESSAGES]
+    many = [
+        (p, WakuMessage(m.payload + b"%d" % i, m.content_topic, m.version, m.timestamp + i, m.meta[: i % 50]), a)
+        for i in range(MIN_BATCH)
+        for p, m, a in MESSAGES
+    ]
     hasher = BatchHasher()
     try:
         assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
@@ -150,7 +156,9 @@ def test_the_hash_worker_makes_the_columns_hashing_in_process_makes_and_a_dead_o
         assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
         assert hasher.batches == 2 and hasher._process.pid != first  # a new worker
         with monkeypatch.context() as patch:  # the worker's answer cut short
-            patch.setattr(hash_worker, "_read_exact", lambda fd, size, timeout_s: (_ for _ in ()).throw(EOFError("cut")))
+            patch.setattr(
+                hash_worker, "_read_exact", lambda fd, size, timeout_s: (_ for _ in ()).throw(EOFError("cut"))
+            )
             assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))  # hashed in process
         assert hasher.failures == 1 and hasher._process is None
         messages_to_arrow(many, hasher)
@@ -159,7 +167,7 @@ def test_the_hash_worker_makes_the_columns_hashing_in_process_makes_and_a_dead_o
             patch.setattr(hash_worker, "TIMEOUT_S", 0.2)
             assert messages_to_arrow(many, hasher).equals(messages_to_arrow(many))
         assert hasher.failures == 2 and hasher._process is None  # stopped, killed and replaced next time
-        assert messages_to_arrow(many[:MIN_BATCH - 1], hasher).equals(messages_to_arrow(many[:MIN_BATCH - 1]))
+        assert messages_to_arrow(many[: MIN_BATCH - 1], hasher).equals(messages_to_arrow(many[: MIN_BATCH - 1]))
         assert hasher.batches == 3  # a small batch stays in process
     finally:
         hasher.close()

@@ -105,8 +105,9 @@ def test_the_server_stops_once_its_parent_is_gone():
         "print('PID', child.pid, flush=True)\n"
         "line = sys.stdin.readline()\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", launcher], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              env=_env(), text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", launcher], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(), text=True
+    )
     server_pid = None
     try:
         server_pid = int(parent.stdout.readline().split()[1])
@@ -126,8 +127,12 @@ def test_the_server_stops_once_its_parent_is_gone():
 
 def test_a_server_whose_parent_died_before_it_started_exits_at_once():
     # No process runs as pid 0's child: the parent is already not "0".
-    done = subprocess.run([sys.executable, "-m", "wakustore.storage.sail_server", "--port", "0",
-                           "--parent-pid", "0"], capture_output=True, timeout=EXIT_TIMEOUT_S + 30, env=_env())
+    done = subprocess.run(
+        [sys.executable, "-m", "wakustore.storage.sail_server", "--port", "0", "--parent-pid", "0"],
+        capture_output=True,
+        timeout=EXIT_TIMEOUT_S + 30,
+        env=_env(),
+    )
     assert done.returncode == 0 and done.stdout == b""
 
 
@@ -149,9 +154,14 @@ def test_spawn_gives_up_after_its_timeout_and_leaves_no_process():
 
 def test_stop_kills_a_child_that_ignores_sigterm():
     ignoring = subprocess.Popen(
-        [sys.executable, "-c", "import signal, sys, time\n"
-         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     assert ignoring.stdout.readline() == b"ready\n"
     started = time.monotonic()

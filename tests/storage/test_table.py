@@ -26,8 +26,9 @@ SECOND = 10**9
 
 
 def row(i, ts=None, topic=TOPIC, pubsub=PUBSUB) -> Row:
-    message = WakuMessage(payload=b"payload-%d" % i, content_topic=topic,
-                          timestamp=T0 + i * SECOND if ts is None else ts)
+    message = WakuMessage(
+        payload=b"payload-%d" % i, content_topic=topic, timestamp=T0 + i * SECOND if ts is None else ts
+    )
     return Row.build(pubsub, message, T0)
 
 
@@ -77,8 +78,10 @@ def test_page_follows_a_cursor_forward_and_backward_with_timestamp_ties(table):
     rows.append(row(50, topic=OTHER))
     rows.append(row(51, pubsub="/waku/2/rs/16/33"))
     table.append(to_arrow(rows))
-    mine = sorted((r for r in rows if r.message.content_topic == TOPIC and r.pubsub_topic == PUBSUB),
-                  key=sort_key(Ordering.MESSAGE_HASH))
+    mine = sorted(
+        (r for r in rows if r.message.content_topic == TOPIC and r.pubsub_topic == PUBSUB),
+        key=sort_key(Ordering.MESSAGE_HASH),
+    )
     ordered = [(r.timestamp, r.message_hash) for r in mine]
     q = HistoryQuery(pubsub_topic=PUBSUB, content_topics=(TOPIC,), forward=True, limit=4)
     assert keys(table.page(q, None, 5)) == ordered[:5]
@@ -88,8 +91,14 @@ def test_page_follows_a_cursor_forward_and_backward_with_timestamp_ties(table):
     assert keys(table.page(back, None, 5)) == ordered[::-1][:5]
     assert keys(table.page(back, cursor, 5)) == ordered[:4][::-1]
     # Time bounds: start inclusive, end exclusive.
-    window = HistoryQuery(pubsub_topic=PUBSUB, content_topics=(TOPIC,), time_start=T0 + SECOND,
-                          time_end=T0 + 3 * SECOND, forward=True, limit=10)
+    window = HistoryQuery(
+        pubsub_topic=PUBSUB,
+        content_topics=(TOPIC,),
+        time_start=T0 + SECOND,
+        time_end=T0 + 3 * SECOND,
+        forward=True,
+        limit=10,
+    )
     assert keys(table.page(window, None, 11)) == ordered[3:9]
 
 
@@ -122,18 +131,19 @@ def test_a_cursor_on_another_day_prunes_nothing_it_should_not(table):
     table.append(to_arrow(rows))
     q = HistoryQuery(forward=True, limit=10)
     assert keys(table.page(q, (rows[1].timestamp, rows[1].message_hash), 11)) == [
-        (r.timestamp, r.message_hash) for r in rows[2:]]
+        (r.timestamp, r.message_hash) for r in rows[2:]
+    ]
     back = HistoryQuery(forward=False, limit=10)
     assert keys(table.page(back, (rows[2].timestamp, rows[2].message_hash), 11)) == [
-        (r.timestamp, r.message_hash) for r in rows[:2][::-1]]
+        (r.timestamp, r.message_hash) for r in rows[:2][::-1]
+    ]
     # A row at midnight exactly: a cursor at that timestamp keeps its ties
     # on both sides of the day boundary.
     midnight = schema.day_start_ns(schema.day_of_ns(rows[3].timestamp))
     at_midnight = row(60, ts=midnight)
     table.append(to_arrow([at_midnight]))
     edge = (midnight, at_midnight.message_hash)
-    assert keys(table.page(back, (midnight, b"\xff" * 32), 11))[:2] == [
-        edge, (rows[2].timestamp, rows[2].message_hash)]
+    assert keys(table.page(back, (midnight, b"\xff" * 32), 11))[:2] == [edge, (rows[2].timestamp, rows[2].message_hash)]
     assert keys(table.page(back, (midnight, b""), 11))[0] == (rows[2].timestamp, rows[2].message_hash)
     assert keys(table.page(q, (midnight, b""), 11))[0] == edge
     assert keys(table.page(q, (midnight - 1, b"\xff" * 32), 11))[0] == edge
@@ -227,8 +237,10 @@ def test_replace_where_writes_files_of_bounded_size(table, monkeypatch, tmp_path
     monkeypatch.setattr(table_module, "REPLACE_TARGET_FILE_BYTES", target)
     # Incompressible payloads, so that file sizes follow the rows; staged
     # as the import stages a window, in small row groups (the batches read).
-    rows = [Row.build(PUBSUB, WakuMessage(payload=os.urandom(300), content_topic=TOPIC, timestamp=T0 + i * SECOND // 8), T0)
-            for i in range(40_000)]
+    rows = [
+        Row.build(PUBSUB, WakuMessage(payload=os.urandom(300), content_topic=TOPIC, timestamp=T0 + i * SECOND // 8), T0)
+        for i in range(40_000)
+    ]
     staged = tmp_path / "staged"
     staged.mkdir()
     pq.write_table(to_arrow(rows), staged / "rows.parquet", row_group_size=1000)
@@ -252,8 +264,9 @@ def test_the_log_is_trimmed_behind_its_checkpoints_and_every_reader_still_follow
     log_dir = tmp_path / "trimmed" / "_delta_log"
     behind = TableReader(table.uri)
     behind.committed()  # holds an early version through the trim
-    rows = [Row.build("/waku/2/rs/16/1", WakuMessage(b"m%d" % i, "/a/1/t/proto", timestamp=T0 + i), T0)
-            for i in range(30)]
+    rows = [
+        Row.build("/waku/2/rs/16/1", WakuMessage(b"m%d" % i, "/a/1/t/proto", timestamp=T0 + i), T0) for i in range(30)
+    ]
     for row in rows[:25]:  # the engine checkpoints every 10 commits
         table.append(to_arrow([row]))
     assert (log_dir / "_last_checkpoint").exists()
@@ -271,6 +284,23 @@ def test_the_log_is_trimmed_behind_its_checkpoints_and_every_reader_still_follow
     behind.refresh()  # from before the trim: reloads from the checkpoint
     fresh = TableReader(table.uri)
     for reader in (behind, fresh):
-        assert len(reader.page(validate_v3(pubsub_topic="/waku/2/rs/16/1", content_topics=["/a/1/t/proto"],
-                                           time_start=None, time_end=None, message_hashes=[], cursor=None,
-                                           forward=True, limit=100, include_data=False), None, 101)) == 30
+        assert (
+            len(
+                reader.page(
+                    validate_v3(
+                        pubsub_topic="/waku/2/rs/16/1",
+                        content_topics=["/a/1/t/proto"],
+                        time_start=None,
+                        time_end=None,
+                        message_hashes=[],
+                        cursor=None,
+                        forward=True,
+                        limit=100,
+                        include_data=False,
+                    ),
+                    None,
+                    101,
+                )
+            )
+            == 30
+        )

@@ -99,8 +99,15 @@ def test_write_path_refuses_new_rows_past_its_pending_bound(tmp_path):
 
     from wakustore.storage.table import DeltaTableRef
 
-    path = WritePath(DeltaTableRef(Down(), str(tmp_path / "t")), tmp_path / "wal", MESSAGE_CODEC,
-                     recent_keys=100, flush_interval_s=1, flush_max_rows=10, max_pending=5)
+    path = WritePath(
+        DeltaTableRef(Down(), str(tmp_path / "t")),
+        tmp_path / "wal",
+        MESSAGE_CODEC,
+        recent_keys=100,
+        flush_interval_s=1,
+        flush_max_rows=10,
+        max_pending=5,
+    )
     rows = [Row.build("/p", WakuMessage(b"%d" % i, "/c"), 0) for i in range(8)]
     assert path.put(rows[:5]) == (5, 0)
     with pytest.raises(BufferFull):

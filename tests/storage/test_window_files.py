@@ -28,8 +28,11 @@ DAY_NS = 86_400 * SECOND
 
 
 def row(i, topic=TOPIC, ts=None, payload=None) -> Row:
-    message = WakuMessage(payload=payload if payload is not None else b"payload-%d" % i, content_topic=topic,
-                          timestamp=T0 + i * SECOND if ts is None else ts)
+    message = WakuMessage(
+        payload=payload if payload is not None else b"payload-%d" % i,
+        content_topic=topic,
+        timestamp=T0 + i * SECOND if ts is None else ts,
+    )
     return Row.build(PUBSUB, message, T0)
 
 
@@ -52,8 +55,10 @@ def live_paths(table) -> set[str]:
 
 def payloads(table) -> list[bytes]:
     """Every row's payload, read by the engine."""
-    return sorted(m.message.payload for m in from_arrow(table.engine.run(
-        lambda spark: spark.read.format("delta").load(table.uri).toArrow())))
+    return sorted(
+        m.message.payload
+        for m in from_arrow(table.engine.run(lambda spark: spark.read.format("delta").load(table.uri).toArrow()))
+    )
 
 
 def test_files_without_a_row_of_the_window_are_left_alone(table):
@@ -69,8 +74,9 @@ def test_files_without_a_row_of_the_window_are_left_alone(table):
     table.replace_where(to_arrow([row(12, payload=b"new-12")]), T0 + 10 * SECOND, T0 + 15 * SECOND, [TOPIC])
     after = live_paths(table)
     assert other_file <= after and untouched <= after and not mixed & after
-    assert payloads(table) == sorted([b"payload-%d" % i for i in (0, 1, 2, 100, 101, 102, 15, 16, 17, 18, 19)]
-                                     + [b"new-12"])
+    assert payloads(table) == sorted(
+        [b"payload-%d" % i for i in (0, 1, 2, 100, 101, 102, 15, 16, 17, 18, 19)] + [b"new-12"]
+    )
     kinds = [next(iter(action)) for action in log_actions(table)]
     assert kinds.count("remove") == len(mixed) and kinds.count("add") >= 2  # the kept rest, the window
 
@@ -103,8 +109,17 @@ def test_a_window_over_days_writes_a_file_a_day_with_the_engines_statistics(tabl
     assert table.count() == 12_000
     middle = (T0 + DAY_NS, T0 + DAY_NS + DAY_NS // 3)
     expected = sum(middle[0] <= r.timestamp < middle[1] for r in rows)
-    query = validate_v3(pubsub_topic=PUBSUB, content_topics=[TOPIC], time_start=middle[0], time_end=middle[1] - 1,
-                        message_hashes=[], cursor=None, forward=True, limit=100, include_data=False)
+    query = validate_v3(
+        pubsub_topic=PUBSUB,
+        content_topics=[TOPIC],
+        time_start=middle[0],
+        time_end=middle[1] - 1,
+        message_hashes=[],
+        cursor=None,
+        forward=True,
+        limit=100,
+        include_data=False,
+    )
     page = table.page(query, None, 10_000)
     assert page.num_rows == expected > 0
 
@@ -119,8 +134,11 @@ def test_a_failed_commit_leaves_the_table_and_no_file_behind(table, monkeypatch)
     before_files = {p for p in Path(table.uri).rglob("*.parquet")}
     version = DeltaTable(table.uri).version()
 
-    for error, raised in ((CommitFailedError("version 3 already exists"), CommitConflict),
-                          (OSError("disk full"), OSError)):
+    for error, raised in (
+        (CommitFailedError("version 3 already exists"), CommitConflict),
+        (OSError("disk full"), OSError),
+    ):
+
         def fail(self, *args, error=error, **kwargs):
             raise error
 
@@ -142,8 +160,20 @@ def test_a_put_during_a_window_commit_is_stored_once(store):
 
     assert store.table.bulk_in_process
     messages = [row(i).message for i in range(5)]
-    records = [(PUBSUB, m.content_topic, m.payload, m.meta, m.version, m.timestamp, m.rate_limit_proof, T0,
-                message_hash(PUBSUB, m)) for m in messages]
+    records = [
+        (
+            PUBSUB,
+            m.content_topic,
+            m.payload,
+            m.meta,
+            m.version,
+            m.timestamp,
+            m.rate_limit_proof,
+            T0,
+            message_hash(PUBSUB, m),
+        )
+        for m in messages
+    ]
     window = store.stage_window_tables(T0, T0 + 10 * SECOND, [TOPIC], [records_to_arrow(records)])
     entered, release = threading.Event(), threading.Event()
     replace = window_files.replace_window
