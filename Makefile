@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # `make run ARGS="--tcp-port 0 --shard 1"`: flags passed on to `wakustore serve`
 ARGS ?=
 
-.PHONY: install run test bench fuzz soak protos clean
+.PHONY: install run test lint typecheck bench fuzz soak protos clean
 
 install: $(STAMP)
 
@@ -26,6 +26,22 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Static checks: ruff's linter and formatter, then mypy (strict on
+# protocols/ and transport/; see pyproject.toml). mypy reads the packages
+# through build/typecheck/wakustore, links to the folders pyproject.toml maps.
+PACKAGE_DIRS := protos protocols storage transport node clients cli bench
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: install
+	rm -rf build/typecheck && mkdir -p build/typecheck/wakustore
+	for d in $(PACKAGE_DIRS); do ln -s ../../../$$d build/typecheck/wakustore/$$d; done
+	for f in wakustore/*.py; do ln -s ../../../$$f build/typecheck/wakustore/; done
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p wakustore
 
 bench: install
 	$(BIN)/wakustore bench store

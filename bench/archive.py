@@ -38,15 +38,15 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from wakustore.bench.common import add_common_arguments, positive_int
-from wakustore.node import archive as node_archive
-from wakustore.node import allocator
-from wakustore.node import config as node_config
-from wakustore.node import torrent
 from wakustore.bench.store import RssSampler
+from wakustore.node import allocator
+from wakustore.node import archive as node_archive
+from wakustore.node import config as node_config
 from wakustore.protocols import archive, topics, waku_v1
-from wakustore.protocols.archive import Layout
+from wakustore.protocols.archive_records import Layout
 from wakustore.protocols.crypto import keccak256, sign_recoverable
 from wakustore.protocols.message import WakuMessage
+from wakustore.transport import torrent
 
 DEFAULT_MESSAGES = 100_000
 DEFAULT_DAYS = 28  # four status-go windows
@@ -225,7 +225,8 @@ def run_archive_bench(args: argparse.Namespace) -> int:
             # store (its key index, recent keys, hot tier) is closed and its
             # freed heap given back before the fetch. It shares the engine.
             control.close()
-            control = None
+            # None from here: the finally below does not close it again.
+            control = None  # type: ignore[assignment]
             allocator.trim_heap()
             _say("seeding and fetching over loopback BitTorrent ...")
             seeder = torrent.Seeder(torrent.open_session("127.0.0.1:0", isolated=True))
@@ -233,10 +234,11 @@ def run_archive_bench(args: argparse.Namespace) -> int:
                 node_archive.seed_latest(seeder, settings)
                 with PeakMemory(engine) as memory:
                     fetched = node_archive.fetch_archives(
+                        # None when the export made no archive: fetch_archives is then handed None.
                         member,
                         member_config.data_dir,
                         settings.public_key,
-                        exported.magnet,
+                        exported.magnet,  # type: ignore[arg-type]
                         layout=Layout(args.layout),
                         peers=[("127.0.0.1", seeder.port)],
                         session=torrent.open_session("127.0.0.1:0", isolated=True),

@@ -341,7 +341,7 @@ def sample_originals(
     hash), of the slots ``among`` (default all)."""
     among = range(spec.messages) if among is None else among
     slots: set[int] = set()
-    out = []
+    out: list[tuple[str, WakuMessage]] = []
     attempts = 0
     while len(out) < count and attempts < count * 20:
         attempts += 1

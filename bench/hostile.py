@@ -20,8 +20,13 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import trio
+
+if TYPE_CHECKING:
+    from libp2p.network.swarm import Swarm
+    from libp2p.transport.tcp.tcp import TCP
 
 # What one hostile host does at once: dialers (past the node's default
 # per-address cap of 2), queries per connection, streams hoarded per
@@ -38,18 +43,16 @@ MULTISTREAM_GREETING = b"\x13/multistream/1.0.0\n"
 @asynccontextmanager
 async def connect_from(source_ip: str, peer: str, timeout_s: float = 10.0):
     """A StoreClient with a fresh key whose TCP connection leaves from ``source_ip``."""
-    from libp2p import new_host
-    from libp2p.crypto.secp256k1 import create_new_key_pair
-
     from wakustore.clients.store import StoreClient, parse_peer
-    from wakustore.node.host import stop_auto_dialing
+    from wakustore.transport.host import new_host, stop_auto_dialing
 
     info = parse_peer(peer)
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
+    host = new_host()
     async with host.run(listen_addrs=[]):
         await stop_auto_dialing(host)
-        swarm = host.get_network()
-        transport = swarm.transport_manager.transport_for_dialing(info.addrs[0])
+        swarm = cast("Swarm", host.get_network())  # what new_host builds
+        # The node's TCP address: the TCP transport (None for an address no transport dials).
+        transport = cast("TCP", swarm.transport_manager.transport_for_dialing(info.addrs[0]))
         with trio.fail_after(timeout_s):
             raw = await transport.dial_with_source(info.addrs[0], (source_ip, 0))
             await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
@@ -72,7 +75,7 @@ async def _hostile(peer: str, hosts: int, query, stop_path: Path) -> dict:
 
     from wakustore.protocols import store_v3
 
-    counts = {
+    counts: dict[str, float] = {
         "connections": 0,
         "refused": 0,
         "queries": 0,

@@ -36,12 +36,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import trio
 
 from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
 from wakustore.node import config as node_config
-from wakustore.node.usage import UsageError
+from wakustore.usage import UsageError
 
 DEFAULT_ENVELOPES = 5000
 DEFAULT_REQUESTS = 20
@@ -129,19 +130,24 @@ def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
     total_bytes = sum(b for _, _, b in timings["all"])
     total_s = sum(latencies) / 1000
     p50 = percentile(latencies, 50)
+    p90 = percentile(latencies, 90)
+    store_p50 = percentile(store_ms, 50)
+    # --requests is positive: at least one timed request and one timed store query.
+    assert p50 is not None and p90 is not None and store_p50 is not None
     report.update(
         {
             "request_p50_ms": round(p50, 2),
-            "request_p90_ms": round(percentile(latencies, 90), 2),
+            "request_p90_ms": round(p90, 2),
             "envelopes_per_s": round(args.page / (p50 / 1000), 1),
             "envelopes_per_s_overall": round(envelopes / total_s, 1),
             "mib_per_s": round(total_bytes / MIB / total_s, 2),
+            # A shape with no timed request (--requests 1) is left out.
             "per_shape": {
-                shape: {"n": len(v), "p50_ms": round(percentile([ms for ms, _, _ in v], 50), 2)}
+                shape: {"n": len(v), "p50_ms": round(p, 2)}
                 for shape, v in timings.items()
-                if shape != "all"
+                if shape != "all" and (p := percentile([ms for ms, _, _ in v], 50)) is not None
             },
-            "store_query_p50_ms": round(percentile(store_ms, 50), 2),
+            "store_query_p50_ms": round(store_p50, 2),
         }
     )
     report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -243,7 +249,8 @@ async def _serve_and_request(store, rows: list, args) -> dict:
 def _run_client_process(enode: str, requests: list, password: str) -> list[tuple[float, int, int]]:
     """Run the requests from a fresh interpreter (arguments and result pickled over its pipes)."""
     job = (enode, [request for _, request in requests], password)
-    return run_client_process("wakustore.bench.mailserver", job, CLIENT_TIMEOUT_S)
+    samples = run_client_process("wakustore.bench.mailserver", job, CLIENT_TIMEOUT_S)
+    return cast(list[tuple[float, int, int]], samples)
 
 
 def client_main() -> None:

@@ -47,12 +47,16 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from wakustore.bench.common import wait_for_node_info
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StatusCode
+
+if TYPE_CHECKING:
+    from wakustore.storage.engine import Engine
 
 CLUSTER_ID = 77
 SHARDS = (0, 3)
@@ -236,7 +240,7 @@ class NodeProcess:
             self.process.wait(timeout=120)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RuntimeError("the node did not stop within 120 s of SIGTERM")
+            raise RuntimeError("the node did not stop within 120 s of SIGTERM") from None
         code = self.process.returncode
         self.process = None
         if code != 0:
@@ -292,7 +296,7 @@ class Soak:
         self.report = report
         self.counter = 0
         self.sent: list[tuple[str, WakuMessage]] = []  # everything acknowledged, for duplicates
-        self._engine = None
+        self._engine: Engine | None = None
 
     # -- driving ----------------------------------------------------------
 
@@ -470,7 +474,7 @@ class Soak:
         async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
             cursor = None
             for number, want in enumerate(expected):
-                response = await self._answered(lambda: client.query(dataclasses.replace(query, cursor=cursor)))
+                response = await self._answered(lambda c=cursor: client.query(dataclasses.replace(query, cursor=c)))
                 self.totals.pages += 1
                 got = [(m.message_hash, m.pubsub_topic, m.message) for m in response.messages]
                 wanted = [
@@ -613,8 +617,8 @@ class Soak:
     async def _relay(self, batch: list[tuple[str, WakuMessage]]) -> None:
         """Publish on relay; relay has no acknowledgement, so a message
         counts as acknowledged once a hash lookup finds it."""
+        from wakustore.bench.relay_peer import relay_publisher
         from wakustore.clients.store import StoreClient
-        from wakustore.clients.relay import relay_publisher
         from wakustore.protocols.message_codec import encode_message
 
         awaited = {}
@@ -624,7 +628,7 @@ class Soak:
         ):
             for pubsub_topic, message in batch:
                 await pubsub.publish(pubsub_topic, encode_message(message))
-                key = muid(pubsub_topic, message)
+                key: bytes | None = muid(pubsub_topic, message)
                 if key not in self.model.rows and key not in awaited:
                     awaited[key] = (pubsub_topic, message)
             # Looked up while the publisher is still connected: closing it
@@ -633,7 +637,7 @@ class Soak:
             while awaited:
                 hashes = {message_hash(p, m): key for key, (p, m) in awaited.items()}
                 query = HistoryQuery(message_hashes=tuple(hashes)[:100], limit=100, include_data=False)
-                response = await self._answered(lambda: client.query(query))
+                response = await self._answered(lambda q=query: client.query(q))
                 for found in response.messages:
                     key = hashes.get(found.message_hash)
                     if key is not None:
@@ -682,6 +686,7 @@ class Soak:
         try:
             trio.run(function, *args)
         except BaseExceptionGroup as group:
+            mismatch: BaseException | None
             mismatch, _ = group.split(Mismatch)
             while isinstance(mismatch, BaseExceptionGroup):
                 mismatch = mismatch.exceptions[0]
@@ -689,7 +694,7 @@ class Soak:
                 raise mismatch from None
             raise
 
-    def _wait(self, ready: Callable[[dict], bool], what: str) -> None:
+    def _wait(self, ready: Callable[[dict], object], what: str) -> None:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
@@ -728,7 +733,7 @@ class Soak:
 
         maintenance.delete_before(store.table, cutoff_ns)
         store.forget_before(cutoff_ns)
-        maintenance.compact(store.table, today=dt.datetime.now(dt.timezone.utc).date())
+        maintenance.compact(store.table, today=dt.datetime.now(dt.UTC).date())
 
 
 def _describe(entries: list) -> str:
@@ -740,7 +745,7 @@ def _describe(entries: list) -> str:
 
 def run_soak(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
-    from wakustore.node.usage import UsageError
+    from wakustore.usage import UsageError
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="wakustore-soak-"))
     if (work / "node").exists():

@@ -45,10 +45,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols import store_query
+from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, Page, StoredMessage, unknown_cursor
+
+if TYPE_CHECKING:
+    import psycopg
 
 NS_PER_HOUR = 3_600 * 1_000_000_000
 # nwaku's MaxHashesPerQuery.
@@ -91,15 +95,16 @@ def _filter_and_order(
             clauses.append(f"{column} = {mark}")
             params.append(value(p.column, p.value))
         elif p.op == store_query.IN:
-            clauses.append(f"{column} IN ({', '.join([mark] * len(p.value))})")
-            params += [value(p.column, v) for v in p.value]
+            values = cast(tuple[object, ...], p.value)
+            clauses.append(f"{column} IN ({', '.join([mark] * len(values))})")
+            params += [value(p.column, v) for v in values]
         elif p.op == store_query.GE:
             clauses.append(f"{column} >= {mark}")
             params.append(value(p.column, p.value))
         elif p.op == store_query.LT:
             # nwaku's end bound is inclusive: the last admitted timestamp.
             clauses.append(f"{column} <= {mark}")
-            params.append(value(p.column, p.value - 1))
+            params.append(value(p.column, cast(int, p.value) - 1))
         else:
             raise BackendError(f"unknown predicate operator {p.op!r}")
     direction = "ASC" if query.forward else "DESC"
@@ -113,14 +118,14 @@ def _filter_and_order(
 def _sqlite_value(column: str, value: object) -> object:
     """Topics are BLOBs in nwaku's SQLite schema, hashes raw bytes."""
     if column in (store_query.PUBSUB_TOPIC, store_query.CONTENT_TOPIC):
-        return value.encode()
+        return cast(str, value).encode()
     return value
 
 
 def _postgres_value(column: str, value: object) -> object:
     """Hashes are hex VARCHARs in nwaku's PostgreSQL schema."""
     if column == store_query.MESSAGE_HASH:
-        return value.hex()
+        return cast(bytes, value).hex()
     return value
 
 
@@ -194,6 +199,7 @@ class SqliteBackend:
             for h, pubsub, m in self._dedup.fresh(batch)
         ]
         db = self._db
+        assert db is not None  # start() opened it
         db.execute("BEGIN")
         try:
             db.executemany(
@@ -214,6 +220,7 @@ class SqliteBackend:
 
     def query(self, query: HistoryQuery) -> Page:
         db = self._db
+        assert db is not None  # start() opened it
         key = None
         if query.cursor is not None:
             found = db.execute("SELECT timestamp FROM Message WHERE messageHash = (?)", (query.cursor,)).fetchone()
@@ -304,6 +311,7 @@ class PostgresServer:
 
     @property
     def data_dir(self) -> Path:
+        assert self.root is not None  # set by start(), before any use
         return self.root / "data"
 
     def _as_owner(self, command: list[str]) -> list[str]:
@@ -370,7 +378,8 @@ class PostgresServer:
 
     def log_tail(self) -> str:
         try:
-            return (self.root / "server.log").read_text()[-2000:]
+            # Before start() or after stop() root is None: a TypeError, not "".
+            return (self.root / "server.log").read_text()[-2000:]  # type: ignore[operator]
         except OSError:
             return ""
 
@@ -409,7 +418,7 @@ class PostgresBackend:
         self.end_ns = end_ns
         self.say = say
         self.server: PostgresServer | None = None
-        self._conn = None
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._dedup = _Dedup()
         self.loaded = 0
         self.partitions = 0
@@ -428,6 +437,7 @@ class PostgresBackend:
             raise
 
     def _create_schema(self) -> None:
+        assert self._conn is not None  # start() connected
         cur = self._conn.cursor()
         cur.execute(
             "CREATE TABLE messages ("
@@ -475,6 +485,7 @@ class PostgresBackend:
                 f"{m.payload.hex()}\t{m.version}\t{m.timestamp}\t{meta}\n"
             )
             lookup.write(f"{hx}\t{m.timestamp}\n")
+        assert self._conn is not None  # start() connected
         cur = self._conn.cursor()
         with self._conn.transaction():
             with cur.copy(
@@ -489,6 +500,7 @@ class PostgresBackend:
 
     def after_load(self) -> dict[str, float]:
         """ANALYZE, as nwaku's daily analyzeTableLoop does (and the lookup table)."""
+        assert self._conn is not None  # start() connected
         started = time.perf_counter()
         self._conn.execute("ANALYZE messages")
         self._conn.execute("ANALYZE messages_lookup")
@@ -498,10 +510,11 @@ class PostgresBackend:
         preds, _after = store_query.predicates(query, None)
         if query.cursor is None and [p.column for p in preds] == [store_query.MESSAGE_HASH]:
             # Hashes alone: nwaku's getMessagesByMessageHashes.
-            return self._by_hashes(query, preds[0].value)
+            return self._by_hashes(query, cast(tuple[bytes, ...], preds[0].value))
         return self._arbitrary(query)
 
     def _arbitrary(self, query: HistoryQuery) -> Page:
+        assert self._conn is not None  # start() connected
         cur = self._conn.cursor()
         key = None
         if query.cursor is not None:
@@ -531,6 +544,7 @@ class PostgresBackend:
             f" AND l.messagehash IN ({hashes})"
             f" ORDER BY m.timestamp DESC, m.messagehash DESC LIMIT {query.limit + 1}"
         )
+        assert self._conn is not None  # start() connected
         rows = self._decode(self._conn.execute(sql).fetchall(), query)
         if query.forward:
             rows.reverse()
@@ -553,14 +567,18 @@ class PostgresBackend:
         ]
 
     def size_bytes(self) -> int:
+        assert self._conn is not None  # start() connected
         row = self._conn.execute(
             "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
             "WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'messages%%'"
         ).fetchone()
+        assert row is not None  # an aggregate without GROUP BY always returns one row
         return int(row[0] or 0)
 
     def server_pids(self) -> list[int]:
         """The postmaster and its backends (for memory figures)."""
+        if self.server is None:  # closed or never started
+            return []
         try:
             return [int((self.server.data_dir / "postmaster.pid").read_text().split()[0])]
         except (OSError, ValueError, IndexError, AttributeError):

@@ -61,14 +61,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from wakustore.bench import dataset as bench_dataset
 from wakustore.bench.common import add_common_arguments, positive_int
+from wakustore.bench.dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
 from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
-from wakustore.bench.dataset import NS_PER_DAY, NS_PER_HOUR, DatasetSpec
-from wakustore.node.usage import UsageError
+from wakustore.node.process import configure_node_process
 from wakustore.protocols.store_query import HistoryQuery, Page, validate_v3
+from wakustore.usage import UsageError
 
 BACKENDS = ("postgres", "sqlite")
 DEFAULT_MESSAGES = 1_000_000
@@ -458,6 +460,7 @@ def run_store_bench(args: argparse.Namespace) -> int:
     if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
         raise UsageError(f"--data-dir {args.data_dir} is not empty (the benchmark creates a fresh table)")
     config = node_config.load(args.config, {"engine": args.engine, "data_dir": args.data_dir})
+    configure_node_process(config)  # the node's process-wide settings, as `serve` makes them
     spec = DatasetSpec(messages=args.messages, end_ns=time.time_ns(), seed=args.seed, days=args.days)
     report: dict = {
         "messages": spec.messages,
@@ -610,7 +613,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             flushes = len(flush_times)
             before = maintenance.stats(store.table)
             # --- maintenance, as the node does for finished days
-            today = dt.datetime.now(dt.timezone.utc).date()
+            today = dt.datetime.now(dt.UTC).date()
             started = time.perf_counter()
             compacted = maintenance.compact(store.table, today=today)
             compact_s = time.perf_counter() - started
@@ -647,7 +650,8 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             checks_rss = rss.next_phase()
             # The old store's memory goes before the new one is made (a
             # restart is a new process), as far as the allocator returns it.
-            closing, store = store, None
+            # None until _restart returns the new store: the finally below then skips it.
+            closing, store = store, None  # type: ignore[assignment]
             closing.close()
             del closing
             gc.collect()
@@ -761,6 +765,7 @@ def _restart(config, engine, expected: Expected):
         (c for c in older if c[0].range_name == "1d"),
         older[0] if older else next(((p, first) for p, first, _ in expected.full_pages), (None, None)),
     )
+    assert page_spec is not None  # --queries is positive: expected.full_pages is never empty
     page, first_ms = _timed(store.query, page_spec.query())
     started = time.perf_counter()
     filled = store.writes.filter_ready.wait(600)
@@ -834,8 +839,11 @@ class _SparkPages:
     beside it on the same table and the same queries."""
 
     def __init__(self, table) -> None:
-        self.page = table.page
-        self.timestamp_of_hash = table.timestamp_of_hash
+        from wakustore.storage.spark_oracle import SparkPages
+
+        oracle = SparkPages(table)
+        self.page = oracle.page
+        self.timestamp_of_hash = oracle.timestamp_of_hash
 
     def committed(self) -> None:
         pass
@@ -846,13 +854,13 @@ def _spark_path_queries(store, spec: DatasetSpec, args, expected: Expected) -> d
     equal the reader's, message for message (``crosscheck``)."""
     reader = store.reader
     store.reader = _SparkPages(store.table)
-    store._cursors.clear()
+    store.reads.forget_cursors()
     try:
         for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
             store.query(warm.query())
-        store._cursors.clear()
+        store.reads.forget_cursors()
         timings = Timings()
-        check = {"checked": 0, "mismatches": 0, "examples": []}
+        check: dict[str, Any] = {"checked": 0, "mismatches": 0, "examples": []}
 
         def compare(what: str, mine: Page, theirs: Page) -> None:
             check["checked"] += 1
@@ -880,7 +888,7 @@ def _spark_path_queries(store, spec: DatasetSpec, args, expected: Expected) -> d
         return {**timings.summary(), "crosscheck": check}
     finally:
         store.reader = reader
-        store._cursors.clear()
+        store.reads.forget_cursors()
 
 
 def _timed_queries(store, spec: DatasetSpec, args, engine_ms: list[float]) -> tuple[Timings, Expected]:
@@ -923,6 +931,7 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
     from wakustore.bench import sql as bench_sql
 
     directory = Path(tempfile.mkdtemp(prefix=f"wakustore-bench-{name}-"))
+    backend: bench_sql.PostgresBackend | bench_sql.SqliteBackend
     if name == "postgres":
         backend = bench_sql.PostgresBackend(spec.start_ns, spec.end_ns, say=_say)
     else:
@@ -949,7 +958,7 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
         for warm in _take(page_specs(spec, args.seed + 1), WARMUP_QUERIES):
             backend.query(warm.query())
         timings = Timings()
-        check = {"checked": 0, "mismatches": 0, "examples": []}
+        check: dict[str, Any] = {"checked": 0, "mismatches": 0, "examples": []}
 
         def compare(
             what: str,
@@ -995,7 +1004,7 @@ def _run_backend(name: str, spec: DatasetSpec, args, report: dict, expected: Exp
             compare(f"{shape} lookup", _hashes(page), delta_hashes)
         out.update(timings.summary())
         out["bytes"] = backend.size_bytes()
-        if name == "postgres":
+        if isinstance(backend, bench_sql.PostgresBackend):  # name == "postgres"
             out["partitions"] = backend.partitions
         out["crosscheck"] = check
         out["ratios"] = {

@@ -67,16 +67,23 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import trio
 
-from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
 from wakustore.bench import dataset as bench_dataset
+from wakustore.bench.common import add_common_arguments, positive_int, run_client_process
 from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
-from wakustore.node.usage import UsageError
+from wakustore.node.process import configure_node_process
+from wakustore.usage import UsageError
+
+if TYPE_CHECKING:
+    from wakustore.bench.status_go_mix import MixQuery
+    from wakustore.bench.store import PageSpec
 
 DEFAULT_MESSAGES = 1_000_000
 DEFAULT_CLIENTS = (1, 4)
@@ -206,6 +213,7 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     if getattr(args, "mix", "pages") != "pages" and getattr(args, "shapes", None) is not None:
         raise UsageError("--shapes chooses among the pages mix's time ranges; it does not apply to --mix status-go")
     config = node_config.load(args.config, {"engine": args.engine, "data_dir": table_of or args.data_dir})
+    configure_node_process(config)  # the node's process-wide settings, as `serve` makes them
     spec = kept or bench_dataset.DatasetSpec(
         messages=args.messages,
         end_ns=time.time_ns(),
@@ -292,7 +300,7 @@ def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None
                 loading.set(offered)
         load_s = time.perf_counter() - started
         started = time.perf_counter()
-        maintenance.compact(store.table, today=dt.datetime.now(dt.timezone.utc).date())
+        maintenance.compact(store.table, today=dt.datetime.now(dt.UTC).date())
         maintenance.checkpoint(store.table)
         compact_s = time.perf_counter() - started
     finally:
@@ -334,7 +342,7 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
         report.update(await _direct(node.service, spec, args.seed))
         report["levels"] = []
         for index, clients in enumerate(args.clients):
-            specs = page_specs(spec, args.seed + 100 * (index + 1))
+            specs: Iterator[PageSpec | MixQuery] = page_specs(spec, args.seed + 100 * (index + 1))
             if getattr(args, "mix", "pages") == "status-go":
                 from wakustore.bench.status_go_mix import mix_specs
 
@@ -372,6 +380,7 @@ async def _with_hostile(node, peer: str, plans, hosts: int, spec, seed: int):
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
+    assert hostile.stdin is not None and hostile.stdout is not None  # both PIPE
     try:
         hostile.stdin.write(pickle.dumps((peer, hosts, query, str(stop))))
         hostile.stdin.close()
@@ -454,7 +463,8 @@ def _per_query_ms(cpu_s: float, queries: int) -> float | None:
 def _run_client_process(peer: str, plans: list) -> tuple[Timing, list]:
     """Run one level's clients in a fresh interpreter (arguments and result
     pickled over its pipes); the node is this process."""
-    return run_client_process("wakustore.bench.wire", (peer, plans, os.getpid()), CLIENT_TIMEOUT_S)
+    result = run_client_process("wakustore.bench.wire", (peer, plans, os.getpid()), CLIENT_TIMEOUT_S)
+    return cast(tuple[Timing, list], result)
 
 
 def process_cpu_s(pid: int) -> float:

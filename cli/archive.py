@@ -24,7 +24,6 @@ import trio
 
 from wakustore.cli.progress import Stages
 from wakustore.clients.archive import magnets_from_peer, verify_archive_set
-from wakustore.node import torrent
 from wakustore.node.archive import (
     DEFAULT_PUBSUB_TOPIC,
     SEED_POLL_S,
@@ -35,11 +34,12 @@ from wakustore.node.archive import (
     magnets_in_store,
     newest_magnet,
 )
-from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import archive, topics
-from wakustore.protocols.archive import Layout
+from wakustore.protocols.archive_records import Layout
 from wakustore.protocols.crypto import private_key_from_bytes
 from wakustore.protocols.errors import ArchiveError, ProtocolError
+from wakustore.transport import torrent
+from wakustore.usage import UsageError, parse_hex
 
 
 def _stderr(text: str) -> None:

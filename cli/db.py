@@ -17,9 +17,9 @@ from pathlib import Path
 from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
-from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage import maintenance
+from wakustore.usage import UsageError, parse_hex
 
 # Commands that only read the committed table: no lock, they run beside a node.
 READ_ONLY_VERBS = frozenset({"stats", "export"})
@@ -172,6 +172,7 @@ def _retention(args) -> int:
         guard = keep_from()
         result = maintenance.run_maintenance(store, policy, time.time_ns(), keep_from_ns=guard)
         retention = result.retention
+        assert retention is not None  # a policy was passed, so it was applied
         print(
             json.dumps(
                 {

@@ -35,7 +35,6 @@ from wakustore.clients.mailserver import (
     seal_envelope,
 )
 from wakustore.node.mailserver import DEFAULT_PASSWORD
-from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import WakuV1Error
 from wakustore.protocols.waku_v1 import (
@@ -48,6 +47,7 @@ from wakustore.protocols.waku_v1 import (
     full_bloom,
     key_from_password,
 )
+from wakustore.usage import UsageError, parse_hex
 
 # Default request window: the last day (status-go's limit on the range of
 # its oldest request form, mailserver.go maxQueryRange).

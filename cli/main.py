@@ -11,16 +11,17 @@ import argparse
 import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import topics
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.message import WakuMessage, message_hash, muid
+from wakustore.usage import UsageError, parse_hex
 
 EXIT_USAGE = 2
 
 
-_NO_DEFAULT = (None, False, [], (), argparse.SUPPRESS)
+_NO_DEFAULT: tuple[object, ...] = (None, False, [], (), argparse.SUPPRESS)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -41,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # argparse calls this on bad flags
+    def error(self, message: str) -> NoReturn:  # argparse calls this on bad flags
         raise UsageError(message)
 
 
@@ -162,8 +163,9 @@ def _document(parser: argparse.ArgumentParser) -> None:
             continue
         helps = {choice.dest: choice.help for choice in action._choices_actions}
         for name, sub in action.choices.items():
-            if sub.description is None and helps.get(name):
-                sub.description = helps[name][:1].upper() + helps[name][1:] + "."
+            help_text = helps.get(name)
+            if sub.description is None and help_text:
+                sub.description = help_text[:1].upper() + help_text[1:] + "."
             _document(sub)
 
 

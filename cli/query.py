@@ -34,12 +34,12 @@ from wakustore.clients.store import (
     parse_peer,
     quiet_libp2p,
 )
-from wakustore.node.usage import UsageError, parse_hex
 from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.lightpush import LightpushStatus
 from wakustore.protocols.message import HASH_SIZE, WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
+from wakustore.usage import UsageError, parse_hex
 
 EXIT_REFUSED = 1
 
@@ -213,18 +213,18 @@ async def _push_one(
         answer = await backoff.call(lambda: client.push_legacy(pubsub_topic, message), _legacy_limited)
         line = {"hash": digest, "is_success": answer.is_success, "info": answer.info}
         return answer.is_success, _legacy_limited(answer), line
-    answer = await backoff.call(
+    response = await backoff.call(
         lambda: client.push(pubsub_topic, message),
         lambda a: a.status_code == LightpushStatus.TOO_MANY_REQUESTS,
     )
     line = {
         "hash": digest,
-        "status_code": answer.status_code,
-        "status_desc": answer.status_desc,
-        "relay_peer_count": answer.relay_peer_count,
+        "status_code": response.status_code,
+        "status_desc": response.status_desc,
+        "relay_peer_count": response.relay_peer_count,
     }
-    ok = answer.status_code == LightpushStatus.SUCCESS
-    return ok, answer.status_code == LightpushStatus.TOO_MANY_REQUESTS, line
+    ok = response.status_code == LightpushStatus.SUCCESS
+    return ok, response.status_code == LightpushStatus.TOO_MANY_REQUESTS, line
 
 
 def _legacy_limited(answer: lightpush.PushResponseV2) -> bool:
@@ -253,6 +253,7 @@ def _format_entry(entry: store_v3.ResponseEntry, as_json: bool) -> str:
         if as_json:
             return json.dumps({"hash": entry.message_hash.hex(), "pubsub_topic": entry.pubsub_topic})
         return entry.message_hash.hex()
+    assert entry.pubsub_topic is not None  # store_v3.decode_response keeps a message only with its topic
     if as_json:
         return json.dumps(message_to_json(entry.pubsub_topic, entry.message, hash=entry.message_hash.hex()))
     m = entry.message

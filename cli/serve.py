@@ -14,6 +14,7 @@ import trio
 
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
+from wakustore.node.process import configure_node_process
 
 log = logging.getLogger("wakustore")
 
@@ -141,10 +142,13 @@ def run_serve(args: argparse.Namespace) -> int:
         level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
     )
+    # Every process-wide setting of the node, here and nowhere else (logged
+    # once the node is ready).
+    settings = configure_node_process(config)
     # Held until the node has committed and stopped (or the process dies).
     with data_dir.lock(config.data_dir):
         try:
-            trio.run(_serve, config, rate_limits)
+            trio.run(_serve, config, rate_limits, settings)
         except HostError as exc:
             print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -174,7 +178,7 @@ def _exit_if_not_stopped_by(deadline_s: float) -> None:
     timer.start()
 
 
-async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
+async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: list[str]) -> None:
     """Run the node (:func:`~wakustore.node.running.running_node`) until
     SIGINT or SIGTERM: then the host stops first (no new requests), then
     the store commits and stops."""
@@ -225,6 +229,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits) -> None:
                         config.max_connections,
                         config.ip_colocation_limit,
                     )
+                    log.info("process settings: %s", "; ".join(process_settings))
                     for addr in info.multiaddrs:
                         print(addr, flush=True)
                     for enode in dialable_enodes(mailserver):

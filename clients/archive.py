@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 from wakustore.clients.store import StoreClient
-from wakustore.node import torrent
-from wakustore.node.archive import channel_keys
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.errors import ArchiveError, ProtocolError
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
+from wakustore.transport import torrent
 
 
 async def magnets_from_peer(
@@ -48,7 +47,7 @@ def verify_archive_set(community_dir: Path, layout: Layout | None = None) -> tup
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     layout = layout or Layout(state.get("layout", archive.DEFAULT_LAYOUT.value))
     try:
-        keys = channel_keys(bytes.fromhex(cid[2:]), state.get("chat_ids", []))
+        keys = archive.community_channel_keys(bytes.fromhex(cid[2:]), state.get("chat_ids", []))
     except (ValueError, ProtocolError):
         keys = {}
     data_path, index_path = community_dir / "data", community_dir / "index"

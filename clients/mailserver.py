@@ -23,6 +23,7 @@ is a :class:`MailserverError` (one line); a malformed enode URL a UsageError.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import AsyncIterator
@@ -34,8 +35,6 @@ import trio
 
 from wakustore.clients.backoff import Backoff, BackoffPolicy
 from wakustore.clients.failures import describe_failure
-from wakustore.node.mailserver import SessionClosed, encode_status, open_session
-from wakustore.node.usage import UsageError
 from wakustore.protocols import ecies
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.errors import RLPxError, WakuV1Error
@@ -46,10 +45,13 @@ from wakustore.protocols.waku_v1 import (
     Envelope,
     decode_envelope_list,
     encode_envelope_list,
+    encode_status,
     encrypt_symmetric,
     envelope_hash,
     seal,
 )
+from wakustore.transport.devp2p import SessionClosed, open_session
+from wakustore.usage import UsageError
 
 # Dialing and both handshakes take milliseconds on loopback; a 1000-envelope
 # page through Spark well under a second. 20 s covers a slow peer.
@@ -192,7 +194,7 @@ class MailserverClient:
         seen: set[bytes] = set()
         while True:
             answer = await backoff.call(
-                lambda request=request: self.request(request, symmetric_key, layout=layout, sign=sign),
+                functools.partial(self.request, request, symmetric_key, layout=layout, sign=sign),
                 lambda a: a.complete.error == RATE_LIMIT_ERROR,
             )
             yield answer

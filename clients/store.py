@@ -33,7 +33,6 @@ import trio
 
 from wakustore.clients.backoff import Backoff, BackoffPolicy
 from wakustore.clients.failures import describe_failure, leaves
-from wakustore.node.usage import UsageError
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FramingError, ProtocolError
 from wakustore.protocols.framing import (
@@ -44,6 +43,7 @@ from wakustore.protocols.framing import (
 )
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
+from wakustore.usage import UsageError
 
 # Dialing, the Noise handshake and identify take ~0.1 s on loopback; 20 s
 # covers a slow peer across the world.
@@ -57,12 +57,6 @@ DEFAULT_TIMEOUT_S = 20.0
 # over a longer period is still retried every few seconds within the minute.
 STORE_BACKOFF = BackoffPolicy(first_s=0.05, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=2.0)
 LIGHTPUSH_BACKOFF = BackoffPolicy(first_s=0.2, max_s=5.0, max_retries=60, max_wait_s=60.0, period_s=1.0)
-
-# multistream-select 1.0.0's header, and the most a node's answer to it and
-# to one protocol id may take (two protocol ids of go-libp2p's 1024-byte
-# limit, each with its length and newline).
-MULTISTREAM = "/multistream/1.0.0"
-MAX_SELECT_ANSWER = 2 * (1024 + 3)
 
 
 class ClientError(Exception):
@@ -96,15 +90,10 @@ class StoreClient:
         connection fails later. Exceptions leave unwrapped from the host's
         exception groups: the body's own first, then a connection failure
         as ClientError; a group holding neither is re-raised as it is."""
-        from libp2p import new_host
-        from libp2p.crypto.secp256k1 import create_new_key_pair
-
-        from wakustore.node.host import stop_auto_dialing
-        from wakustore.node.libp2p_tuning import tune_libp2p
+        from wakustore.transport.host import new_host, stop_auto_dialing
 
         info = parse_peer(peer)
-        tune_libp2p()
-        host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX", enable_websocket=True)
+        host = new_host(websocket=True)
         try:
             async with host.run(listen_addrs=[]):
                 await stop_auto_dialing(host)
@@ -128,7 +117,8 @@ class StoreClient:
         """Open a stream, write ``data`` as given (no framing added), close
         the write side and read one response frame; None when the node
         closed the stream without answering."""
-        from wakustore.node.libp2p_tuning import corked
+        from wakustore.transport.libp2p import corked
+        from wakustore.transport.multistream import NegotiationError, read_selected, select_message
 
         try:
             with trio.fail_after(self.timeout_s):
@@ -148,9 +138,11 @@ class StoreClient:
                         await stream.close()
                         raise
                 try:
-                    return await _read_selected(stream, protocol, max_response)
+                    return await read_selected(stream, protocol, max_response)
                 finally:
                     await stream.close()
+        except NegotiationError as exc:
+            raise ClientError(f"{protocol}: {exc}") from None
         except trio.TooSlowError:
             raise ClientError(f"{protocol}: no answer within {self.timeout_s:g} s") from None
         except FramingError as exc:
@@ -244,62 +236,15 @@ def _meaningful_error(group: BaseExceptionGroup, peer: str) -> BaseException | N
     return None
 
 
-def select_message(protocol: str) -> bytes:
-    """multistream-select's header and ``protocol``, as a dialer sends them."""
-    from libp2p.utils import encode_delim
-
-    return encode_delim(MULTISTREAM.encode()) + encode_delim(protocol.encode())
-
-
-async def _read_selected(stream, protocol: str, max_response: int) -> bytes | None:
-    """The node's multistream-select answer to :func:`select_message`, then
-    one response frame (None when the stream ends before it begins).
-    ClientError when the node does not serve ``protocol`` or answers
-    something else."""
-    from libp2p.custom_types import TProtocol
-
-    from wakustore.node.libp2p_tuning import parse_lines
-    from wakustore.node.streams import read_chunk
-    from wakustore.protocols.framing import FrameReader
-
-    received = b""
-    while (parsed := parse_lines(received, 2)) is None:
-        if len(received) > MAX_SELECT_ANSWER:
-            raise ClientError(f"{protocol}: malformed protocol negotiation from the node")
-        chunk = await read_chunk(stream)
-        if not chunk:
-            raise ClientError(f"{protocol}: the node closed the stream during protocol negotiation")
-        received += chunk
-    (header, answer), used = parsed
-    if header != MULTISTREAM.encode():
-        raise ClientError(f"{protocol}: the node speaks {header[:60]!r}, not multistream-select 1.0.0")
-    if answer != protocol.encode():
-        if answer == b"na":
-            raise ClientError(f"{protocol}: the node does not serve this protocol")
-        raise ClientError(f"{protocol}: the node answered {answer[:60]!r} to the protocol id")
-    stream.set_protocol(TProtocol(protocol))
-    reader = FrameReader(max_response)
-    data = received[used:]
-    while True:
-        if data:
-            frames = reader.feed(data)
-            if frames:
-                return frames[0]
-        data = await read_chunk(stream)
-        if not data:
-            reader.eof()
-            return None
-
-
 def parse_peer(peer: str):
     """PeerInfo of a ``.../p2p/<peer id>`` multiaddr; UsageError otherwise."""
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from wakustore.transport.peers import PeerAddressError
+    from wakustore.transport.peers import parse_peer as parse
 
     try:
-        return info_from_p2p_addr(multiaddr.Multiaddr(peer))
-    except Exception as exc:
-        raise UsageError(f"--peer: not a multiaddr with /p2p/<peer id>: {peer!r} ({exc})") from None
+        return parse(peer)
+    except PeerAddressError as exc:
+        raise UsageError(f"--peer: {exc}") from None
 
 
 def _request_id() -> str:

@@ -22,7 +22,6 @@ archive ids (the index keys), last accepted magnet clock and link.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -30,15 +29,16 @@ import queue
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import trio
 
-from wakustore.node import archive_work, torrent
+from wakustore.durable import replace_durably
+from wakustore.node import archive_work
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import ArchiveWriter, IndexEntry, Layout, MagnetLink, Window
 from wakustore.protocols.crypto import private_key_from_bytes
@@ -46,8 +46,8 @@ from wakustore.protocols.errors import ArchiveError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import MAX_PAGE_SIZE, HistoryQuery
 from wakustore.storage import schema
-from wakustore.storage.durable import replace_durably
 from wakustore.storage.archive_window import SignerCache, export_batches, oldest_timestamp_ns
+from wakustore.transport import torrent
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +94,31 @@ def _check(stop: threading.Event | None) -> None:
         raise Stopped("stopped")
 
 
-async def run_stoppable(fn: Callable, *args, limiter: trio.CapacityLimiter | None = None, **kwargs):
-    """``fn(*args, stop=event, **kwargs)`` in a worker thread. Cancelling
-    the caller returns at once: the thread is told to stop (``fn`` checks
-    ``stop`` between steps and raises :class:`Stopped`) and left to end its
-    current step alone, so a stopping node never waits for a long export or
-    window import. Steps are whole (a Delta transaction, an append the next
-    export cuts off if its index was not written), so stopping between
-    them loses nothing."""
+async def run_using_store(fn: Callable, store, *args, limiter: trio.CapacityLimiter | None = None, **kwargs):
+    """``fn(store, *args, **kwargs)`` in a worker thread that the store owns
+    (:meth:`~wakustore.storage.message_store.MessageStore.in_use`: closing
+    the store waits for it). Cancelling the caller returns at once and
+    leaves the thread to the store."""
+
+    def call():
+        with store.in_use():
+            return fn(store, *args, **kwargs)
+
+    return await trio.to_thread.run_sync(call, limiter=limiter, abandon_on_cancel=True)  # type: ignore[call-arg]  # trio's annotation drops it
+
+
+async def run_stoppable(fn: Callable, store, *args, limiter: trio.CapacityLimiter | None = None, **kwargs):
+    """``fn(store, *args, stop=event, **kwargs)`` as :func:`run_using_store`
+    runs it. Cancelling the caller returns at once: the thread is told to
+    stop (``fn`` checks ``stop`` between steps and raises :class:`Stopped`)
+    and ends its current step, and the store waits for that before it
+    closes, so a stopping node never waits for a long export or window
+    import to finish, only for its step. Steps are whole (a Delta
+    transaction, an append the next export cuts off if its index was not
+    written), so stopping between them loses nothing."""
     stop = threading.Event()
     try:
-        return await trio.to_thread.run_sync(
-            functools.partial(fn, *args, stop=stop, **kwargs), limiter=limiter, abandon_on_cancel=True
-        )
+        return await run_using_store(fn, store, *args, limiter=limiter, stop=stop, **kwargs)
     finally:
         stop.set()
 
@@ -145,7 +157,7 @@ class ArchiveSettings:
     @property
     def channel_keys(self) -> dict[str, bytes]:
         """Content topic -> the channel's symmetric key."""
-        return channel_keys(self.public_key, self.chat_ids)
+        return archive.community_channel_keys(self.public_key, self.chat_ids)
 
     @property
     def torrent_path(self) -> Path:
@@ -161,13 +173,6 @@ class ArchiveSettings:
         export (:func:`prepare_signers`); beside the archives, not in the
         torrent."""
         return SignerCache(self.archive_dir / f"{self.community_id}.signers")
-
-
-def channel_keys(community_public_key: bytes, chat_ids: Iterable[str]) -> dict[str, bytes]:
-    """Content topic -> symmetric key of each channel (status-go derives
-    both from the chat id), for Status-readable status-go archives."""
-    cid = topics.community_id(community_public_key)
-    return {topics.channel_content_topic(community_public_key, c): archive.channel_key(cid, c) for c in chat_ids}
 
 
 @dataclass
@@ -443,7 +448,7 @@ class _Writeback:
     def __init__(self, file) -> None:
         self._file = file
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="archive-writeback")
-        self._pending = None
+        self._pending: Future[None] | None = None
 
     def __enter__(self) -> _Writeback:
         return self
@@ -560,7 +565,7 @@ def _mark_seeded(settings: ArchiveSettings) -> None:
 def archive_settings(config) -> ArchiveSettings:
     """The control-node archive settings of ``config`` (a NodeConfig with
     archive_key_file set); UsageError for an unreadable or malformed key."""
-    from wakustore.node.usage import UsageError, parse_hex
+    from wakustore.usage import UsageError, parse_hex
 
     try:
         key = parse_hex(Path(config.archive_key_file).read_text().strip(), "archive_key_file")
@@ -608,7 +613,7 @@ async def run_archive_scheduler(
     *,
     limiter: trio.CapacityLimiter | None = None,
     torrent_limiter: trio.CapacityLimiter | None = None,
-    publish: Callable[[str, WakuMessage], object] | None = None,
+    publish: Callable[[str, WakuMessage], Awaitable[object]] | None = None,
     now: Callable[[], float] = time.time,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -627,8 +632,9 @@ async def run_archive_scheduler(
             settings, pubsub_topic=topics.shard_pubsub_topic(config.cluster_id, config.shards[0])
         )
     torrent_limiter = torrent_limiter or trio.CapacityLimiter(torrent.TORRENT_THREADS)
+    # Not abandoned when cancelled: the session it makes must be closed.
     session = await trio.to_thread.run_sync(
-        torrent.open_session, settings.listen, settings.isolated, limiter=torrent_limiter, abandon_on_cancel=True
+        torrent.open_session, settings.listen, settings.isolated, limiter=torrent_limiter
     )
     seeder = torrent.Seeder(session)
     try:
@@ -677,7 +683,9 @@ async def run_archive_scheduler(
                 log.warning("archive export failed, retrying in %g s: %s", EXPORT_RETRY_S, exc)
                 await trio.sleep(EXPORT_RETRY_S)
     finally:
-        seeder.stop()
+        with trio.CancelScope(shield=True):
+            seeder.stop()
+            await trio.to_thread.run_sync(torrent.close_session, session)
 
 
 def _open_writer(community_dir: Path, layout: Layout) -> ArchiveWriter:
@@ -926,7 +934,7 @@ class _ArchiveFetch:
         self.record = MemberRecord.load(self.record_path)
         self.magnet, self.clock, self.selection, self.layout, self.peers = magnet, clock, selection, layout, peers
         self.default_pubsub_topic, self.allowed_topics = default_pubsub_topic, allowed_topics
-        self.keys = channel_keys(community_public_key, chat_ids)
+        self.keys = archive.community_channel_keys(community_public_key, chat_ids)
         self.metadata_timeout_s, self.stall_timeout_s, self.report = metadata_timeout_s, stall_timeout_s, report
         self.progress = progress
         self.import_processes = import_processes
@@ -944,6 +952,7 @@ class _ArchiveFetch:
 
     def download(self) -> torrent.Steps[None]:
         job, cid = self.job, self.cid
+        assert job is not None  # start() made it
         info = yield from job.wait_metadata(self.metadata_timeout_s)
         layout_files = info.layout()
         names = [layout_files.file_path(i).replace("\\", "/") for i in range(layout_files.num_files())]

@@ -24,16 +24,17 @@ from pathlib import Path
 
 import trio
 
-from wakustore.node import torrent
 from wakustore.node.archive import (
     MemberRecord,
     fetch_archives_async,
     magnets_in_store,
     newest_magnet,
+    run_using_store,
 )
 from wakustore.node.config import parse_peers  # noqa: F401  (re-exported for callers)
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import Layout
+from wakustore.transport import torrent
 
 log = logging.getLogger(__name__)
 
@@ -89,60 +90,60 @@ async def run_archive_member(
     looked = on_look or (lambda outcome: None)
     torrent_limiter = torrent_limiter or trio.CapacityLimiter(torrent.TORRENT_THREADS)
     factory = settings.session_factory or torrent.open_session
-    session = await trio.to_thread.run_sync(factory, limiter=torrent_limiter, abandon_on_cancel=True)
+    # Not abandoned when cancelled: the session it makes must be closed.
+    session = await trio.to_thread.run_sync(factory, limiter=torrent_limiter)
     pending_uri, pending_since = None, 0.0
     retry_at = 0.0
-    while True:
-        await trio.sleep(settings.poll_interval_s)
-        payloads = await trio.to_thread.run_sync(
-            magnets_in_store,
-            store,
-            settings.community_public_key,
-            settings.pubsub_topic,
-            limiter=limiter,
-            abandon_on_cancel=True,  # a read: nothing to finish
-        )
-        link = newest_magnet(payloads, settings.community_public_key, report=log.info)
-        if link is None:
-            looked(LOOK_NO_LINK)
-            continue
-        if link.clock <= MemberRecord.load(settings.record_path).last_clock:
-            looked(LOOK_NOT_NEWER)
-            continue
-        if link.magnet_uri != pending_uri:
-            pending_uri, pending_since = link.magnet_uri, clock()  # start the quiet period
-            looked(LOOK_WAITING)
-            continue
-        if clock() - pending_since < settings.quiet_period_s or clock() < retry_at:
-            looked(LOOK_WAITING)
-            continue
-        log.info("fetching community archives from magnet clock %d", link.clock)
-        looked(LOOK_FETCHING)
-        try:
-            result = await fetch_archives_async(
-                store,
-                settings.data_dir,
-                settings.community_public_key,
-                link.magnet_uri,
-                session=session,
-                limiter=limiter,
-                clock=link.clock,
-                layout=settings.layout,
-                peers=list(settings.peers),
-                default_pubsub_topic=settings.pubsub_topic,
-                chat_ids=list(settings.chat_ids),
-                report=log.info,
-                import_processes=settings.import_processes,
+    try:
+        while True:
+            await trio.sleep(settings.poll_interval_s)
+            payloads = await run_using_store(
+                magnets_in_store, store, settings.community_public_key, settings.pubsub_topic, limiter=limiter
             )
-        except Exception as exc:  # no peers yet, stalled swarm: try later
-            log.warning("archive fetch failed, retrying in %.0f s: %s", settings.retry_after_s, exc)
-            retry_at = clock() + settings.retry_after_s
-            continue
-        log.info(
-            "imported %d archive(s), %d messages; %d rejected",
-            len(result.imported),
-            result.messages,
-            len(result.rejected),
-        )
-        if on_fetched is not None:
-            on_fetched(result)
+            link = newest_magnet(payloads, settings.community_public_key, report=log.info)
+            if link is None:
+                looked(LOOK_NO_LINK)
+                continue
+            if link.clock <= MemberRecord.load(settings.record_path).last_clock:
+                looked(LOOK_NOT_NEWER)
+                continue
+            if link.magnet_uri != pending_uri:
+                pending_uri, pending_since = link.magnet_uri, clock()  # start the quiet period
+                looked(LOOK_WAITING)
+                continue
+            if clock() - pending_since < settings.quiet_period_s or clock() < retry_at:
+                looked(LOOK_WAITING)
+                continue
+            log.info("fetching community archives from magnet clock %d", link.clock)
+            looked(LOOK_FETCHING)
+            try:
+                result = await fetch_archives_async(
+                    store,
+                    settings.data_dir,
+                    settings.community_public_key,
+                    link.magnet_uri,
+                    session=session,
+                    limiter=limiter,
+                    clock=link.clock,
+                    layout=settings.layout,
+                    peers=list(settings.peers),
+                    default_pubsub_topic=settings.pubsub_topic,
+                    chat_ids=list(settings.chat_ids),
+                    report=log.info,
+                    import_processes=settings.import_processes,
+                )
+            except Exception as exc:  # no peers yet, stalled swarm: try later
+                log.warning("archive fetch failed, retrying in %.0f s: %s", settings.retry_after_s, exc)
+                retry_at = clock() + settings.retry_after_s
+                continue
+            log.info(
+                "imported %d archive(s), %d messages; %d rejected",
+                len(result.imported),
+                result.messages,
+                len(result.rejected),
+            )
+            if on_fetched is not None:
+                on_fetched(result)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(torrent.close_session, session)

@@ -19,12 +19,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from wakustore.node import allocator
 from wakustore.protocols import archive
 from wakustore.protocols.archive import IndexEntry, Layout, RecordDecoder, RecordEncoder
-from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
 from wakustore.storage import window_files
+from wakustore.storage.archive_window import RowsFile, encode_export_batch, load_rows, signer_columns, use_c_heap
 from wakustore.storage.rows import archive_columns_to_arrow, records_to_arrow
 
 # Tasks queued or done but not taken, per worker (each result a batch of
@@ -210,6 +211,9 @@ class Workers:
         self.processes = default_processes() if processes is None else processes
         self.queue_per_worker = queue_per_worker
         self._pool: ProcessPoolExecutor | None = None
+        # Pools let go by release(): their processes end on their own and
+        # close() joins them.
+        self._released: list[ProcessPoolExecutor] = []
         self._due: deque[tuple[object, Future]] = deque()
 
     def __enter__(self) -> Workers:
@@ -253,7 +257,7 @@ class Workers:
             )
         return self._pool
 
-    def peek_tag(self) -> object:
+    def peek_tag(self) -> Any:
         return self._due[0][0]
 
     def take(self):
@@ -269,9 +273,11 @@ class Workers:
     def release(self) -> None:
         """Let the worker processes go without waiting for them to exit
         (each takes ~0.2 s to give back its heap and end): for when their
-        last results are in and the caller has other work to do."""
+        last results are in and the caller has other work to do; :meth:`close`
+        joins them."""
         if self._pool is not None and not self._due:
             self._pool.shutdown(wait=False)
+            self._released.append(self._pool)
             self._pool = None
 
     def close(self) -> None:
@@ -281,6 +287,8 @@ class Workers:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        while self._released:
+            self._released.pop().shutdown(wait=True)
 
 
 def default_processes() -> int:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from wakustore.node.rate_limits import RateLimits
+from wakustore.protocols import topics
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
-from wakustore.protocols import topics
 from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
 
 ENV_PREFIX = "WAKUSTORE_"
@@ -245,6 +246,7 @@ def parse_protected_topics(value: Any) -> list[ProtectedTopic]:
     Keys are 33- or 65-byte secp256k1 public keys in hex, ``0x`` optional."""
     if isinstance(value, str):
         value = value.replace(",", " ").split()
+    entries: list[tuple[str, Any]]
     if isinstance(value, dict):
         entries = list(value.items())
     else:
@@ -253,12 +255,13 @@ def parse_protected_topics(value: Any) -> list[ProtectedTopic]:
             if isinstance(item, ProtectedTopic):
                 entries.append((item.pubsub_topic, item.public_key))
                 continue
-            topic, sep, key = str(item).rpartition(":")
+            topic, sep, text = str(item).rpartition(":")
             if not sep or not topic:
                 raise ConfigError(f"protected_topics: expected <pubsub topic>:<public key hex>, got {item!r}")
-            entries.append((topic, key))
+            entries.append((topic, text))
     topics: dict[str, ProtectedTopic] = {}
-    for topic, key in entries:
+    for topic, given in entries:
+        key: Any = given
         if isinstance(key, str):
             digits = key[2:] if key[:2] in ("0x", "0X") else key
             try:
@@ -274,7 +277,7 @@ def parse_protected_topics(value: Any) -> list[ProtectedTopic]:
     return list(topics.values())
 
 
-def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] | None = None) -> NodeConfig:
+def load(path: Path | None, overrides: dict[str, Any], environ: Mapping[str, str] | None = None) -> NodeConfig:
     """File, then ``overrides`` (flags left unset are None), then environment."""
     config = NodeConfig()
     values: dict[str, Any] = {}
@@ -284,7 +287,8 @@ def load(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] |
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
     values.update({k: v for k, v in overrides.items() if v is not None})
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
     for name in fields:
         raw = environ.get(ENV_PREFIX + name.upper())

@@ -25,7 +25,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from wakustore.node.usage import UsageError
+from wakustore.usage import UsageError
 
 LOCK_FILE = "LOCK"
 

@@ -1,8 +1,9 @@
 """The node's libp2p host: identity, listeners and the node-info file.
 
-:func:`running_host` builds a py-libp2p host from :class:`NodeConfig` (TCP
-on ``tcp_port``, websockets on ``ws_port``, both on ``listen_host``; Noise;
-yamux preferred, mplex offered; identify and ping), installs the given
+:func:`running_host` builds a host (:func:`wakustore.transport.host.new_host`:
+Noise; yamux preferred, mplex offered; identify and ping) from
+:class:`NodeConfig` (TCP on ``tcp_port``, websockets on ``ws_port``, both
+on ``listen_host``), installs the given
 stream handlers and runs it until the block exits. Identify lists every
 installed protocol, which is how js-waku decides what the node serves.
 Inbound connections and streams go through a
@@ -21,23 +22,23 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import multiaddr
-from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 
+from wakustore.durable import replace_durably
 from wakustore.node.config import NodeConfig
-from wakustore.node.libp2p_tuning import tune_libp2p
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
+from wakustore.transport.host import answer_with_first_write, new_host, stop_auto_dialing
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ NODE_INFO_FILE = "node-info.json"
 # A secp256k1 secret: 32 bytes (SEC 1), written as 64 hex digits.
 NODE_KEY_SIZE = 32
 NODE_KEY_MODE = 0o600
-
-# The muxer we ask for first: nwaku and js-waku both speak yamux; mplex
-# stays offered for older js-waku (wire-facts: its default is mplex).
-MUXER_PREFERENCE = "YAMUX"
 
 StreamHandler = Callable[[Any], Awaitable[None]]
 
@@ -141,24 +138,23 @@ async def running_host(
     handlers: Mapping[str, StreamHandler],
     key_pair: KeyPair | None = None,
     gatekeeper: Gatekeeper | None = None,
+    answer_first: Iterable[str] = (),
 ):
     """Run a host serving ``handlers`` (protocol id -> handler); yield
     ``(host, HostInfo)``. Listeners close when the block exits.
     ``gatekeeper`` enforces the connection and stream caps (default: the
-    ones ``config`` sets); each handler runs under its request limits."""
+    ones ``config`` sets); each handler runs under its request limits.
+    ``answer_first`` names the request/response protocols whose handler
+    reads one request and always writes: see
+    :func:`~wakustore.transport.host.answer_with_first_write`."""
     check_ports_free(config, LIBP2P_PORTS)
     if key_pair is None:
         key_pair = load_or_create_key(config.data_dir)
     if gatekeeper is None:
         gatekeeper = Gatekeeper(ConnectionLimits.from_config(config))
     addrs = listen_addrs(config)
-    tune_libp2p()
-    host = new_host(
-        key_pair=key_pair,
-        muxer_preference=MUXER_PREFERENCE,
-        listen_addrs=addrs,
-        connection_config=service_connection_config(gatekeeper.limits),
-    )
+    host = new_host(key_pair, addrs, service_connection_config(gatekeeper.limits))
+    answer_with_first_write(host, answer_first)
     gatekeeper.install(host)
     for protocol, handler in handlers.items():
         host.set_stream_handler(TProtocol(protocol), gatekeeper.guard(protocol, handler))
@@ -177,14 +173,6 @@ def service_connection_config(limits: ConnectionLimits = ConnectionLimits()) -> 
     """
     cap = limits.libp2p_max_connections
     return ConnectionConfig(min_connections=0, low_watermark=0, max_connections=cap, high_watermark=cap)
-
-
-async def stop_auto_dialing(host: IHost) -> None:
-    """Stop py-libp2p's auto-connector, which otherwise dials peers from the
-    peerstore (every client identify told us about) until 150 connections
-    are open. Serving nodes wait to be dialed; relay peering, when it
-    comes, picks its own peers."""
-    await host.get_network().auto_connector.stop()
 
 
 def host_info(host: IHost, ext_multiaddrs: list[str] | tuple[str, ...] = ()) -> HostInfo:
@@ -240,12 +228,11 @@ def dialable_addrs(
 
 
 def write_node_info(data_dir: Path, info: HostInfo, **extra: Any) -> Path:
-    """Write ``<data_dir>/node-info.json`` atomically: peer id, multiaddrs and ``extra``."""
+    """Write ``<data_dir>/node-info.json`` whole and durably: peer id,
+    multiaddrs and ``extra``."""
     path = data_dir / NODE_INFO_FILE
     body = {"peer_id": info.peer_id, "multiaddrs": info.multiaddrs, **extra}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(body, indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_durably(path, (json.dumps(body, indent=2) + "\n").encode())
     return path
 
 

@@ -153,7 +153,7 @@ class Gatekeeper:
         # Per connection: when a stream last opened or closed on it.
         self._last_stream: dict[int, float] = {}
         # Per connection: its request streams not yet written, oldest first.
-        self._idle: dict[int, dict[Any, None]] = {}
+        self._idle: dict[int, dict[Any, trio.CancelScope]] = {}
         self.in_flight: collections.Counter[str] = collections.Counter()
 
     # --- connections ------------------------------------------------------

@@ -56,18 +56,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
-import multiaddr
 import trio
 from libp2p.abc import IHost
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.mcache import MessageCache
+from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
@@ -78,6 +77,7 @@ from wakustore.node.ingest import Ingest, Refused
 from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
 from wakustore.protocols.message_codec import decode_message, encode_message
+from wakustore.transport.peers import PeerAddressError, parse_peer
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,8 @@ class WakuMessageCache(MessageCache):
         if mid in self.msgs:
             return
         self.msgs[mid] = msg
-        self.history[0].append(_CacheEntry(mid, msg.topicIDs))
+        # A slotted stand-in for py-libp2p's CacheEntry (same two fields).
+        self.history[0].append(cast(CacheEntry, _CacheEntry(mid, msg.topicIDs)))
 
 
 class _CacheEntry:
@@ -196,7 +197,7 @@ class WakuGossipSub(GossipSub):
         self.mcache = WakuMessageCache(HISTORY_GOSSIP, HISTORY_LENGTH, self.ids)
         # Message id -> peers our own publish went to, read by WakuPubsub.publish.
         self.published_to: dict[bytes, int] = {}
-        self.scorer = WakuPeerScorer()
+        self.scorer: WakuPeerScorer = WakuPeerScorer()
 
     async def handle_graft(self, graft_msg: rpc_pb2.ControlGraft, sender_peer_id: ID) -> None:
         """gossipsub v1.1: a GRAFT from a peer with a negative score is answered with PRUNE."""
@@ -231,28 +232,11 @@ class WakuGossipSub(GossipSub):
         self.published_to[self.ids(pubsub_msg)] = len(peers)
 
 
-class _NoRelayPeerFilter(logging.Filter):
-    """Pubsub opens a relay stream to every peer that connects, store and
-    lightpush clients included; py-libp2p logs each refusal as a multi-line
-    ERROR. A peer without relay is normal for a store node: keep it at DEBUG."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if PROTOCOL_ID in text and "protocol not supported" in text:
-            log.debug("peer does not speak relay: %s", text.splitlines()[0])
-            return False
-        return True
-
-
-_NO_RELAY_PEER_FILTER = _NoRelayPeerFilter()
-
-
 class WakuPubsub(Pubsub):
     """Pubsub with StrictNoSign publishing, the Waku message id and a read
     loop that survives anything a peer sends."""
 
     def __init__(self, host: IHost, router: WakuGossipSub, topics: Iterable[str], max_rpc_size: int):
-        logging.getLogger("libp2p.host.basic_host").addFilter(_NO_RELAY_PEER_FILTER)
         super().__init__(
             host,
             router,
@@ -263,7 +247,7 @@ class WakuPubsub(Pubsub):
             allowed_topics=frozenset(topics),
         )
         # Told of every relay stream that fails (ScoreKeeper.strike).
-        self.on_failed_stream = None
+        self.on_failed_stream: Callable[[ID], None] | None = None
 
     async def publish(self, topic_id: str | list[str], data: bytes) -> int:  # type: ignore[override]
         """Publish ``data`` on ``topic_id`` without from, seqno or signature;
@@ -271,11 +255,12 @@ class WakuPubsub(Pubsub):
         seen, or rejected by the topic's validator)."""
         topics = [topic_id] if isinstance(topic_id, str) else list(topic_id)
         msg = rpc_pb2.Message(data=data, topicIDs=topics)
-        mid = self.router.ids(msg)
+        router = cast(WakuGossipSub, self.router)
+        mid = router.ids(msg)
         try:
             await self.push_msg(self.my_id, msg)
         finally:
-            sent = self.router.published_to.pop(mid, 0)
+            sent = router.published_to.pop(mid, 0)
         return sent
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
@@ -464,6 +449,6 @@ async def running_relay(host: IHost, config: NodeConfig, ingest: Ingest):
 def peer_info(addr: str) -> PeerInfo:
     """PeerInfo of a multiaddr ending in ``/p2p/<peer id>``; HostError otherwise."""
     try:
-        return info_from_p2p_addr(multiaddr.Multiaddr(addr))
-    except Exception as exc:
-        raise HostError(f"relay peer {addr!r} is not a multiaddr ending in /p2p/<peer id>: {exc}") from None
+        return parse_peer(addr)
+    except PeerAddressError as exc:
+        raise HostError(f"relay peer: {exc}") from None

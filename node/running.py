@@ -97,7 +97,13 @@ async def running_node(
         syncing = SyncService(service, config, protocols.ingest)
         async with (
             running_mailserver(config, service.engine) if mailserver else nullcontext() as mailserver_info,
-            running_host(config, {**protocols.handlers(), **syncing.handlers()}, key_pair, gatekeeper) as (host, info),
+            running_host(
+                config,
+                {**protocols.handlers(), **syncing.handlers()},
+                key_pair,
+                gatekeeper,
+                answer_first=protocols.handlers(),
+            ) as (host, info),
             running_relay(host, config, protocols.ingest) if relay else nullcontext() as the_relay,
             trio.open_nursery() as peer_tasks,
         ):

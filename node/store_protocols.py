@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -59,8 +58,6 @@ from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
-from wakustore.node.libp2p_tuning import answer_with_first_write, corked
-from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
@@ -70,12 +67,13 @@ from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_REQUEST_SIZE,
     METADATA_MAX_SIZE,
     STORE_MAX_REQUEST_SIZE,
-    FrameReader,
     encode_frame,
 )
 from wakustore.protocols.lightpush import LightpushStatus, PushRequest
 from wakustore.protocols.message import Rejection
 from wakustore.protocols.store_query import StatusCode
+from wakustore.transport.libp2p import corked
+from wakustore.transport.streams import ReadTimeout, close_stream, peer_of, read_frame, reset_stream
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +173,12 @@ class StoreProtocols:
         self.idle_timeout_s = idle_timeout_s
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
-        # Each handler reads one request frame and always writes (an answer,
-        # a close or a reset) once it has it.
-        answer_with_first_write(self.handlers())
 
     def handlers(self) -> dict[str, Handler]:
+        """Protocol id -> stream handler. Each handler reads one request
+        frame and always writes (an answer, a close or a reset) once it has
+        it, so its protocols may be answered with the first write
+        (:func:`wakustore.transport.host.answer_with_first_write`)."""
         return {
             store_v3.PROTOCOL_ID: self.handle_store_v3,
             store_v2.PROTOCOL_ID: self.handle_store_v2,
@@ -403,44 +402,6 @@ def _v2_error(error: StoreError) -> StoreReply:
         store_v2.encode_response(error.request_id, None, legacy),
         StatusCode.OK if legacy == store_v2.HistoryError.NONE else int(legacy),
     )
-
-
-class ReadTimeout(Exception):
-    """:func:`read_frame` gave up waiting; ``idle`` is True when no byte of
-    the frame had arrived, False when the frame stalled part way."""
-
-    def __init__(self, idle: bool, waited_s: float):
-        what = "no request" if idle else "frame incomplete"
-        super().__init__(f"{what} after {waited_s:g} s")
-        self.idle = idle
-
-
-async def read_frame(
-    stream, max_size: int, *, idle_timeout_s: float = math.inf, frame_timeout_s: float = math.inf
-) -> bytes | None:
-    """One length-prefixed frame of at most ``max_size`` bytes from ``stream``.
-
-    None when the stream ends before its first byte; raises
-    :class:`FramingError` for an oversized or malformed prefix or a stream
-    that ends inside a frame. Bytes after the frame are left unread.
-    Raises :class:`ReadTimeout` when no byte arrives within
-    ``idle_timeout_s`` seconds, or when the frame is not complete within
-    ``frame_timeout_s`` seconds of its first byte.
-    """
-    reader = FrameReader(max_size)
-    with trio.move_on_after(idle_timeout_s) as idle:
-        data = await read_chunk(stream)
-    if idle.cancelled_caught:
-        raise ReadTimeout(idle=True, waited_s=idle_timeout_s)
-    with trio.move_on_after(frame_timeout_s):
-        while data:
-            frames = reader.feed(data)
-            if frames:
-                return frames[0]
-            data = await read_chunk(stream)
-        reader.eof()
-        return None
-    raise ReadTimeout(idle=False, waited_s=frame_timeout_s)
 
 
 def _too_many(request_id: str) -> StoreError:

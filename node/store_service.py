@@ -3,9 +3,9 @@ that flush, retain and compact, all owned by one trio nursery."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 
-from wakustore.node import allocator
 from wakustore.node.config import NodeConfig
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
@@ -40,15 +39,6 @@ ENGINE_THREADS = 4
 # at the GIL with the event loop).
 READ_THREADS = 2
 
-# How long a thread holding the GIL keeps it while another waits (Python's
-# default is 5 ms). The event loop serves every connection in one thread
-# and needs the GIL for each frame; the reader threads' Python steps would
-# otherwise hold it for up to 5 ms at a time while queries wait. `bench
-# wire` (100k messages, 16 clients, interleaved runs on a shared 2-core
-# machine): 374-393 queries/s and 2.8 ms of node CPU a query at 1 ms,
-# 318-322 queries/s and 3.2-3.3 ms at 5 ms, 276-308 queries/s at 20 ms.
-# Set while a store serves, for the whole process (it is a process setting).
-GIL_SWITCH_INTERVAL_S = 0.001
 
 # Puts waiting for the log writer (senders wait beyond this: backpressure),
 # and the most one log write takes at once.
@@ -126,6 +116,7 @@ class StoreService:
         if pending.error is not None:
             raise pending.error
         result = pending.result
+        assert result is not None  # done is set once result or error is
         self.metrics.ingested.labels(source).inc(result.accepted)
         self.metrics.deduplicated.labels(source).inc(result.duplicates)
         self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
@@ -135,10 +126,13 @@ class StoreService:
         """One page. A page memory answers (the hot tier: ~0.1 ms) is answered
         here on the event loop, with no thread hop and no queue; the others
         read the table in a reader thread, never waiting for engine work."""
-        page = self.store.query_from_memory(query)
+        reads = self.store.reads
+        page = reads.from_memory(query)
         if page is not None:
             return page
-        return await trio.to_thread.run_sync(self.store.query, query, limiter=self.read_limiter)
+        return await trio.to_thread.run_sync(
+            functools.partial(reads.page, query, memory_tried=True), limiter=self.read_limiter
+        )
 
     async def _writer_loop(self) -> None:
         """The one task that writes the log: takes every waiting put, writes
@@ -285,12 +279,6 @@ class StoreService:
         return result
 
 
-# glibc malloc arenas of a node on a shared table (see open_store). A node
-# that owns its table keeps glibc's default: capped, its 1M ingest went
-# from 26.9k to 23.9k msg/s (one run each).
-SHARED_TABLE_ARENAS = 2
-
-
 def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine, MessageStore]:
     """Start the engine and open the message store (blocking).
 
@@ -300,11 +288,6 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
     config.data_dir.mkdir(parents=True, exist_ok=True)
     # Flat MUID copies of an earlier version, replaced by the key index files.
     shutil.rmtree(config.data_dir / "muids", ignore_errors=True)
-    if config.shared_table:
-        # A fleet node's threads (commits, key index builds, compactions,
-        # pages) share two malloc arenas: each MERGE's batch and each
-        # compacted file's index is freed in whichever arena it came from.
-        allocator.cap_malloc_arenas(SHARED_TABLE_ARENAS)
     owned = engine is None
     if engine is None:
         engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
@@ -335,9 +318,8 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
     the buffer is committed and the engine stopped (unless ``engine`` was
     given: a shared engine stays running)."""
     owned = engine is None
-    engine, store = await trio.to_thread.run_sync(open_store, config, engine)
-    service = StoreService(config, engine, store, trio.CapacityLimiter(ENGINE_THREADS))
-    _switch_interval.enter()
+    started, store = await trio.to_thread.run_sync(open_store, config, engine)
+    service = StoreService(config, started, store, trio.CapacityLimiter(ENGINE_THREADS))
     try:
         await trio.to_thread.run_sync(service.refresh_gauges)
         async with trio.open_nursery() as nursery:
@@ -350,34 +332,10 @@ async def running_store(config: NodeConfig, engine: Engine | None = None):
             finally:
                 nursery.cancel_scope.cancel()
     finally:
-        _switch_interval.exit()
         with trio.CancelScope(shield=True):
             try:
                 await trio.to_thread.run_sync(store.close)
             except Exception as exc:
                 log.error("final commit failed; the write-ahead log keeps the messages: %s", exc)
             if owned:
-                await trio.to_thread.run_sync(engine.close)
-
-
-class _SwitchInterval:
-    """:data:`GIL_SWITCH_INTERVAL_S` while at least one store serves in the
-    process; the interval found before the first comes back after the last."""
-
-    def __init__(self) -> None:
-        self.serving = 0
-        self.previous = sys.getswitchinterval()
-
-    def enter(self) -> None:
-        if self.serving == 0:
-            self.previous = sys.getswitchinterval()
-            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        self.serving += 1
-
-    def exit(self) -> None:
-        self.serving -= 1
-        if self.serving == 0:
-            sys.setswitchinterval(self.previous)
-
-
-_switch_interval = _SwitchInterval()
+                await trio.to_thread.run_sync(started.close)

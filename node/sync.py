@@ -69,7 +69,6 @@ stream is reset and nothing is logged above debug level.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections import OrderedDict
@@ -79,16 +78,17 @@ from typing import Any
 import trio
 from libp2p.io.exceptions import IOException
 
+from wakustore.durable import replace_durably
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
-from wakustore.node.streams import close_stream, peer_of, read_chunk, reset_stream
 from wakustore.protocols import sync
 from wakustore.protocols.errors import FramingError, ProtocolError, SyncError
-from wakustore.protocols.framing import FrameReader, encode_frame
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.message_codec import encode_message
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.protocols.topics import shard_pubsub_topic
+from wakustore.transport.peers import parse_peer
+from wakustore.transport.streams import Frames, close_stream, peer_of, reset_stream, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class SyncService:
         self.jitter_ns = int(jitter_s * NS)
         self.pubsub_topics = tuple(sorted(shard_pubsub_topic(config.cluster_id, s) for s in config.shards))
         self.seen = SeenIds()
-        self.host = None
+        self.host: Any = None  # the libp2p host, once run() starts
         self.sessions = 0
         self.failures = 0
         self.resumed = 0
@@ -272,7 +272,7 @@ class SyncService:
         connection error) when it fails."""
         from libp2p.custom_types import TProtocol
 
-        info = parse_sync_peer(peer)
+        info = parse_peer(peer)
         now = self.clock()
         upper = now - self.jitter_ns
         lower = upper - int(self.config.sync_range_s * NS)
@@ -284,16 +284,16 @@ class SyncService:
         with trio.fail_after(SESSION_TIMEOUT_S):
             ids = await self.load_ids(lower, upper, self.pubsub_topics, ())
             stream = await self.host.new_stream(info.peer_id, [TProtocol(sync.RECONCILIATION_PROTOCOL_ID)])
-            frames = _Frames(stream, sync.MAX_PAYLOAD_SIZE)
+            frames = Frames(stream, sync.MAX_PAYLOAD_SIZE)
             try:
-                await _write(stream, session.initiate(ids, lower, upper))
+                await write_frame(stream, session.initiate(ids, lower, upper), WRITE_TIMEOUT_S)
                 while not session.done:
                     raw = await frames.next(READ_TIMEOUT_S)
                     if raw is None:
                         break  # the peer closed after its last payload
                     reply = session.answer(session.receive(raw))
                     if reply is not None:
-                        await _write(stream, reply)
+                        await write_frame(stream, reply, WRITE_TIMEOUT_S)
             except BaseException:
                 await reset_stream(stream)
                 raise
@@ -318,7 +318,7 @@ class SyncService:
         session = sync.Session(pubsub_topics=self.pubsub_topics)
         try:
             with trio.fail_after(SESSION_TIMEOUT_S):
-                frames = _Frames(stream, sync.MAX_PAYLOAD_SIZE)
+                frames = Frames(stream, sync.MAX_PAYLOAD_SIZE)
                 raw = await frames.next(READ_TIMEOUT_S)
                 if raw is None:
                     await close_stream(stream)
@@ -327,7 +327,7 @@ class SyncService:
                 if not payload.finished:
                     scope = session.scope_of(payload)
                     if scope is None:
-                        await _write(stream, sync.EMPTY_PAYLOAD)
+                        await write_frame(stream, sync.EMPTY_PAYLOAD, WRITE_TIMEOUT_S)
                         await close_stream(stream)
                         return
                     floor = self.clock() - int((self.config.sync_range_s + RESPONDER_SLACK_S) * NS)
@@ -339,7 +339,7 @@ class SyncService:
                 while True:
                     reply = session.answer(payload)
                     if reply is not None:
-                        await _write(stream, reply)
+                        await write_frame(stream, reply, WRITE_TIMEOUT_S)
                     if session.done:
                         break
                     raw = await frames.next(READ_TIMEOUT_S)
@@ -378,7 +378,7 @@ class SyncService:
             self._count_transfer(TRANSFER_REFUSED)
             await reset_stream(stream)
             return
-        frames = _Frames(stream, sync.TRANSFER_MAX_FRAME_SIZE)
+        frames = Frames(stream, sync.TRANSFER_MAX_FRAME_SIZE)
         batch: list[tuple[str, WakuMessage, int]] = []
         received = 0
         try:
@@ -444,7 +444,7 @@ class SyncService:
         peers = list(self.config.sync_peers)
         random.shuffle(peers)
         for peer in peers:
-            info = parse_sync_peer(peer)
+            info = parse_peer(peer)
             stored = 0
             try:
                 with trio.fail_after(DIAL_TIMEOUT_S):
@@ -567,7 +567,7 @@ class SyncService:
                 page = await self.service.query(HistoryQuery(message_hashes=chunk, limit=len(chunk)))
                 for m in page.messages:
                     if m.message is not None:
-                        await _write(stream, sync.encode_transfer(m.pubsub_topic, m.message))
+                        await write_frame(stream, sync.encode_transfer(m.pubsub_topic, m.message), WRITE_TIMEOUT_S)
                         sent += 1
                         if self.metrics is not None:
                             self.metrics.sync_transfer_messages.labels(SENT).inc()
@@ -627,45 +627,6 @@ def write_last_online(path: Path, now_ns: int) -> None:
     """Write ``now_ns`` to ``path`` atomically (a torn file reads as missing)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(f"{now_ns}\n")
-        os.replace(tmp, path)
+        replace_durably(path, f"{now_ns}\n".encode())
     except OSError as exc:
         log.warning("cannot write %s: %s", path, exc)
-
-
-def parse_sync_peer(addr: str):
-    """PeerInfo of a ``.../p2p/<peer id>`` multiaddr; ValueError otherwise."""
-    import multiaddr
-    from libp2p.peer.peerinfo import info_from_p2p_addr
-
-    try:
-        return info_from_p2p_addr(multiaddr.Multiaddr(addr))
-    except Exception as exc:
-        raise ValueError(f"not a multiaddr with /p2p/<peer id>: {addr!r} ({exc})") from None
-
-
-class _Frames:
-    """Length-prefixed frames read one at a time from a stream."""
-
-    def __init__(self, stream, max_size: int):
-        self.stream = stream
-        self.reader = FrameReader(max_size)
-        self.ready: list[bytes] = []
-
-    async def next(self, timeout_s: float) -> bytes | None:
-        """The next frame; None at the end of the stream. Raises
-        FramingError or trio.TooSlowError."""
-        with trio.fail_after(timeout_s):
-            while not self.ready:
-                data = await read_chunk(self.stream)
-                if not data:
-                    self.reader.eof()
-                    return None
-                self.ready.extend(self.reader.feed(data))
-        return self.ready.pop(0)
-
-
-async def _write(stream, body: bytes) -> None:
-    with trio.fail_after(WRITE_TIMEOUT_S):
-        await stream.write(encode_frame(body))

@@ -20,10 +20,10 @@ records) is in :mod:`wakustore.protocols.archive_records`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from wakustore.protocols.archive_records import (  # noqa: F401  (re-exported: t
     RecordDecoder,
     RecordEncoder,
     channel_key,
+    community_channel_keys,
     decode_archived_message,
     encode_archived_message,
     field_bytes,
@@ -83,6 +84,13 @@ DEFAULT_LAYOUT = Layout.STATUS_GO
 
 _MAGNET_TYPE = application_metadata_pb2.ApplicationMetadataMessage.Type.COMMUNITY_MESSAGE_ARCHIVE_MAGNETLINK
 _WIRE_LEN = 2
+
+# The protobuf messages of the two layouts (see _index_class, _metadata_class).
+_IndexPb = archive_spec_pb2.WakuMessageArchiveIndex | archive_status_go_pb2.WakuMessageArchiveIndex
+_IndexMetadataPb = (
+    archive_spec_pb2.WakuMessageArchiveIndexMetadata | archive_status_go_pb2.WakuMessageArchiveIndexMetadata
+)
+_MetadataPb = archive_spec_pb2.WakuMessageArchiveMetadata | archive_status_go_pb2.WakuMessageArchiveMetadata
 
 
 # --- windows ------------------------------------------------------------------
@@ -134,15 +142,15 @@ class Chunker:
     def __init__(self, limit: int = MAX_ARCHIVE_PAYLOAD):
         self.limit = limit
         self.dropped = 0
-        self._chunk: list = []
+        self._chunk: list[bytes | memoryview] = []
         self._size = 0
         self._count = 0
 
-    def add(self, record: Record) -> list[bytes] | None:
+    def add(self, record: Record) -> list[bytes | memoryview] | None:
         """Add one message; returns a full chunk when this one did not fit."""
         return self.add_encoded(record.data, record.payload_size)
 
-    def add_encoded(self, data: bytes, payload_size: int) -> list[bytes] | None:
+    def add_encoded(self, data: bytes, payload_size: int) -> list[bytes | memoryview] | None:
         """:meth:`add` for a record given as its two parts."""
         if payload_size > self.limit:
             self.dropped += 1
@@ -154,12 +162,14 @@ class Chunker:
         self._size += payload_size
         return full
 
-    def finish(self) -> list[bytes] | None:
+    def finish(self) -> list[bytes | memoryview] | None:
         """The last chunk, or None when nothing is left."""
         chunk, self._chunk, self._size = self._chunk, [], 0
         return chunk or None
 
-    def add_framed(self, framed: bytes, ends: Sequence[int], sizes: Sequence[int]) -> list[tuple[list, int]]:
+    def add_framed(
+        self, framed: bytes, ends: Sequence[int] | np.ndarray, sizes: Sequence[int] | np.ndarray
+    ) -> list[tuple[list[bytes | memoryview], int]]:
         """Add a batch of messages framed as archive entries
         (:meth:`RecordEncoder.encode_framed`: the entries back to back,
         the end of each, its payload size); returns the chunks it filled,
@@ -191,7 +201,7 @@ class Chunker:
         self.dropped += len(dropped)
         return full
 
-    def finish_framed(self) -> tuple[list, int] | None:
+    def finish_framed(self) -> tuple[list[bytes | memoryview], int] | None:
         """The last chunk of :meth:`add_framed`, or None when nothing is left."""
         chunk, count = self._chunk, self._count
         self._chunk, self._size, self._count = [], 0, 0
@@ -263,20 +273,23 @@ class ArchiveWriter:
         plus padding, to be appended to ``data``."""
         return b"".join(self.add_framed(window, content_topics, [field_bytes(3, m) for m in messages]))
 
-    def add_framed(self, window: Window, content_topics: Sequence[str], entries: Sequence) -> list:
+    def add_framed(
+        self, window: Window, content_topics: Sequence[str], entries: Sequence[bytes | memoryview]
+    ) -> list[bytes | memoryview]:
         """:meth:`add` for messages already framed as entries of the
         archive's ``messages`` (bytes-like pieces: :meth:`Chunker.add_framed`),
         returned as the pieces to append to ``data`` in order (an archive is
         ~30 MB: each copy of it costs its page faults)."""
         metadata = _metadata_pb(self.layout, window, content_topics)
-        parts = [_archive_head(self.layout, metadata), *entries]
+        parts: list[bytes | memoryview] = [_archive_head(self.layout, metadata), *entries]
         raw = sum(map(len, parts))
+        index_md: _IndexMetadataPb
         if self.layout is Layout.SPEC:
             parts.append(_spec_padding_field(raw, self.piece_length))
             padding, size = 0, raw + len(parts[-1])
             index_md = archive_spec_pb2.WakuMessageArchiveIndexMetadata(
                 version=SPEC_VERSION,
-                metadata=metadata,
+                metadata=cast(archive_spec_pb2.WakuMessageArchiveMetadata, metadata),
                 offset=self.data_size,
                 num_pieces=size // self.piece_length,
             )
@@ -284,7 +297,7 @@ class ArchiveWriter:
             padding = status_go_padding(raw, self.piece_length)
             size = raw + padding
             index_md = archive_status_go_pb2.WakuMessageArchiveIndexMetadata(
-                metadata=metadata,
+                metadata=cast(archive_status_go_pb2.WakuMessageArchiveMetadata, metadata),
                 offset=self.data_size,
                 size=size,
                 padding=padding,
@@ -339,9 +352,10 @@ def parse_index(
         if archive_key(value.SerializeToString()) != key:
             raise ArchiveError(f"index key {key} is not the hash of its metadata")
         if layout is Layout.SPEC:
-            size, padding = value.num_pieces * piece_length, 0
+            size, padding = cast(archive_spec_pb2.WakuMessageArchiveIndexMetadata, value).num_pieces * piece_length, 0
         else:
-            size, padding = value.size, value.padding
+            status_go = cast(archive_status_go_pb2.WakuMessageArchiveIndexMetadata, value)
+            size, padding = status_go.size, status_go.padding
             if padding > size or padding != status_go_padding(size - padding, piece_length):
                 raise ArchiveError(f"archive {key}: size {size} and padding {padding} do not fit")
         start, end, content_topics = _window_of(layout, value.metadata)
@@ -414,6 +428,9 @@ def iter_archive_records(
     if data.count(b"\0", entry.encoded_size) != entry.size - entry.encoded_size:
         raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     parsed = decoder.parse_archive(body)
+    metadata: _MetadataPb | None
+    records: Iterable[archive_status_go_pb2.ArchivedMessage] | Iterable[bytes]
+    decode: Callable[[archive_status_go_pb2.ArchivedMessage], DecodedRecord] | Callable[[bytes], DecodedRecord]
     if parsed is not None:  # status-go's layout, canonical: read whole
         metadata = parsed.metadata if parsed.HasField("metadata") else None
         records, decode = parsed.messages, decoder.decode_parsed
@@ -422,6 +439,7 @@ def iter_archive_records(
         metadata, raw_messages = _split_archive(layout, entry, body)
         records, decode = (bytes(raw) for raw in raw_messages), decoder.decode
     start, end, listed = _window_checked(layout, entry, metadata, allowed_topics)
+    raw: Any  # a parsed record or a record's bytes: what ``decode`` takes
     for i, raw in enumerate(records):
         try:
             record = decode(raw)
@@ -441,7 +459,7 @@ class ArchiveColumns(NamedTuple):
     by the compiled decoder (:func:`archive_columns`): numbers and values
     in buffers, topics as indexes into their distinct values."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count
     content_topics: list[str]  # distinct, indexed by ``topic_index``
     pubsub_topics: list[str]  # distinct, indexed by ``pubsub_index``
     topic_index: np.ndarray  # int32
@@ -528,7 +546,7 @@ def archive_columns(
 
 
 def _window_checked(
-    layout: Layout, entry: IndexEntry, metadata, allowed_topics: Iterable[str] | None
+    layout: Layout, entry: IndexEntry, metadata: _MetadataPb | None, allowed_topics: Iterable[str] | None
 ) -> tuple[int, int, set[str]]:
     """(start ns, end ns, the content topics its messages may have) of an
     archive's metadata, which must name the window its index entry names."""
@@ -543,17 +561,19 @@ def _window_checked(
     return start, end, listed
 
 
-def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[object | None, list[memoryview]]:
+def _split_archive(layout: Layout, entry: IndexEntry, body: memoryview) -> tuple[_MetadataPb | None, list[memoryview]]:
     """The metadata (None when absent) and the records of an archive body,
     read a field at a time (any layout, any encoding)."""
+    metadata_raw: memoryview | None
+    raw_messages: list[memoryview]
     metadata_raw, raw_messages = None, []
-    for number, wire, value in proto_fields(body):
+    for number, wire, value in proto_fields(body):  # a length-delimited value is a view
         if number == 2 and wire == _WIRE_LEN:
-            metadata_raw = value
+            metadata_raw = cast(memoryview, value)
         elif number == 3 and wire == _WIRE_LEN:
-            raw_messages.append(value)
+            raw_messages.append(cast(memoryview, value))
         elif number == 4 and wire == _WIRE_LEN and layout is Layout.SPEC:
-            if any(value):
+            if any(cast(memoryview, value)):
                 raise ArchiveError(f"archive {entry.archive_id}: padding is not zero bytes")
     if metadata_raw is None:
         return None, raw_messages
@@ -706,7 +726,9 @@ def _is_magnet_metadata(raw: bytes) -> bool:
 # --- private helpers ------------------------------------------------------------------
 
 
-def _index_class(layout: Layout):
+def _index_class(
+    layout: Layout,
+) -> type[archive_spec_pb2.WakuMessageArchiveIndex] | type[archive_status_go_pb2.WakuMessageArchiveIndex]:
     return (
         archive_spec_pb2.WakuMessageArchiveIndex
         if layout is Layout.SPEC
@@ -714,7 +736,9 @@ def _index_class(layout: Layout):
     )
 
 
-def _metadata_class(layout: Layout):
+def _metadata_class(
+    layout: Layout,
+) -> type[archive_spec_pb2.WakuMessageArchiveMetadata] | type[archive_status_go_pb2.WakuMessageArchiveMetadata]:
     return (
         archive_spec_pb2.WakuMessageArchiveMetadata
         if layout is Layout.SPEC
@@ -722,7 +746,7 @@ def _metadata_class(layout: Layout):
     )
 
 
-def _index_pb(layout: Layout, raw: bytes):
+def _index_pb(layout: Layout, raw: bytes) -> _IndexPb:
     if len(raw) > MAX_INDEX_SIZE:
         raise ArchiveError(f"index of {len(raw)} bytes exceeds {MAX_INDEX_SIZE}")
     pb = message_codec.parse_protobuf(_index_class(layout), raw)
@@ -731,7 +755,7 @@ def _index_pb(layout: Layout, raw: bytes):
     return pb
 
 
-def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
+def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]) -> _MetadataPb:
     if layout is Layout.SPEC:
         return archive_spec_pb2.WakuMessageArchiveMetadata(
             version=SPEC_VERSION,
@@ -750,18 +774,19 @@ def _metadata_pb(layout: Layout, window: Window, content_topics: Sequence[str]):
     )
 
 
-def _window_of(layout: Layout, metadata) -> tuple[int, int, tuple[str, ...]]:
+def _window_of(layout: Layout, metadata: _MetadataPb) -> tuple[int, int, tuple[str, ...]]:
     start, end = getattr(metadata, "from"), metadata.to
     if layout is Layout.SPEC:
-        return start, end, tuple(metadata.contentTopic)
+        return start, end, tuple(cast(archive_spec_pb2.WakuMessageArchiveMetadata, metadata).contentTopic)
+    status_go = cast(archive_status_go_pb2.WakuMessageArchiveMetadata, metadata)
     try:
-        names = tuple(topics.content_topic_from_bytes(t) for t in metadata.contentTopic)
+        names = tuple(topics.content_topic_from_bytes(t) for t in status_go.contentTopic)
     except ProtocolError as exc:
         raise ArchiveError(str(exc)) from None
     return start * NS_PER_S, end * NS_PER_S, names
 
 
-def _archive_head(layout: Layout, metadata) -> bytes:
+def _archive_head(layout: Layout, metadata: _MetadataPb) -> bytes:
     version = field_varint(1, SPEC_VERSION) if layout is Layout.SPEC else b""
     return version + field_bytes(2, metadata.SerializeToString())
 

@@ -42,10 +42,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 from coincurve._libsecp256k1 import ffi as _ffi
@@ -55,11 +55,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from wakustore import _native
+import wakustore._native as _native
 from wakustore.protocols import message_codec, topics, waku_v1
 from wakustore.protocols.crypto import keccak256
-from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.errors import ArchiveError, MessageError, ProtocolError, TopicError
+from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.message import MAX_STORED_VERSION, WakuMessage, message_hash
 from wakustore.protos import archive_status_go_pb2
 
@@ -112,6 +112,14 @@ def channel_key(community_id: str, chat_id: str) -> bytes:
     """The symmetric key of a community channel: status-go derives it from
     the chat id (community id + channel id) as a password."""
     return waku_v1.key_from_password(community_id + chat_id)
+
+
+def community_channel_keys(community_public_key: bytes, chat_ids: Iterable[str]) -> dict[str, bytes]:
+    """Content topic -> symmetric key of each channel of a community
+    (status-go derives both from the chat id), for Status-readable
+    status-go archives."""
+    cid = topics.community_id(community_public_key)
+    return {topics.channel_content_topic(community_public_key, c): channel_key(cid, c) for c in chat_ids}
 
 
 def encode_archived_message(
@@ -218,16 +226,16 @@ class RecordEncoder:
 
     def _records(
         self,
-        pubsub_topics,
-        content_topics,
-        payloads,
-        metas,
-        versions,
-        timestamps,
-        proofs,
-        arrivals,
-        hashes,
-        signers=None,
+        pubsub_topics: Sequence[str],
+        content_topics: Sequence[str],
+        payloads: Sequence[bytes],
+        metas: Sequence[bytes],
+        versions: Sequence[int],
+        timestamps: Sequence[int],
+        proofs: Sequence[bytes],
+        arrivals: Sequence[int],
+        hashes: Sequence[bytes],
+        signers: Sequence[bytes | None] | None = None,
     ) -> Iterator[tuple[list[bytes], int]]:
         """(the record's bytes in parts, payload size) of each row."""
         if self.layout is Layout.SPEC:
@@ -239,6 +247,7 @@ class RecordEncoder:
             return
         parts = self._status_go_parts
         known = itertools.repeat(None) if signers is None else signers
+        row: DecodedRecord  # the columns in the order of _status_go_parts' parameters
         for row, numbers, signer in zip(
             zip(pubsub_topics, content_topics, payloads, metas, versions, timestamps, proofs, arrivals, hashes),
             _record_varints(timestamps, arrivals),
@@ -331,7 +340,7 @@ class RecordEncoder:
             numbers = varint(ordering // NS_PER_S), varint(arrival_ns), varint(_zigzag(timestamp))
         cipher = self.cipher(content_topic) if version == 1 else None
         opened = _open_reproducibly(payload, cipher, known_signer) if cipher is not None else None
-        parts = []
+        parts: list[bytes] = []
         signer = padding = b""
         if opened is not None:
             payload, padding, signer, signature, nonce = opened
@@ -488,7 +497,7 @@ class RecordDecoder:
             _ext_bytes(ext, EXT_PROOF) or b"",
         )
 
-    def decode_columns(self, body: bytes | memoryview) -> tuple | None:
+    def decode_columns(self, body: bytes | memoryview) -> tuple[Any, ...] | None:
         """A status-go archive body decoded by the compiled decoder
         (``wakustore._native.decode_status_go``): (record count, metadata
         bytes, distinct raw topics, distinct pubsub topics, then the
@@ -506,7 +515,10 @@ class RecordDecoder:
                     continue
                 if topics.content_topic_from_bytes(raw) == content_topic:
                     self._topic_keys[raw] = bytes(key)
-        return _native.decode_status_go(body, self._topic_keys, self.default_pubsub_topic.encode())
+        return cast(
+            "tuple[Any, ...] | None",
+            _native.decode_status_go(body, self._topic_keys, self.default_pubsub_topic.encode()),
+        )
 
     def parse_archive(self, body: bytes | memoryview) -> archive_status_go_pb2.ArchivedMessages | None:
         """A status-go archive body parsed whole, one call into protobuf's
@@ -577,6 +589,7 @@ class RecordDecoder:
         content_topic = self._topics.get(raw_topic)
         if content_topic is None:
             content_topic = self._topics[raw_topic] = topics.content_topic_from_bytes(raw_topic)
+        pubsub_topic: str | None
         if arrival is None:  # an archive status-go made: see the module docstring
             ts = seconds * NS_PER_S
             if ts > _INT64_MAX:
@@ -672,6 +685,7 @@ def _open_reproducibly(
     if count != _size_field_length(size) or 1 + count + size > end:
         return None
     payload, padding, signature = plain[1 + count : 1 + count + size], plain[1 + count + size : end], plain[end:]
+    signer: bytes | None
     signer = b""
     if signed and known_signer:
         signer = known_signer
@@ -722,22 +736,22 @@ def _utf8(value: bytes, what: str) -> str:
         raise ArchiveError(f"{what} is not UTF-8") from None
 
 
-def _ext_int(ext: dict, number: int) -> int | None:
+def _ext_int(ext: dict[int, tuple[int, int | bytes | None]], number: int) -> int | None:
     if number not in ext:
         return None
     wire, value = ext[number]
     if wire != _WIRE_VARINT:
         raise ArchiveError(f"field {number} has wire type {wire}, expected varint")
-    return value
+    return cast(int, value)
 
 
-def _ext_bytes(ext: dict, number: int) -> bytes | None:
+def _ext_bytes(ext: dict[int, tuple[int, int | bytes | None]], number: int) -> bytes | None:
     if number not in ext:
         return None
     wire, value = ext[number]
     if wire != _WIRE_LEN:
         raise ArchiveError(f"field {number} has wire type {wire}, expected bytes")
-    return value
+    return cast(bytes, value)
 
 
 def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
@@ -745,7 +759,7 @@ def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
     number winning: :func:`proto_fields` with its checks, inlined for the
     one-byte varints that most keys and lengths are (once per archived
     message on a hydrating member)."""
-    ext = {}
+    ext: dict[int, tuple[int, int | bytes | None]] = {}
     pos, end = 0, len(raw)
     while pos < end:
         # Keys of the extra fields take two bytes, lengths of payloads and
@@ -799,10 +813,15 @@ def _ext_fields(raw: bytes) -> dict[int, tuple[int, int | bytes | None]]:
     return ext
 
 
-def proto_fields(raw: bytes) -> Iterator[tuple[int, int, int | bytes | None]]:
+# What proto_fields() reads: its length-delimited values are slices of the same type.
+_Buffer = TypeVar("_Buffer", bytes, memoryview)
+
+
+def proto_fields(raw: _Buffer) -> Iterator[tuple[int, int, int | _Buffer | None]]:
     """(field number, wire type, value) of a protobuf encoding; values are
     ints (varint), bytes (length-delimited) or None (fixed-size)."""
     pos, end = 0, len(raw)
+    value: int | _Buffer | None
     while pos < end:
         key, pos = _read_varint(raw, pos)
         number, wire = key >> 3, key & 7
@@ -825,7 +844,7 @@ def proto_fields(raw: bytes) -> Iterator[tuple[int, int, int | bytes | None]]:
         yield number, wire, value
 
 
-def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(raw: bytes | memoryview, pos: int) -> tuple[int, int]:
     # One and two bytes first: field keys up to 2047 (the extra fields),
     # lengths up to 16 KiB.
     if pos + 1 < len(raw):

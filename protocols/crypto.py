@@ -4,6 +4,7 @@ keccak256 is the pre-standard Keccak (Ethereum's), not SHA3-256.
 """
 
 import hashlib
+from typing import Any, cast
 
 import coincurve
 from Crypto.Hash import keccak as _keccak
@@ -21,10 +22,10 @@ def keccak256(data: bytes) -> bytes:
     out = _ffi.new("uint8_t[32]")
     if _keccak_oneshot(data, len(data), out, _KECCAK256_SIZE, _KECCAK256_CAPACITY, _KECCAK_ROUNDS, _KECCAK_PADDING):
         raise ValueError("keccak failed")
-    return _ffi.buffer(out)[:]
+    return cast(bytes, _ffi.buffer(out)[:])
 
 
-def _load_keccak_oneshot():
+def _load_keccak_oneshot() -> tuple[Any, Any]:
     """pycryptodome's one-call Keccak, without the hash object, the state
     allocation and the three calls that :func:`keccak256` cost otherwise
     (6 us against 3 us for a kilobyte: once per message an archive

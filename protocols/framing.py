@@ -14,7 +14,7 @@ it had none, each large enough for every valid message of the protocol.
 
 from __future__ import annotations
 
-from wakustore.protocols.errors import FramingError, FrameTooLarge
+from wakustore.protocols.errors import FrameTooLarge, FramingError
 from wakustore.protocols.message import DEFAULT_MAX_MESSAGE_SIZE
 from wakustore.protocols.message_codec import MAX_ENCODED_MESSAGE_SIZE
 from wakustore.protocols.store_query import MAX_PAGE_SIZE

@@ -197,7 +197,13 @@ def decode_response_v3(raw: bytes) -> PushResponseV3:
     )
 
 
-def _push_request(request_id: str, topic: str | None, holder, *, has_message: bool) -> PushRequest:
+def _push_request(
+    request_id: str,
+    topic: str | None,
+    holder: lightpush_legacy_pb2.PushRequest | lightpush_v3_pb2.LightpushRequest,
+    *,
+    has_message: bool,
+) -> PushRequest:
     if topic is not None and len(topic) > MAX_TOPIC_LENGTH:
         raise _bad_request("pubsub topic too long", request_id)
     if not has_message:

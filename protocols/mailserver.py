@@ -23,8 +23,8 @@ whose message is the text status-go answers with, where it has one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
 from wakustore.protocols.errors import WakuV1Error
 from wakustore.protocols.waku_v1 import (
@@ -34,6 +34,7 @@ from wakustore.protocols.waku_v1 import (
     MAX_UINT32,
     TOPIC_SIZE,
     Envelope,
+    RlpItem,
     bloom_matches,
     decode_rlp,
     decrypt_symmetric,
@@ -480,7 +481,7 @@ def decode_request_complete(raw: bytes) -> RequestComplete:
     )
 
 
-def _decode_spec_complete(items: list) -> RequestComplete:
+def _decode_spec_complete(items: list[RlpItem]) -> RequestComplete:
     if len(items) not in (2, 3):
         raise WakuV1Error(f"request complete list has {len(items)} elements, expected 2 or 3")
     request_id = _bytes(items[0], "request id", plain=True)
@@ -534,7 +535,7 @@ def _list_size(body_size: int) -> int:
 # --- private helpers -----------------------------------------------------------
 
 
-def _decode_request_rlp(raw: bytes) -> list:
+def _decode_request_rlp(raw: bytes) -> list[RlpItem]:
     try:
         items = decode_rlp(
             raw,
@@ -549,7 +550,7 @@ def _decode_request_rlp(raw: bytes) -> list:
     return items
 
 
-def _is_uint32(value) -> bool:
+def _is_uint32(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_UINT32
 
 
@@ -557,21 +558,21 @@ def _decode_error(reason: str) -> WakuV1Error:
     return WakuV1Error(f"failed to decode data: {reason}")
 
 
-def _uint(item, what: str) -> int:
+def _uint(item: RlpItem, what: str) -> int:
     try:
         return rlp_uint(item, MAX_UINT32, what)
     except WakuV1Error as exc:
         raise _decode_error(str(exc)) from None
 
 
-def _bytes(item, what: str, *, plain: bool = False) -> bytes:
+def _bytes(item: RlpItem, what: str, *, plain: bool = False) -> bytes:
     try:
         return rlp_bytes(item, what)
     except WakuV1Error as exc:
         raise (exc if plain else _decode_error(str(exc))) from None
 
 
-def _bool(item, what: str) -> bool:
+def _bool(item: RlpItem, what: str) -> bool:
     # go-ethereum's Stream.Bool: 0x80 is false, 0x01 true, anything else an error.
     value = _bytes(item, what)
     if value == b"":
@@ -581,7 +582,7 @@ def _bool(item, what: str) -> bool:
     raise _decode_error(f"rlp: invalid boolean value for {what}")
 
 
-def _topics(items: list) -> tuple[bytes, ...]:
+def _topics(items: list[RlpItem]) -> tuple[bytes, ...]:
     if len(items) > MAX_TOPICS:
         raise _decode_error(f"more than {MAX_TOPICS} topics")
     return tuple(_bytes(item, "topic") for item in items)

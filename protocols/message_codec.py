@@ -88,7 +88,7 @@ def write_message_pb(pb: waku_message_pb2.WakuMessage, message: WakuMessage) -> 
         raise MessageError(f"message does not fit the wire format: {exc}") from None
 
 
-def parse_protobuf(message_type: type[_M], raw: bytes) -> _M | None:
+def parse_protobuf(message_type: type[_M], raw: bytes | memoryview) -> _M | None:
     """Parse ``raw`` as ``message_type``; None when it is not a valid encoding.
 
     The one place the protobuf runtime's exceptions are caught: callers turn
@@ -96,8 +96,9 @@ def parse_protobuf(message_type: type[_M], raw: bytes) -> _M | None:
     """
     pb = message_type()
     try:
-        # A view is parsed in place: an archive is ~35 MB.
-        pb.ParseFromString(raw if isinstance(raw, (bytes, memoryview)) else bytes(raw))
+        # A view is parsed in place: an archive is ~35 MB. (The runtime
+        # parses any buffer; the protobuf stubs declare bytes only.)
+        pb.ParseFromString(raw if isinstance(raw, (bytes, memoryview)) else bytes(raw))  # type: ignore[arg-type]
     except (DecodeError, ValueError, RecursionError):
         return None
     return pb

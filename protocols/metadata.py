@@ -53,7 +53,10 @@ def decode_response(raw: bytes) -> Metadata:
     return _decode(waku_metadata_pb2.WakuMetadataResponse, raw)
 
 
-def _encode(message_type, metadata: Metadata) -> bytes:
+def _encode(
+    message_type: type[waku_metadata_pb2.WakuMetadataRequest] | type[waku_metadata_pb2.WakuMetadataResponse],
+    metadata: Metadata,
+) -> bytes:
     values = list(metadata.shards)
     if metadata.cluster_id is not None:
         values.append(metadata.cluster_id)
@@ -65,7 +68,10 @@ def _encode(message_type, metadata: Metadata) -> bytes:
     return pb.SerializeToString()
 
 
-def _decode(message_type, raw: bytes) -> Metadata:
+def _decode(
+    message_type: type[waku_metadata_pb2.WakuMetadataRequest] | type[waku_metadata_pb2.WakuMetadataResponse],
+    raw: bytes,
+) -> Metadata:
     pb = parse_protobuf(message_type, raw)
     if pb is None:
         raise MetadataError(f"undecodable {message_type.__name__}")

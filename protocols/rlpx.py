@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import hmac
 import secrets as _random
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Union
+from typing import ParamSpec, Protocol, TypeVar, Union, cast
 
 import coincurve
 import cramjam
@@ -37,7 +38,7 @@ from rlp.exceptions import RLPException
 from wakustore.protocols import ecies
 from wakustore.protocols.crypto import keccak256
 from wakustore.protocols.errors import RLPxError, WakuV1Error
-from wakustore.protocols.waku_v1 import decode_rlp, rlp_uint, split_rlp_list
+from wakustore.protocols.waku_v1 import RlpItem, decode_rlp, rlp_uint, split_rlp_list
 
 # --- limits and constants ------------------------------------------------------
 
@@ -121,8 +122,19 @@ WAKU_V1_CODE_COUNT = 128
 
 _MAX_UINT64 = 2**64 - 1
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
 
 # --- handshake -----------------------------------------------------------------
+
+
+class MacState(Protocol):
+    """A running keccak-256 state, as :class:`Secrets` holds one per direction."""
+
+    def update(self, data: bytes, /) -> object: ...
+
+    def digest(self) -> bytes: ...
 
 
 @dataclass
@@ -137,8 +149,8 @@ class Secrets:
     remote_public_key: bytes  # 64 bytes, the peer's node id
     aes_secret: bytes  # 32 bytes, AES-256-CTR key of both directions
     mac_secret: bytes  # 32 bytes, AES-256 key of the frame MACs
-    egress_mac: object
-    ingress_mac: object
+    egress_mac: MacState
+    ingress_mac: MacState
 
 
 class Handshake:
@@ -197,9 +209,10 @@ class Handshake:
         """The EIP-8 auth packet; initiator only, once."""
         if not self.initiator or self._auth is not None:
             raise RuntimeError("initiate() is for a fresh initiator handshake only")
+        assert self._remote is not None  # an initiator is given the remote key
         static_shared = ecies.ecdh_x(self._key, self._remote)
         signature = self._ephemeral.sign_recoverable(_xor(static_shared, self._nonce), hasher=None)
-        body = [signature, self.public_key, self._nonce, AUTH_VERSION]
+        body: list[bytes | int] = [signature, self.public_key, self._nonce, AUTH_VERSION]
         self._auth = _seal_eip8(self._remote, body)
         return self._auth
 
@@ -273,6 +286,7 @@ class Handshake:
         ecies.parse_public_key(remote_ephemeral)
         self._remote_ephemeral = remote_ephemeral
         self._remote_nonce = remote_nonce
+        assert self._auth is not None  # receive_data() refuses an initiator before initiate()
         self._finish(auth=self._auth, ack=packet)
         return b""
 
@@ -313,6 +327,8 @@ class Handshake:
         return packet, plain
 
     def _finish(self, *, auth: bytes, ack: bytes) -> None:
+        # Both packets are read: the remote key, ephemeral key and nonce are known.
+        assert self._remote is not None and self._remote_ephemeral is not None and self._remote_nonce is not None
         ecdhe = ecies.ecdh_x(self._ephemeral.secret, self._remote_ephemeral)
         init_nonce, resp_nonce = (
             (self._nonce, self._remote_nonce) if self.initiator else (self._remote_nonce, self._nonce)
@@ -327,7 +343,7 @@ class Handshake:
         self.secrets = Secrets(self._remote, aes_secret, mac_secret, egress, ingress)
 
 
-def _seal_eip8(remote: bytes, body: list) -> bytes:
+def _seal_eip8(remote: bytes, body: list[bytes | int]) -> bytes:
     padding = MIN_PADDING + _random.randbelow(MAX_PADDING - MIN_PADDING + 1)
     plain = rlp.encode(body) + bytes(padding)
     prefix = (len(plain) + ecies.ECIES_OVERHEAD).to_bytes(2, "big")
@@ -431,7 +447,7 @@ class FrameCodec:
         return len(self._buffer)
 
     def _read_frames(self) -> list[bytes]:
-        frames = []
+        frames: list[bytes] = []
         buf = self._buffer
         while True:
             if self._pending is None:
@@ -457,15 +473,15 @@ class FrameCodec:
             del buf[: padded + MAC_SIZE]
             self._pending = None
 
-    def _header_mac(self, state, header_ciphertext: bytes) -> bytes:
+    def _header_mac(self, state: MacState, header_ciphertext: bytes) -> bytes:
         return self._mac(state, state.digest(), header_ciphertext)
 
-    def _frame_mac(self, state, body_ciphertext: bytes) -> bytes:
+    def _frame_mac(self, state: MacState, body_ciphertext: bytes) -> bytes:
         state.update(body_ciphertext)
         seed = state.digest()
         return self._mac(state, seed, seed[:MAC_SIZE])
 
-    def _mac(self, state, digest: bytes, seed: bytes) -> bytes:
+    def _mac(self, state: MacState, digest: bytes, seed: bytes) -> bytes:
         # go-ethereum hashMAC.compute: encrypt the current digest, xor the
         # seed in, hash that in and take 16 bytes of the new digest.
         block = self._mac_cipher.encrypt(digest[:16])
@@ -498,14 +514,17 @@ class Hello:
 
     def encode(self) -> bytes:
         caps = [[c.name.encode(), c.version] for c in self.capabilities]
-        return rlp.encode(
-            [
-                self.protocol_version,
-                self.client_id.encode(),
-                caps,
-                self.listen_port,
-                self.node_id,
-            ]
+        return cast(
+            bytes,
+            rlp.encode(
+                [
+                    self.protocol_version,
+                    self.client_id.encode(),
+                    caps,
+                    self.listen_port,
+                    self.node_id,
+                ]
+            ),
         )
 
     @classmethod
@@ -566,7 +585,7 @@ class Message:
     payload: bytes
 
 
-Event = Union[Hello, Disconnect, Ping, Pong, Message]
+Event = Union[Hello, Disconnect, Ping, Pong, Message]  # noqa: UP007  (a runtime alias, as isinstance reads it)
 
 
 class Connection:
@@ -600,11 +619,12 @@ class Connection:
         self._failed = False
 
     @classmethod
-    def from_handshake(cls, handshake: Handshake, local_hello: Hello, **limits) -> tuple[Connection, list[Event]]:
+    def from_handshake(cls, handshake: Handshake, local_hello: Hello, **limits: int) -> tuple[Connection, list[Event]]:
         """A connection for a completed handshake and the events of the
         bytes that arrived right behind the handshake packet."""
         if not handshake.complete:
             raise RuntimeError("the handshake is not complete")
+        assert handshake.secrets is not None  # what complete means
         connection = cls(handshake.secrets, local_hello, **limits)
         return connection, connection.receive_data(handshake.trailing_data)
 
@@ -779,7 +799,7 @@ def _split_code(content: bytes) -> tuple[int, bytes]:
 def _snappy_decompress(data: bytes, limit: int) -> bytes:
     """Snappy block format, refusing to inflate past ``limit`` bytes."""
     size, shift = 0, 0
-    for pos, byte in enumerate(data[:10]):
+    for byte in data[:10]:
         size |= (byte & 0x7F) << shift
         if byte < 0x80:
             break
@@ -810,7 +830,7 @@ def _decode_reason(payload: bytes) -> int | None:
         return None
 
 
-def _rlp(function, *args, **kwargs):
+def _rlp(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     try:
         return function(*args, **kwargs)
     except WakuV1Error as exc:
@@ -828,7 +848,7 @@ def _rlp_int(raw_item: bytes, max_value: int, what: str) -> int:
     return _int(_rlp_string(raw_item, what), max_value, what)
 
 
-def _int(item, max_value: int, what: str) -> int:
+def _int(item: RlpItem, max_value: int, what: str) -> int:
     return _rlp(rlp_uint, item, max_value, what)
 
 
@@ -840,5 +860,5 @@ def _xor(a: bytes, b: bytes) -> bytes:
     return bytes(x ^ y for x, y in zip(a, b))
 
 
-def _keccak_state(initial: bytes):
+def _keccak_state(initial: bytes) -> MacState:
     return _keccak.new(digest_bits=256, data=initial, update_after_digest=True)

@@ -16,6 +16,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from typing import Protocol, cast
 
 from wakustore.protocols.errors import StoreError
 from wakustore.protocols.message import HASH_SIZE, WakuMessage
@@ -240,11 +241,11 @@ def _test(predicate: Predicate) -> Callable[[object], bool]:
     if op == EQ:
         return functools.partial(operator.eq, value)
     if op == IN:
-        return frozenset(value).__contains__
+        return frozenset(cast("tuple[object, ...]", value)).__contains__
     if op == GE:
-        return functools.partial(operator.le, value)  # value <= x
+        return functools.partial(operator.le, cast(int, value))  # value <= x
     if op == LT:
-        return functools.partial(operator.gt, value)  # value > x
+        return functools.partial(operator.gt, cast(int, value))  # value > x
     raise ValueError(f"unknown predicate operator {op!r}")
 
 
@@ -257,7 +258,16 @@ def holds(predicate: Predicate, value: object) -> bool:
 _ROW_FIELDS = {PUBSUB_TOPIC: 0, CONTENT_TOPIC: 1, MESSAGE_HASH: 2, TIMESTAMP: 3}
 
 
-def matcher(query: HistoryQuery, key: Key | None) -> Callable[[str, str, bytes, int, bytes], bool]:
+class RowMatcher(Protocol):
+    """What :func:`matcher` returns: a test of one row, its values given
+    positionally or by name."""
+
+    def __call__(
+        self, pubsub_topic: str, content_topic: str, message_hash: bytes, timestamp: int, digest: bytes
+    ) -> bool: ...
+
+
+def matcher(query: HistoryQuery, key: Key | None) -> RowMatcher:
     """:func:`matches` for one query, with the description compiled once:
     call it with (pubsub_topic, content_topic, message_hash, timestamp,
     digest) of each row, positionally or by name."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import cast
 
 from wakustore.protocols.errors import StoreError
 from wakustore.protocols.message import HASH_SIZE, WakuMessage
@@ -211,7 +212,7 @@ def encode_response(
     """
     rpc = store_legacy_pb2.HistoryRPC(request_id=request_id)
     response = rpc.response  # built in place: no copy into the RPC
-    response.error = int(error)
+    response.error = cast(store_legacy_pb2.HistoryResponse.Error, int(error))
     if page is not None:
         for stored in page.messages:
             if stored.message is not None:

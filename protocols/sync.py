@@ -303,6 +303,7 @@ def decode_transfer(raw: bytes) -> tuple[str, WakuMessage, int]:
     frame's body, in nwaku's numbering or the spec's; SyncError otherwise."""
     if len(raw) > TRANSFER_MAX_FRAME_SIZE:
         raise SyncError(f"transfer message is {len(raw)} bytes, limit {TRANSFER_MAX_FRAME_SIZE}")
+    kind: type[sync_transfer_pb2.WakuMessageAndTopic] | type[sync_transfer_pb2.SpecWakuMessageAndTopic]
     for kind in (sync_transfer_pb2.WakuMessageAndTopic, sync_transfer_pb2.SpecWakuMessageAndTopic):
         pb = parse_protobuf(kind, raw)
         if pb is not None and pb.HasField("message") and pb.HasField("pubsub_topic"):

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-
 from wakustore.protocols.crypto import keccak256, public_key_from_bytes
 from wakustore.protocols.errors import ProtocolError, TopicError
 

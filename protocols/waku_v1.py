@@ -21,8 +21,9 @@ import hashlib
 import math
 import secrets
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable, Union
+from typing import Literal, TypedDict, Union, cast, overload
 
 import rlp
 from Crypto.Cipher import AES
@@ -81,7 +82,7 @@ ENVELOPE_RLP_DEPTH = 1
 ENVELOPE_RLP_ITEMS = 6  # the list and its five fields
 ENVELOPE_LIST_RLP_DEPTH = 2
 
-RlpItem = Union[bytes, list]
+RlpItem = Union[bytes, list["RlpItem"]]  # noqa: UP007  (recursive: the forward reference needs Union)
 
 
 # --- envelopes -----------------------------------------------------------------
@@ -469,7 +470,21 @@ def split_rlp_list(raw: bytes, *, max_size: int, max_depth: int) -> list[bytes]:
     return [raw[start:end] for start, end in spans]
 
 
-def _walk_rlp(raw, max_size, max_depth, max_items, *, build):
+@overload
+def _walk_rlp(
+    raw: bytes, max_size: int, max_depth: int, max_items: int | None, *, build: Literal[True]
+) -> tuple[RlpItem, list[tuple[int, int]]]: ...
+
+
+@overload
+def _walk_rlp(
+    raw: bytes, max_size: int, max_depth: int, max_items: int | None, *, build: Literal[False]
+) -> tuple[bool, list[tuple[int, int]]]: ...
+
+
+def _walk_rlp(
+    raw: bytes, max_size: int, max_depth: int, max_items: int | None, *, build: bool
+) -> tuple[RlpItem | bool | None, list[tuple[int, int]]]:
     """One pass over ``raw``; returns (top value or top-is-list, spans of the top list's items)."""
     if not isinstance(raw, (bytes, bytearray)):
         raise WakuV1Error(f"rlp: expected bytes, got {type(raw).__name__}")
@@ -479,8 +494,9 @@ def _walk_rlp(raw, max_size, max_depth, max_items, *, build):
     if not raw:
         raise WakuV1Error("rlp: empty input")
     spans: list[tuple[int, int]] = []
-    stack: list[tuple[list | None, int]] = []  # open lists and where each ends
-    top = None
+    stack: list[tuple[RlpItem | None, int]] = []  # open lists and where each ends
+    top: RlpItem | None = None
+    value: RlpItem | None
     top_is_list = False
     items = 0
     pos = 0
@@ -515,7 +531,7 @@ def _walk_rlp(raw, max_size, max_depth, max_items, *, build):
             pos = end
         if stack:
             if build:
-                stack[-1][0].append(value)
+                cast("list[RlpItem]", stack[-1][0]).append(cast(RlpItem, value))
             if len(stack) == 1:
                 spans.append((item_start, end))
         else:
@@ -551,10 +567,10 @@ def rlp_bytes(item: RlpItem, what: str) -> bytes:
     return item
 
 
-def rlp_encode(value) -> bytes:
+def rlp_encode(value: object) -> bytes:
     """RLP-encode ints, bytes, bools and (nested) lists of them."""
     try:
-        return rlp.encode(value)
+        return cast(bytes, rlp.encode(value))
     except (RLPException, TypeError) as exc:
         raise WakuV1Error(f"rlp: cannot encode: {exc}") from None
 
@@ -562,7 +578,7 @@ def rlp_encode(value) -> bytes:
 def rlp_list_header(payload_size: int) -> bytes:
     """The RLP list header for ``payload_size`` bytes of concatenated items."""
     try:
-        return length_prefix(payload_size, 0xC0)
+        return cast(bytes, length_prefix(payload_size, 0xC0))
     except ValueError as exc:
         raise WakuV1Error(f"rlp: {exc}") from None
 
@@ -583,6 +599,16 @@ class PeerStatus:
     light_node: bool | None = None
     confirmations: bool | None = None
     topic_interest: tuple[bytes, ...] | None = None
+
+
+class _StatusValues(TypedDict, total=False):
+    """The options :func:`decode_status` found, as :class:`PeerStatus` arguments."""
+
+    pow_requirement: float
+    bloom: bytes
+    light_node: bool
+    confirmations: bool
+    topic_interest: tuple[bytes, ...]
 
 
 def encode_status(
@@ -622,7 +648,7 @@ def decode_status(payload: bytes) -> PeerStatus:
         and all(isinstance(pair, list) for pair in item[0])
     ):
         item = item[0]
-    values: dict = {}
+    values: _StatusValues = {}
     for pair in item if isinstance(item, list) else ():
         if not isinstance(pair, list) or len(pair) < 2:
             continue

@@ -15,15 +15,19 @@ Arrow binary array, whose data buffer is the batch's body.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.exceptions import InvalidTag
 
 from wakustore.protocols import waku_v1
-from wakustore.protocols.archive import NS_PER_S
+from wakustore.protocols.archive_records import NS_PER_S, RecordEncoder, recover_signer, varint, varint_blob
 from wakustore.protocols.archive_records import STATUS_GO_KEYS as KEYS
-from wakustore.protocols.archive_records import RecordEncoder, recover_signer, varint, varint_blob
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 _NONCE = waku_v1.AES_NONCE_SIZE
 _SIGNATURE = waku_v1.SIGNATURE_SIZE
@@ -72,7 +76,7 @@ def encode_framed(
         _join(pa.scalar(KEYS.version), _varints(version), where=version != 0),
         _bytes_field(KEYS.proof, batch.column("rate_limit_proof").combine_chunks()),
     ]
-    record_lengths = sum(_lengths(f) for f in fields)
+    record_lengths = cast(np.ndarray, sum(_lengths(f) for f in fields))  # fields is not empty: never the 0
     framed = pc.binary_join_element_wise(pa.scalar(KEYS.entry), _varints(record_lengths), *fields, b"")
     ends = _offsets(framed)
     body = framed.buffers()[2]
@@ -108,7 +112,7 @@ class _Opened:
         plain = np.empty(max(int(ends[-1]), 1), np.uint8)
         decrypted = np.ones(len(rows), bool)
         if len(rows):
-            sealed, into = memoryview(payload.buffers()[2]).cast("B"), memoryview(plain)
+            sealed, into = memoryview(payload.buffers()[2]).cast("B"), memoryview(cast("Buffer", plain))
             for k, (topic, at, stop, begin, finish) in enumerate(
                 zip(
                     topic_no[rows].tolist(),

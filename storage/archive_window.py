@@ -15,8 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.protocols.archive import Layout
-from wakustore.protocols.archive_records import RecordEncoder
+from wakustore.protocols.archive_records import Layout, RecordEncoder
 from wakustore.storage import archive_columns, schema
 from wakustore.storage.table import DeltaTableRef, sql_string
 
@@ -105,7 +104,8 @@ def encode_export_batch(encoder: RecordEncoder, batch: bytes) -> tuple[bytes, li
         if encoded is not None:
             return encoded
     columns, signers = export_columns(batch)
-    return encoder.encode_framed(*columns, signers=signers)
+    # columns: the nine EXPORT_COLUMNS, the positional parameters before signers.
+    return encoder.encode_framed(*columns, signers=signers)  # type: ignore[misc]
 
 
 # What a signer batch holds (SignerCache.batches): what opening a payload takes.

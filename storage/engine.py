@@ -438,7 +438,10 @@ class Engine:
     def _check_memory(self, generation: int) -> None:
         ceiling = self.memory_ceiling_bytes
         rss = self.rss_bytes() if ceiling is not None else None
-        if rss is None or rss <= ceiling:
+        if rss is None:
+            return
+        assert ceiling is not None  # rss is measured under a ceiling only
+        if rss <= ceiling:
             return
         try:
             self._replace(generation, f"RSS {rss} B above the ceiling {ceiling} B", restart_child=True, drain=True)
@@ -521,6 +524,7 @@ class Engine:
             # The old session stopped answering: it expired or the server
             # hangs, and releasing it would only wait.
             _discard(old_session, release=False)
+            assert self._url is not None  # set with the child it belongs to (_replace), cleared with it
             try:
                 return self._connect(self._url), child, self._url
             except EngineUnavailable as exc:

@@ -192,11 +192,13 @@ class BatchHasher:
         with self._lock:
             try:
                 process = self._started()
-                _write_all(process.stdin.fileno(), request, TIMEOUT_S)
-                answered, muid_size = _HEAD.unpack(_read_exact(process.stdout.fileno(), _HEAD.size, TIMEOUT_S))
+                stdin, stdout = process.stdin, process.stdout
+                assert stdin is not None and stdout is not None  # _started() opens both as pipes
+                _write_all(stdin.fileno(), request, TIMEOUT_S)
+                answered, muid_size = _HEAD.unpack(_read_exact(stdout.fileno(), _HEAD.size, TIMEOUT_S))
                 if answered != count:
                     raise EOFError(f"the hash worker answered {answered} of {count} messages")
-                body = _read_exact(process.stdout.fileno(), 68 * count + muid_size, TIMEOUT_S)
+                body = _read_exact(stdout.fileno(), 68 * count + muid_size, TIMEOUT_S)
             except (OSError, EOFError, ValueError) as exc:
                 self.failures += 1
                 log.warning("hash worker failed (%s): hashing in process", exc)
@@ -223,6 +225,7 @@ class BatchHasher:
                 close_fds=True,
             )
             for pipe in (self._process.stdin, self._process.stdout):
+                assert pipe is not None  # stdin=PIPE, stdout=PIPE
                 _widen(pipe.fileno())
         return self._process
 
@@ -231,6 +234,7 @@ class BatchHasher:
         if process is None:
             return
         for pipe in (process.stdin, process.stdout):
+            assert pipe is not None  # _started() opens both as pipes
             try:
                 pipe.close()
             except OSError:

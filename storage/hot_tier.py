@@ -29,7 +29,8 @@ for a node that owns its table; a fleet sharing one table turns it off
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -227,7 +228,13 @@ class HotTier:
         table = rows if isinstance(rows, pa.Table) else to_arrow(rows)
         if table.num_rows:
             seen: set[bytes] = set()
-            keep = np.array([k not in seen and not seen.add(k) for k in table.column("muid").to_pylist()], dtype=bool)
+            keep: np.ndarray = np.array(
+                [
+                    k not in seen and not seen.add(k)  # type: ignore[func-returns-value]  # adds k, then True
+                    for k in table.column("muid").to_pylist()
+                ],
+                dtype=bool,
+            )
             keep &= table.column("timestamp").to_numpy() >= start_ns
             if not keep.all():  # (a copy of up to the whole tier otherwise)
                 table = table.filter(pa.array(keep))
@@ -248,7 +255,7 @@ class HotTier:
         with self._lock:
             held = self._held_muids([r.muid for r in rows])
         seen: set[bytes] = set()
-        fresh = [r for r in rows if r.muid not in held and r.muid not in seen and not seen.add(r.muid)]
+        fresh = [r for r in rows if r.muid not in held and r.muid not in seen and not seen.add(r.muid)]  # type: ignore[func-returns-value]  # adds the MUID, then True
         if fresh:
             self.add_table(to_arrow(fresh), now_ns)
 
@@ -341,7 +348,7 @@ class HotTier:
                         if picked is not None:
                             picks.append((chunk, picked))
             found = self._rows(picks, low, high, query.forward, fetch)
-            found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+            found.sort(key=_row_key(query.ordering), reverse=not query.forward)
             found = found[:fetch]
             if not self._complete(query, key, len(found) >= fetch):
                 return None
@@ -406,6 +413,7 @@ class HotTier:
 
     def _forget_through(self, timestamp: int) -> None:
         """Give up completeness at and below ``timestamp``."""
+        assert self.start_ns is not None  # only a started tier evicts (start, add_table; under the lock)
         self.start_ns = max(self.start_ns, timestamp + 1)
         self._raise_floor(self.start_ns)
 
@@ -447,6 +455,7 @@ class HotTier:
 
     def _complete(self, query: HistoryQuery, key: Key | None, filled: bool) -> bool:
         """Is every row the answer could hold at or after start_ns?"""
+        assert self.start_ns is not None  # page() tested it under the lock
         if self.start_ns == ALL_TIME:
             return True
         lower = query.time_start
@@ -567,8 +576,14 @@ class HotTier:
             for row in rows
             if match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
         ]
-        matched.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+        matched.sort(key=_row_key(query.ordering), reverse=not query.forward)
         return [r.stored(query.include_data) for r in matched[: query.limit + 1]]
+
+
+def _row_key(ordering: Ordering) -> Callable[[Row], Key]:
+    """:func:`store_query.sort_key` for rows: it reads only attributes a
+    :class:`Row` has too (its annotation names StoredMessage)."""
+    return cast("Callable[[Row], Key]", store_query.sort_key(ordering))
 
 
 def _combined(column):

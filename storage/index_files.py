@@ -63,10 +63,14 @@ import weakref
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from wakustore.storage.durable import replace_durably
+from wakustore.durable import replace_durably
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 MAGIC = b"WKIX"
 FORMAT = 1
@@ -196,7 +200,9 @@ class IndexDirectory:
                 raise ValueError(f"unknown index section {name!r}")
             if value is None:
                 continue
-            data = memoryview(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value).cast("B")
+            # numpy's stubs give ndarray its __buffer__ from Python 3.12 only.
+            raw = cast("Buffer", np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+            data = memoryview(raw).cast("B")
             placed[name] = (at, len(data))
             body.append(data)
             pad = -len(data) % 8

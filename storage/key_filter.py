@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from wakustore import _native
+import wakustore._native as _native
 from wakustore.storage.rows import leading_bytes
 
 _EPOCH = dt.date(1970, 1, 1)
@@ -163,7 +163,7 @@ class DayKeyFilter:
             days = list(self._days.items())
         if not days or not len(indexes):
             return out
-        words = _leading_words([keys[i] for i in indexes])
+        words = _leading_words([keys[int(i)] for i in indexes])
         for day, day_filter in days:
             for index in np.flatnonzero(day_filter.might_contain_words(words)).tolist():
                 out.setdefault(int(indexes[index]), set()).add(day)

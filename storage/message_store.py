@@ -14,14 +14,14 @@ yet committed, so a message is visible as soon as :meth:`put` returns.
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -29,28 +29,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wakustore.protocols.message import WakuMessage
-from wakustore.protocols import store_query
 from wakustore.protocols.store_query import (
     HistoryQuery,
-    Ordering,
     Page,
-    StoredMessage,
-    unknown_cursor,
 )
 from wakustore.storage import maintenance, schema
+from wakustore.storage.hash_worker import BatchHasher
+from wakustore.storage.hot_tier import ALL_TIME, HotTier
+from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
+from wakustore.storage.read_path import ReadPath
+from wakustore.storage.reader import TableReader
 from wakustore.storage.rows import (
     Row,
     binary_prefixes,
     decode_record,
-    from_arrow,
     messages_to_arrow,
     rows_from_arrow,
     to_arrow,
 )
-from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
-from wakustore.storage.hash_worker import BatchHasher
-from wakustore.storage.hot_tier import ALL_TIME, HotTier
-from wakustore.storage.reader import TableReader
 from wakustore.storage.staging import StagedRows, is_local
 from wakustore.storage.table import LOG_RETENTION, SHARED_LOG_RETENTION, DeltaTableRef
 from wakustore.storage.window_files import StagedFiles
@@ -99,6 +95,17 @@ TRIM_LOG_EVERY = 100
 # the next page needs no lookup by hash (js-waku re-sends the last hash).
 DEFAULT_CURSOR_CACHE = 100_000
 
+# How long close() waits for the threads still using the store (an export
+# or an import finishing its current step, a read a cancelled task left)
+# and for the key filter's filling thread, before it closes anyway.
+USERS_WAIT_S = 60.0
+THREAD_JOIN_S = 10.0
+
+
+class StoreClosed(RuntimeError):
+    """The store is closing or closed: no new work may start on it."""
+
+
 # Key, order and group are read once per message on the put path:
 # attrgetter does it in C.
 MESSAGE_CODEC = RowCodec(
@@ -132,31 +139,6 @@ class StoreConfig:
 class PutResult:
     accepted: int
     duplicates: int
-
-
-class _LruMap:
-    def __init__(self, capacity: int):
-        self._items: collections.OrderedDict[bytes, int] = collections.OrderedDict()
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def get(self, key: bytes) -> int | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: bytes, value: int) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            if len(self._items) > self._capacity:
-                self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
 
 
 @dataclass(eq=False, slots=True)
@@ -259,6 +241,9 @@ class MessageStore:
         self.reader = reader
         self._closing = threading.Event()
         self._filler: threading.Thread | None = None
+        # Threads inside in_use(), which close() waits for.
+        self._users = 0
+        self._users_changed = threading.Condition()
         # A window of a table this node owns on this machine is written
         # (storage.window_files) and read for an export here rather than by
         # the engine.
@@ -276,7 +261,7 @@ class MessageStore:
             # rows leave the pending set, so its files and the pending rows
             # together hold every committed key.
             # A shared table's batches ask it only about their rows of
-            # older days (WritePath._merge_shared).
+            # older days (WritePath._commit_shared).
             key_lookup=self.reader.existing_muids,
             # A fleet on an object store leaves its log alone: a metadata
             # change there needs the store's own commit coordination.
@@ -295,9 +280,11 @@ class MessageStore:
         # The put path's hashes, in a child process started on the first
         # large put (see hash_worker).
         self._hasher = BatchHasher()
-        self._cursors = _LruMap(config.cursor_cache)
         hot_bytes = 0 if config.shared_table else config.hot_tier_bytes
         self.hot = HotTier(hot_bytes, config.hot_window_s * 1_000_000_000)
+        # Every Store page is composed there, from the hot tier, the rows
+        # waiting for a commit and the table's files.
+        self.reads = ReadPath(self.hot, self.writes, self.reader, config.cursor_cache)
 
     def _compact_crowded(self, days: list) -> None:
         """Compact those of ``days`` (a commit's) that hold many small files
@@ -387,10 +374,11 @@ class MessageStore:
         if self.hot.start_ns == ALL_TIME:
             log.info("hot tier: %d messages, the whole table", len(self.hot))
         else:
+            assert self.hot.start_ns is not None  # start() above set it; only clear() unsets it
             log.info(
                 "hot tier: %d messages, complete from %s",
                 len(self.hot),
-                datetime.fromtimestamp(self.hot.start_ns / 1e9, timezone.utc).isoformat(timespec="seconds"),
+                datetime.fromtimestamp(self.hot.start_ns / 1e9, UTC).isoformat(timespec="seconds"),
             )
 
     def _fill_filter(self) -> None:
@@ -411,6 +399,7 @@ class MessageStore:
                     words = self.reader.muid_words(path)
                     if words is None or day is None:
                         raise ValueError(f"no MUIDs in the key index of {path}")
+                    assert self.writes.key_filter is not None  # open() starts this thread only with one
                     self.writes.key_filter.add_words_of_day(words, day)
                     keys += len(words)
                     done.add(path)
@@ -427,17 +416,41 @@ class MessageStore:
         log.info("key filter: %d MUIDs in %.1f s", keys, time.monotonic() - started)
 
     def close(self) -> None:
-        """Commit what is buffered (best effort) and close the log; the
-        filling of the key filter stops."""
+        """Wait for the threads working on the store (:meth:`in_use`), then
+        commit what is buffered (best effort) and close the log; the
+        filling of the key filter and the reader's threads stop and are
+        joined, each wait bounded."""
         self._closing.set()
+        with self._users_changed:
+            if not self._users_changed.wait_for(lambda: self._users == 0, timeout=USERS_WAIT_S):
+                log.warning("closing the store while %d thread(s) still use it after %g s", self._users, USERS_WAIT_S)
         try:
             self.flush()
         finally:
             self.writes.close()
             self._hasher.close()
             if self._filler is not None:
-                self._filler.join()
+                self._filler.join(THREAD_JOIN_S)
+                if self._filler.is_alive():
+                    log.warning("the key filter's filling thread did not stop within %g s", THREAD_JOIN_S)
             self.reader.close()
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[MessageStore]:
+        """Mark the calling thread as working on the store (an export, an
+        import, a read a cancelled task left running): :meth:`close` waits
+        for it, up to :data:`USERS_WAIT_S`, before it commits and closes.
+        Raises :class:`StoreClosed` once the store is closing."""
+        with self._users_changed:
+            if self._closing.is_set():
+                raise StoreClosed("the store is closing")
+            self._users += 1
+        try:
+            yield self
+        finally:
+            with self._users_changed:
+                self._users -= 1
+                self._users_changed.notify_all()
 
     # --- write path -------------------------------------------------------
 
@@ -533,82 +546,13 @@ class MessageStore:
     # --- read path --------------------------------------------------------
 
     def query(self, query: HistoryQuery) -> Page:
-        """One page with Store semantics; raises StoreError for an unknown cursor."""
-        key = self._cursor_key(query)
-        found = self.hot.page(query, key)
-        if found is None:
-            # Rows not yet committed are taken before the table is read: a
-            # flush in between then shows them twice (dropped by hash), never
-            # zero times.
-            pending = self._pending_matches(query, key)
-            found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)
-            found = _merge_pending(query, found, pending)
-        return self._finish(query, found)
+        """One page with Store semantics (:meth:`ReadPath.page`); raises
+        StoreError for an unknown cursor."""
+        return self.reads.page(query)
 
     def query_from_memory(self, query: HistoryQuery) -> Page | None:
-        """The page :meth:`query` would return when memory alone answers it
-        (the hot tier, a cursor known without the table); None when the
-        table must be read. Touches neither the engine nor the table's files,
-        so the caller need not queue it behind them."""
-        if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
-            timestamp = self._memory_timestamp_of(query.cursor)
-            if timestamp is None:
-                return None
-            key = (timestamp, query.cursor)
-        else:
-            key = self._cursor_key(query)
-        found = self.hot.page(query, key)
-        return None if found is None else self._finish(query, found)
-
-    def _finish(self, query: HistoryQuery, found: list[StoredMessage]) -> Page:
-        page = store_query.finish_page(query, found)
-        cursor = page.next_cursor
-        if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
-            self._cursors.put(cursor.message_hash, cursor.timestamp)
-        return page
-
-    def _pending_matches(self, query: HistoryQuery, key: tuple[int, bytes] | None) -> list[Row]:
-        """The uncommitted rows that may be on the page, read from the
-        pending index: by hash for a lookup, else over the query's time
-        range in its topics only."""
-        match = store_query.matcher(query, key)
-        if query.message_hashes:
-            return [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
-        low, high = store_query.key_range(query, key)
-        groups = None
-        if query.pubsub_topic is not None and query.content_topics:
-            groups = [(query.pubsub_topic, topic) for topic in query.content_topics]
-        return self.writes.pending_scan(
-            None if low is None else low[0],
-            None if high is None else high[0],
-            query.forward,
-            lambda row: _row_matches(match, row),
-            query.limit + 1,
-            groups,
-        )
-
-    def _cursor_key(self, query: HistoryQuery) -> tuple[int, bytes] | None:
-        if query.cursor is None:
-            return None
-        if query.ordering is Ordering.DIGEST:
-            return (query.cursor_timestamp or 0, query.cursor)
-        timestamp = self._memory_timestamp_of(query.cursor)
-        if timestamp is None:
-            timestamp = self.reader.timestamp_of_hash(query.cursor, query.pubsub_topic)
-            if timestamp is None:
-                raise unknown_cursor()
-            self._cursors.put(query.cursor, timestamp)
-        return (timestamp, query.cursor)
-
-    def _memory_timestamp_of(self, message_hash: bytes) -> int | None:
-        """A cursor's timestamp from the cursors handed out, the hot tier or
-        the rows not yet committed; None when only the table may know it."""
-        timestamp = self._cursors.get(message_hash) or self.hot.timestamp_of(message_hash)
-        if timestamp is None:
-            pending = self.writes.pending_by_hash([message_hash])
-            if pending:
-                timestamp = pending[0].timestamp
-        return timestamp
+        """The page memory alone answers, or None (:meth:`ReadPath.from_memory`)."""
+        return self.reads.from_memory(query)
 
     def forget_before(self, cutoff_ns: int) -> None:
         """Retention removed rows older than ``cutoff_ns`` from the table:
@@ -623,7 +567,7 @@ class MessageStore:
         """Rows left the table: a removed MUID sent again is new again, and
         a removed hash is no longer a cursor."""
         self.writes.forget_recent()
-        self._cursors.clear()
+        self.reads.forget_cursors()
 
     # --- windows for archives --------------------------------------------
 
@@ -673,7 +617,7 @@ class MessageStore:
         nothing is committed.
         """
         self.flush()
-        seen: dict[bytes, object] = {}
+        seen: dict[bytes, date] = {}
         recent: list[Row] = []
         hot_from = self.hot.start_ns if self.hot.enabled and self.hot.start_ns is not None else None
         with StagedRows(self.table.uri) as staged:
@@ -791,8 +735,8 @@ class MessageStore:
         could store it twice.
         """
         self.flush()
-        seen: dict[bytes, object] = {}  # MUID -> day, for the key filter
-        days: dict[object, object] = {}  # one date object per day
+        seen: dict[bytes, date] = {}  # MUID -> day, for the key filter
+        days: dict[date, date] = {}  # one date object per day
         # The hot tier claims completeness from its start: rows inside its
         # window join it (bounded by the window); for older rows it claims,
         # the newest one is enough to make it give up below that time.
@@ -811,6 +755,7 @@ class MessageStore:
                 seen[row.muid] = days.setdefault(day, day)
                 staged.add(row)
                 if tier_from is not None and row.timestamp >= tier_from:
+                    assert horizon is not None  # set whenever tier_from is
                     if row.timestamp >= horizon:
                         recent.append(row)
                     elif older is None or row.timestamp > older.timestamp:
@@ -837,21 +782,3 @@ class MessageStore:
             joining = [r for r in recent if r.message_hash in stored]
             self.hot.add(joining if older is None else [older, *joining], time.time_ns())
         return inserted[-1], total - inserted[-1]
-
-
-def _merge_pending(query: HistoryQuery, found: list[StoredMessage], pending: list[Row]) -> list[StoredMessage]:
-    """The first limit + 1 of the table's rows and the matching pending
-    rows, in query order; a row in both (a flush ran between the two reads)
-    once."""
-    seen = {m.message_hash for m in found}
-    for row in pending:
-        if row.message_hash not in seen:
-            found.append(row.stored(query.include_data))
-            seen.add(row.message_hash)
-    found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
-    return found[: query.limit + 1]
-
-
-def _row_matches(match: Callable[..., bool], row: Row) -> bool:
-    """``match`` (a :func:`store_query.matcher`) applied to a pending row."""
-    return match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)

@@ -65,6 +65,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, SupportsInt, cast
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +75,9 @@ from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import index_files, row_index, schema
 from wakustore.storage.staging import is_local
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable, QueryBuilder
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +104,10 @@ OPEN_FILES = 256
 
 # Row groups a lookup by hash with data reads side by side (2 cores).
 LOOKUP_THREADS = 2
+
+# How long close() waits for the background index pass to finish the file
+# it is on (a 128 MB file's index builds in a few seconds).
+INDEXER_JOIN_S = 30.0
 
 # A page over more days than this reads the first day in its order alone
 # first, and the other days only if that day does not fill it (see
@@ -143,7 +151,7 @@ class TableUnreadable(Exception):
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     version: int
-    builder: object  # deltalake.QueryBuilder with the table registered at ``version``
+    builder: QueryBuilder  # with the table registered at ``version``
     # The data files of exactly this version and the day of each (None:
     # the table is not partitioned by day).
     files: tuple[tuple[str, dt.date | None], ...] = ()
@@ -176,7 +184,7 @@ class TableReader:
         self.check_interval_s = check_interval_s
         self._session_config = dict(SESSION_CONFIG if session_config is None else session_config)
         self._lock = threading.Lock()  # the DeltaTable; one refresh at a time
-        self._table = None
+        self._table: DeltaTable | None = None
         self._snapshot: _Snapshot | None = None
         self._checked = 0.0  # time.monotonic() of the last look at the log
         # A commit landed that the snapshot may not show: pages refresh first.
@@ -367,6 +375,7 @@ class TableReader:
 
     def _load(self, path: str, size: int | None) -> row_index.FileIndex | None:
         """The index of ``path`` from the index directory; None when there is none (or it was damaged)."""
+        assert self._files is not None  # callers: with an index directory only
         try:
             mapped = self._files.open(path, size)
             if mapped is None:
@@ -424,6 +433,7 @@ class TableReader:
         log.warning("key index of %s failed its check (CRC), building it again", path)
         with self._index_lock:
             self._indexes.pop(path, None)
+        assert self._files is not None  # the index was mapped from the index directory
         self._files.remove([path])
         self._index_of(path)
 
@@ -466,6 +476,7 @@ class TableReader:
     def _built(self, path: str) -> row_index.FileIndex:
         """The index of ``path``: mapped from disk when kept there, else
         read from the data file (and kept)."""
+        index: row_index.FileIndex | None
         location, filesystem = self._location(path)
         if self._files is None:
             index = row_index.build(location, self._pairs, filesystem)
@@ -483,6 +494,7 @@ class TableReader:
         index = self._load(path, size)
         if index is None:
             raise TableUnreadable(f"the key index of {path} was written but cannot be mapped")
+        assert index.mapped is not None  # _load() maps it
         index.mapped.verified = True  # written just now from these arrays
         return index
 
@@ -574,6 +586,7 @@ class TableReader:
             from deltalake.fs import DeltaStorageHandler
             from pyarrow import fs
 
+            assert self._table is not None  # a snapshot names the file: the table was loaded
             self._filesystem = fs.PyFileSystem(DeltaStorageHandler.from_table(self._table._table, self.storage_options))
         return path, self._filesystem
 
@@ -656,8 +669,10 @@ class TableReader:
             return self._pool
 
     def close(self) -> None:
-        """Stop the reader's threads (its lookup pool; the background
-        index pass ends after the file it is on)."""
+        """Stop the reader's threads and join them: its lookup pool (each
+        lookup is one file's row groups), the background index pass (it
+        ends after the file it is on; waited for up to INDEXER_JOIN_S, the
+        build of one large file's index)."""
         with self._index_lock:
             pool, self._pool = self._pool, None
             indexer = self._indexer
@@ -666,7 +681,9 @@ class TableReader:
         if pool is not None:
             pool.shutdown(wait=True)
         if indexer is not None:
-            indexer.join()
+            indexer.join(INDEXER_JOIN_S)
+            if indexer.is_alive():
+                log.warning("the key index pass did not stop within %g s", INDEXER_JOIN_S)
 
     def _current(self) -> _Snapshot:
         """The snapshot a page reads: refreshed first when a commit may be
@@ -676,6 +693,7 @@ class TableReader:
             with self._lock:
                 if self._snapshot is None or self._stale:
                     self._refresh_locked()
+                assert self._snapshot is not None  # a refresh that returns sets it
                 return self._snapshot
         interval = self.check_interval_s
         if interval is not None and time.monotonic() - self._checked >= interval:
@@ -690,6 +708,7 @@ class TableReader:
                     log.warning("table log not readable, pages stay at version %d: %s", snapshot.version, exc)
                 finally:
                     self._lock.release()
+                assert self._snapshot is not None  # it was set (snapshot) and is never unset
                 return self._snapshot
         return snapshot
 
@@ -896,6 +915,7 @@ class TableReader:
         with self._lock:
             self._refresh_locked()
             snapshot, exact = self._snapshot, self._indexable
+        assert snapshot is not None  # a refresh that returns sets it
         if not exact or snapshot.days is None:
             return None
         located = [self._location(path) for path, file_day in snapshot.files if file_day == day]
@@ -929,6 +949,7 @@ class TableReader:
             try:
                 with self._lock:
                     self._refresh_locked()
+                    assert self._snapshot is not None  # a refresh that returns sets it
                     snapshot = self._snapshot
                 result = read(snapshot)
             except TableUnreadable:
@@ -1049,7 +1070,7 @@ def _where(query: HistoryQuery, key: tuple[int, bytes] | None) -> str:
         if p.op == store_query.EQ:
             parts.append(f"{column} = {_literal(p.value)}")
         elif p.op == store_query.IN:
-            parts.append(f"{column} IN ({', '.join(_literal(v) for v in p.value)})")
+            parts.append(f"{column} IN ({', '.join(_literal(v) for v in cast('tuple[Any, ...]', p.value))})")
         elif p.op == store_query.GE:
             parts.append(f"{column} >= {_literal(p.value)}")
         elif p.op == store_query.LT:
@@ -1057,9 +1078,9 @@ def _where(query: HistoryQuery, key: tuple[int, bytes] | None) -> str:
         else:
             raise ValueError(f"unknown predicate operator {p.op!r}")
         if column == store_query.TIMESTAMP and p.op == store_query.GE:
-            parts.append(f"day >= {_date(schema.day_of_ns(int(p.value)))}")
+            parts.append(f"day >= {_date(schema.day_of_ns(int(cast(SupportsInt, p.value))))}")
         elif column == store_query.TIMESTAMP and p.op == store_query.LT:
-            parts.append(f"day <= {_date(schema.day_of_ns(max(int(p.value) - 1, 0)))}")
+            parts.append(f"day <= {_date(schema.day_of_ns(max(int(cast(SupportsInt, p.value)) - 1, 0)))}")
     if after is not None:
         timestamp, bound = int(after.timestamp), _binary(after.key)
         op = ">" if after.forward else "<"
@@ -1075,7 +1096,7 @@ def _literal(value: object) -> str:
         return _string(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _binary(value)
-    return str(int(value))
+    return str(int(cast(SupportsInt, value)))  # the rest: integers
 
 
 def _and(where: str, more: str) -> str:
@@ -1093,7 +1114,7 @@ def _string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _binary(value: bytes) -> str:
+def _binary(value: bytes | bytearray | memoryview) -> str:
     return f"X'{bytes(value).hex()}'"
 
 

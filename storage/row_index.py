@@ -36,13 +36,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wakustore import _native
+import wakustore._native as _native
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import index_files
@@ -356,8 +357,9 @@ def page_candidates(
 ) -> Candidates:
     """Rows that hold the first ``fetch`` rows of the page of ``query``
     after ``key`` (a query with a pubsub topic and content topics)."""
-    ids = [pairs.get(query.pubsub_topic, t) for t in query.content_topics]
-    ids = [i for i in ids if i is not None]
+    assert query.pubsub_topic is not None  # the only caller (reader) asks with a pubsub topic
+    pair_ids = [pairs.get(query.pubsub_topic, t) for t in query.content_topics]
+    ids = [i for i in pair_ids if i is not None]
     low, high = store_query.key_range(query, key)
     # Inclusive timestamp range; the bound's own timestamp is tested exactly later.
     lo_ts = _MIN_TS if low is None else int(low[0])
@@ -484,7 +486,8 @@ def existing_keys(indexes: Sequence[FileIndex], keys: Sequence[bytes]) -> set[by
     named: dict[bytes, list[bytes]] = {}
     for key in keys:
         named.setdefault(bytes(key[:KEY_BYTES]), []).append(key)
-    wanted, found = find_keys([index.muids for index in indexes], named)
+    runs = cast("list[np.ndarray]", [index.muids for index in indexes])  # none is None (tested above)
+    wanted, found = find_keys(runs, named)
     return {key for _, _, at in found for key in named[wanted[at]]}
 
 

@@ -152,7 +152,9 @@ def _wait_for_eof(stopping: threading.Event) -> None:
 
 def _read_ready_port(child: subprocess.Popen, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
-    fd = child.stdout.fileno()
+    stdout = child.stdout
+    assert stdout is not None  # spawn() starts the child with stdout=PIPE
+    fd = stdout.fileno()
     buffer = b""
     while b"\n" not in buffer:
         remaining = deadline - time.monotonic()
@@ -165,7 +167,7 @@ def _read_ready_port(child: subprocess.Popen, timeout_s: float) -> int:
         if not chunk:
             raise ServerStartError(f"the Sail server exited (status {child.wait()}) before listening")
         buffer += chunk
-    child.stdout.close()
+    stdout.close()
     words = buffer.split(b"\n", 1)[0].decode(errors="replace").split()
     if len(words) != 3 or words[0] != READY_PREFIX or not words[2].isdigit():
         raise ServerStartError(f"unexpected first line from the Sail server: {' '.join(words)!r}")

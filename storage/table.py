@@ -20,8 +20,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.protocols import store_query
-from wakustore.protocols.store_query import HistoryQuery
 from wakustore.storage import schema, window_files
 from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.staging import is_local, staging_dir
@@ -100,9 +98,7 @@ class DeltaTableRef:
         """Create the table if it does not exist; record the schema version."""
         if self.engine.is_embedded:
             from deltalake import DeltaTable
-            from deltalake.exceptions import TableNotFoundError
-
-            from deltalake.exceptions import CommitFailedError
+            from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
             try:
                 table = DeltaTable(self.uri)
@@ -147,7 +143,11 @@ class DeltaTableRef:
     def _migrate(self, version: int) -> None:
         while version < schema.SCHEMA_VERSION:
             for statement in schema.MIGRATIONS[version]:
-                self.engine.run(lambda spark, s=statement: spark.sql(s.format(table=f"delta.`{self.uri}`")).collect())
+
+                def run(spark, s=statement):
+                    return spark.sql(s.format(table=f"delta.`{self.uri}`")).collect()
+
+                self.engine.run(run)
             version += 1
 
     # --- writes ------------------------------------------------------------
@@ -351,37 +351,6 @@ class DeltaTableRef:
 
     # --- reads -------------------------------------------------------------
 
-    def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
-        """Up to ``fetch`` rows after/before ``key`` in query order (not reversed)."""
-        from pyspark.sql import functions as F
-
-        preds, after = store_query.predicates(query, key)
-        columns = list(schema.page_columns(query.include_data, bool(query.message_hashes)))
-        order_col = store_query.order_column(query.ordering)
-
-        def run(spark):
-            frame = spark.read.format("delta").load(self.uri)
-            condition = _query_condition(F, preds, after)
-            if condition is not None:
-                frame = frame.where(condition)
-            orders = [F.col(store_query.TIMESTAMP), F.col(order_col)]
-            orders = [c.asc() for c in orders] if query.forward else [c.desc() for c in orders]
-            return frame.select(*columns).orderBy(*orders).limit(fetch)
-
-        return self.engine.run(lambda spark: fetch_arrow(run(spark)))
-
-    def timestamp_of_hash(self, message_hash: bytes, pubsub_topic: str | None) -> int | None:
-        from pyspark.sql import functions as F
-
-        def run(spark):
-            frame = spark.read.format("delta").load(self.uri).where(F.col("message_hash") == F.lit(message_hash))
-            if pubsub_topic is not None:
-                frame = frame.where(F.col("pubsub_topic") == F.lit(pubsub_topic))
-            return frame.select("timestamp").limit(1)
-
-        found = self.engine.run(lambda spark: fetch_arrow(run(spark)))
-        return found.column(0)[0].as_py() if found.num_rows else None
-
     def window_days(
         self,
         start_ns: int,
@@ -529,54 +498,6 @@ class DeltaTableRef:
         """Run ``sql`` with ``{table}`` replaced by this table; first column of the first row."""
         rows = self.engine.run(lambda spark: spark.sql(sql.format(table=f"delta.`{self.uri}`")).collect())
         return rows[0][0] if rows else None
-
-
-def _query_condition(F, preds: Sequence[store_query.Predicate], after: store_query.After | None):
-    """The Spark condition of a query's description (None: every row), with
-    the day partitions pruned from the timestamp bounds (a row's day is the
-    UTC day of its timestamp)."""
-    parts = []
-    for p in preds:
-        column = F.col(p.column)
-        if p.op == store_query.EQ:
-            parts.append(column == F.lit(p.value))
-        elif p.op == store_query.IN:
-            parts.append(column.isin(list(p.value)))
-        elif p.op == store_query.GE:
-            parts.append(column >= F.lit(p.value))
-        elif p.op == store_query.LT:
-            parts.append(column < F.lit(p.value))
-        else:
-            raise ValueError(f"unknown predicate operator {p.op!r}")
-        if p.column == store_query.TIMESTAMP and p.op in (store_query.GE, store_query.LT):
-            parts.append(_day_bound(F, p.op, p.value))
-    if after is not None:
-        ts, key = F.col(store_query.TIMESTAMP), F.col(after.column)
-        if after.forward:
-            parts.append((ts > F.lit(after.timestamp)) | ((ts == F.lit(after.timestamp)) & (key > F.lit(after.key))))
-        else:
-            parts.append((ts < F.lit(after.timestamp)) | ((ts == F.lit(after.timestamp)) & (key < F.lit(after.key))))
-        # Rows after the cursor lie on its day or later (before it: on its
-        # day or earlier): the other days need not be opened.
-        parts.append(
-            _day_bound(
-                F,
-                store_query.GE if after.forward else store_query.LT,
-                after.timestamp if after.forward else after.timestamp + 1,
-            )
-        )
-    condition = None
-    for part in parts:
-        condition = part if condition is None else condition & part
-    return condition
-
-
-def _day_bound(F, op: str, timestamp: int):
-    """The day-partition condition implied by ``timestamp op value``."""
-    day = F.col(schema.MESSAGES_PARTITION)
-    if op == store_query.GE:
-        return day >= F.lit(schema.day_of_ns(timestamp))
-    return day <= F.lit(schema.day_of_ns(max(timestamp - 1, 0)))
 
 
 def _inserted_rows(result: list) -> int:

@@ -24,8 +24,9 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from wakustore.storage.durable import fsync_dir
+from wakustore.durable import fsync_dir
 
 _FRAME = struct.Struct(">II")
 
@@ -66,7 +67,7 @@ class WriteAheadLog:
         self._lock = threading.Lock()
         self._segments = self._scan()
         self._next_seq, self._pending_bytes = self._recover()
-        self._file = None
+        self._file: BinaryIO | None = None
         self._file_size = 0
         self._committed_upto = self._segments[0].first_seq - 1 if self._segments else self._next_seq - 1
 
@@ -144,7 +145,7 @@ class WriteAheadLog:
 
     # --- private ----------------------------------------------------------
 
-    def _writable(self):
+    def _writable(self) -> BinaryIO:
         if self._file is not None and self._file_size < self._segment_size:
             return self._file
         if self._file is not None:
@@ -171,7 +172,7 @@ class WriteAheadLog:
             return 1, 0
         last = self._segments[-1]
         count, good_bytes = 0, 0
-        for count, good_bytes, _ in _scan_frames(last.path):
+        for count, good_bytes, _ in _scan_frames(last.path):  # noqa: B007  (the last frame's counts)
             pass
         if good_bytes != last.path.stat().st_size:
             with open(last.path, "r+b") as handle:

@@ -36,14 +36,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from wakustore.durable import fsync_dir
 from wakustore.storage import schema
-from wakustore.storage.durable import fsync_dir
 from wakustore.storage.engine import CommitConflict, commit_conflict
 
 # A new file is closed once it holds this many bytes of rows (Arrow size,
@@ -155,7 +156,9 @@ def replace_window(
             removes.append(RemoveAction(path, True, now_ms, size, {schema.MESSAGES_PARTITION: day}))
             adds += [AddAction(*action) for action in kept]
         if isinstance(source, StagedFiles):
-            adds += [AddAction(*action) for action in source.source().actions]
+            staged = source.source().actions
+            assert staged is not None  # source() sets them
+            adds += [AddAction(*action) for action in staged]
         else:
             adds += [AddAction(*action) for action in write_days(root, _batches(source), written)]
         if not removes and not adds:
@@ -341,8 +344,8 @@ class _File:
         statistics) of the closed file. The min/max come from the row
         groups' statistics in its footer (computing them from the batches
         cost ~2 s a million rows)."""
-        low: dict[str, object] = {}
-        high: dict[str, object] = {}
+        low: dict[str, Any] = {}  # pyarrow's statistics values
+        high: dict[str, Any] = {}
         footer = pq.read_metadata(self.path)
         for group in range(footer.num_row_groups):
             columns = footer.row_group(group)

@@ -10,7 +10,8 @@ at a time, the log records them as Arrow IPC, the commit sends the
 puts' chunks, and row objects are built only when a query first reads
 the rows waiting for a commit.
 
-Two modes, chosen by whether the node owns its table:
+Two commit strategies, chosen by whether the node owns its table
+(:meth:`WritePath._commit_shared`, :meth:`WritePath._commit_owned`):
 
 - shared (a fleet): every batch is a MERGE scoped to the touched days. Two
   nodes sharing one table may both hold the same record; a MERGE reads the
@@ -47,6 +48,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import datetime as dt
 import heapq
 import logging
 import threading
@@ -59,8 +61,8 @@ from typing import Generic, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.engine import CommitConflict
+from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.table import LOG_RETENTION, DeltaTableRef
 from wakustore.storage.wal import MAX_RECORD_SIZE, WriteAheadLog
 
@@ -274,6 +276,7 @@ class _Pending(Generic[R]):
         if self._order is None:
             return
         order, group = self._codec.order, self._codec.group
+        assert order is not None  # self._order is set when the codec has an order
         by_hash = self._by_hash
         entries = []
         by_group: dict[object, list] = {}
@@ -318,7 +321,7 @@ class WritePath(Generic[R]):
         key_filter: DayKeyFilter | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         on_commit: Callable[[], None] | None = None,
-        key_lookup: Callable[[list[bytes], list[object]], set[bytes] | None] | None = None,
+        key_lookup: Callable[[list[bytes], list[dt.date]], set[bytes] | None] | None = None,
         trim_log_every: int = 0,
         trim_log_retention: str = LOG_RETENTION,
         after_commit: Callable[[list[object]], None] | None = None,
@@ -335,12 +338,12 @@ class WritePath(Generic[R]):
         # Which keys the table's files of the given days hold, answered in
         # process (None: it cannot say; the engine is asked). Owned mode:
         # it must know every commit on_commit reported. Shared mode: asked
-        # only about a batch's rows of older days (see _merge_shared), and
+        # only about a batch's rows of older days (see _commit_shared), and
         # may lag other nodes' commits (the MERGE decides what it misses).
         self.key_lookup = key_lookup
         self.engine_lookups = 0
         # Shared mode: rows of older days left out of a MERGE, their key
-        # found in the table first (_merge_shared).
+        # found in the table first (_commit_shared).
         self.known_old_rows = 0
         # Keys the day filters flagged, and the time spent deciding them.
         self.looked_up = 0
@@ -367,7 +370,7 @@ class WritePath(Generic[R]):
         # ``table_days()``.
         self.filter_ready = threading.Event()
         self.filter_ready.set()
-        self.table_days: Callable[[], list[object]] | None = None
+        self.table_days: Callable[[], list[dt.date]] | None = None
         # Owned mode: keys of an append that failed after it may have landed,
         # keys accepted while the engine could not be asked whether they are
         # new, and such rows once a commit decided them.
@@ -533,18 +536,19 @@ class WritePath(Generic[R]):
         """Owned mode: the keys the table holds (exact)."""
         return self._lookup(*self._maybe(keys))
 
-    def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], dict[object, list[bytes]]]:
+    def _maybe(self, keys: list[bytes]) -> tuple[list[bytes], dict[dt.date, list[bytes]]]:
         """The keys some day's filter might hold, and per day those keys."""
         if not self.filter_ready.is_set() and self.table_days is not None:
             return list(keys), {day: list(keys) for day in self.table_days()}
+        assert self.key_filter is not None  # owned mode: both callers test it
         candidates = self.key_filter.candidates(keys)
-        by_day: dict[object, list[bytes]] = {}
+        by_day: dict[dt.date, list[bytes]] = {}
         for index in sorted(candidates):
             for day in candidates[index]:
                 by_day.setdefault(day, []).append(keys[index])
         return [keys[i] for i in sorted(candidates)], by_day
 
-    def _lookup(self, keys: list[bytes], by_day: dict[object, list[bytes]]) -> set[bytes]:
+    def _lookup(self, keys: list[bytes], by_day: dict[dt.date, list[bytes]]) -> set[bytes]:
         """Which of ``keys`` the table holds, each looked for on its own
         days (``by_day``): in process a day at a time (a key flagged on 2
         of 30 days is not searched in the other 28 days' files), else one
@@ -579,7 +583,7 @@ class WritePath(Generic[R]):
         with self._flush_lock:
             yield
 
-    def remember(self, keys: Sequence[bytes], days: Sequence[object]) -> None:
+    def remember(self, keys: Sequence[bytes], days: Sequence[dt.date]) -> None:
         """Keys that another verb (a window replace, an import) put in the
         table, with their days; the recent set takes them in one call.
         A buffered row put as new meanwhile with one of these keys is
@@ -715,7 +719,7 @@ class WritePath(Generic[R]):
             keys = self._inflight.key_list()
             started = time.monotonic()
             try:
-                self._merge(batch, keys)
+                self._commit(batch, keys)
             except BaseException:
                 with self._lock:
                     self._inflight.absorb(self._buffer)
@@ -748,11 +752,21 @@ class WritePath(Generic[R]):
             while self._logged and self._logged[0][0] <= upto:
                 self._logged_rows -= self._logged.popleft()[1]
 
-    def _merge(self, batch: pa.Table, keys: list[bytes]) -> None:
-        """Commit ``batch`` (Arrow rows) whose keys are ``keys``, in order."""
+    def _commit(self, batch: pa.Table, keys: list[bytes]) -> None:
+        """Commit ``batch`` (Arrow rows) whose keys are ``keys``, in order,
+        by the table's strategy: :meth:`_commit_owned` on a table this node
+        owns (it has a key filter), :meth:`_commit_shared` on a shared one."""
         if self.key_filter is None:
-            self._merge_shared(batch)
-            return
+            self._commit_shared(batch)
+        else:
+            self._commit_owned(batch, keys, self.key_filter)
+
+    def _commit_owned(self, batch: pa.Table, keys: list[bytes], key_filter: DayKeyFilter) -> None:
+        """The owned strategy: the rows known new at put time are appended;
+        the rows of an append whose outcome is unknown are MERGEd on their
+        own days; the rows whose first copy may be older (a filter named
+        their key, no lookup settled it) are MERGEd on every day a filter
+        names. The key filter learns every key committed."""
         uncertain, unresolved = self._uncertain, self._unresolved
         if uncertain or unresolved:
             fresh = [i for i, k in enumerate(keys) if k not in uncertain and k not in unresolved]
@@ -773,9 +787,7 @@ class WritePath(Generic[R]):
                 raise
             finally:
                 # Either way the keys may be in the table now.
-                self.key_filter.add_columns(
-                    arrow.column(self.codec.key_column), arrow.column(self.codec.partition_column)
-                )
+                key_filter.add_columns(arrow.column(self.codec.key_column), arrow.column(self.codec.partition_column))
             self.appended_rows += len(fresh_keys)
         if retried:
             # Known new at put time: only our own failed append can hold them.
@@ -786,18 +798,18 @@ class WritePath(Generic[R]):
             part = batch.take(undecided)
             undecided_keys = [keys[i] for i in undecided]
             own_days = part.column(self.codec.partition_column).to_pylist()
-            days = set().union(*self.key_filter.candidate_days(undecided_keys), own_days)
+            days = set().union(*key_filter.candidate_days(undecided_keys), own_days)
             self._merge_scoped(part, sorted(days))
-            self.key_filter.add(undecided_keys, own_days)
+            key_filter.add(undecided_keys, own_days)
             rows = self.codec.from_arrow(part)
             with self._lock:
                 self._unresolved.difference_update(undecided_keys)
                 self._decided.extend(rows)
 
-    def _merge_shared(self, batch: pa.Table) -> None:
-        """Shared mode: one MERGE on the key, scoped to the days of the
-        batch's rows, without the rows of older days whose key the table
-        is known to hold already.
+    def _commit_shared(self, batch: pa.Table) -> None:
+        """The shared strategy: one MERGE on the key, scoped to the days of
+        the batch's rows, without the rows of older days whose key the
+        table is known to hold already.
 
         Why: a MERGE reads every file of the days it is scoped to, and a
         re-send of an old message (a peer re-publishing, store sync) has

@@ -2,17 +2,20 @@
 
 Every module of every package pyproject.toml maps is parsed with ``ast``;
 every import counts, function-local ones and ``from x import y`` forms
-included (``from wakustore.node import torrent`` is an import of the
-module ``wakustore.node.torrent``). What is checked:
+included (``from wakustore.transport import torrent`` is an import of the
+module ``wakustore.transport.torrent``). What is checked:
 
 1. ``protocols/`` is sans-IO: no trio, Spark, Delta, Arrow, sockets or
    libp2p, and nothing of the project beyond ``protocols/``, ``protos/``
    and the compiled loops of ``wakustore._native`` (native/native.c:
    bytes in, bytes out, no I/O).
 2. Spark, Delta Lake and Arrow are imported under ``storage/`` only.
-3. Lower layers never import upper ones: ``protocols/`` and ``storage/``
-   nothing of ``node/``, ``clients/``, ``cli/`` or ``bench/``; ``node/``
-   and ``clients/`` nothing of ``cli/`` or ``bench/``.
+3. Lower layers never import upper ones. From the bottom: ``protos/``,
+   ``protocols/`` (sans-IO), then ``storage/`` (the engine and the table)
+   and ``transport/`` (libp2p, devp2p, BitTorrent) side by side and
+   ignorant of each other, then ``node/`` and ``clients/``, then ``cli/``
+   and ``bench/``. ``clients/`` never imports ``node/``: an application
+   embedding a client gets none of the server.
 4. The module import graph has no cycle.
 """
 
@@ -29,7 +32,10 @@ ENGINE_LIBRARIES = {"pyspark", "deltalake", "pyarrow"}
 NOT_SANS_IO = {"trio", "socket", "libp2p"} | ENGINE_LIBRARIES
 # The package itself (its __init__ holds the version) and the compiled
 # module (native/native.c): computation only, for any layer.
-SHARED = ("wakustore", "wakustore._native")
+# ``wakustore.usage`` holds UsageError, raised by every layer above the
+# protocols for bad user input; ``wakustore.durable`` writes a file whole
+# and durably, for every layer that keeps one.
+SHARED = ("wakustore", "wakustore._native", "wakustore.usage", "wakustore.durable")
 UPPER_LAYERS = ("wakustore.node", "wakustore.clients", "wakustore.cli", "wakustore.bench")
 COMMANDS_AND_BENCHMARKS = ("wakustore.cli", "wakustore.bench")
 
@@ -148,6 +154,7 @@ def test_the_graph_sees_every_package_and_function_local_imports():
     for package in (
         "wakustore.protocols",
         "wakustore.storage",
+        "wakustore.transport",
         "wakustore.node",
         "wakustore.clients",
         "wakustore.cli",
@@ -159,8 +166,8 @@ def test_the_graph_sees_every_package_and_function_local_imports():
     # bench/store.py's SQL comparison).
     assert "wakustore.cli.serve" in GRAPH["wakustore.cli.main"]
     assert "wakustore.bench.sql" in GRAPH["wakustore.bench.store"]
-    # `from wakustore.node import torrent` names the module.
-    assert "wakustore.node.torrent" in GRAPH["wakustore.node.archive"]
+    # `from wakustore.transport import torrent` names the module.
+    assert "wakustore.transport.torrent" in GRAPH["wakustore.node.archive"]
 
 
 def test_protocols_is_sans_io():
@@ -191,9 +198,10 @@ def test_lower_layers_never_import_upper_ones():
     rules = [
         ("wakustore.protocols", UPPER_LAYERS + ("wakustore.storage",)),
         ("wakustore.protos", UPPER_LAYERS + ("wakustore.storage", "wakustore.protocols")),
-        ("wakustore.storage", UPPER_LAYERS),
+        ("wakustore.storage", UPPER_LAYERS + ("wakustore.transport",)),
+        ("wakustore.transport", UPPER_LAYERS + ("wakustore.storage",)),
         ("wakustore.node", COMMANDS_AND_BENCHMARKS),
-        ("wakustore.clients", COMMANDS_AND_BENCHMARKS),
+        ("wakustore.clients", COMMANDS_AND_BENCHMARKS + ("wakustore.node", "wakustore.storage")),
     ]
     problems = [
         f"{module} imports {target}"

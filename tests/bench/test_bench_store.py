@@ -9,8 +9,8 @@ from wakustore.bench import dataset as bench_dataset
 from wakustore.bench import sql as bench_sql
 from wakustore.bench import store as bench_store
 from wakustore.cli.main import build_parser
-from wakustore.node.usage import UsageError
 from wakustore.protocols.message import message_hash, muid
+from wakustore.usage import UsageError
 
 
 def parse(*argv):

@@ -7,7 +7,7 @@ import pytest
 
 from wakustore.bench import wire as bench_wire
 from wakustore.cli.main import build_parser
-from wakustore.node.usage import UsageError
+from wakustore.usage import UsageError
 
 
 def parse(*argv):

@@ -144,8 +144,8 @@ def test_bad_import_lines_are_one_line_errors(tmp_path, content, message):
     ],
 )
 def test_the_jsonl_reader_names_file_and_line(tmp_path, content, message):
-    from wakustore.node.usage import UsageError
     from wakustore.cli.db import iter_jsonl
+    from wakustore.usage import UsageError
 
     source = tmp_path / "bad.jsonl"
     source.write_bytes(content.encode("utf-8", "surrogateescape"))

@@ -342,7 +342,7 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
         "".join(
             json.dumps(
                 {
-                    "pubsub_topic": "/waku/2/rs/%d/3" % CLUSTER_ID,
+                    "pubsub_topic": f"/waku/2/rs/{CLUSTER_ID}/3",
                     "content_topic": channel,
                     "payload": (b"history-%d" % i).hex(),
                     "timestamp": now - (i + 1) * 3600 * 10**9 * 5,
@@ -383,7 +383,7 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
                 "--peer",
                 printed[0],
                 "--pubsub-topic",
-                "/waku/2/rs/%d/3" % CLUSTER_ID,
+                f"/waku/2/rs/{CLUSTER_ID}/3",
                 "--content-topic",
                 magnet_topic,
                 "--json",

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import trio
+
 from wakustore.bench.common import wait_for_node_info
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.protocols.store_query import HistoryQuery
@@ -393,7 +394,7 @@ class Node:
             code = self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RuntimeError(f"{self.name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM")
+            raise RuntimeError(f"{self.name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM") from None
         self.process = None
         return code
 

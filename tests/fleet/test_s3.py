@@ -17,6 +17,7 @@ import trio
 
 from tests.fleet.conftest import BUCKET
 from tests.fleet.fleet import (
+    Unavailable,
     check_served,
     messages,
     node_killed_mid_commit,
@@ -25,7 +26,6 @@ from tests.fleet.fleet import (
     run,
     running_pair,
     s3_environment,
-    Unavailable,
     settled,
     start_the_dead,
     stored,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import coincurve
 from Crypto.Cipher import AES
@@ -29,7 +29,8 @@ from Crypto.Hash import keccak
 
 from wakustore.protocols import archive, ecies, lightpush, metadata, rlpx, store_v2, store_v3
 from wakustore.protocols import mailserver as wms
-from wakustore.protocols.dos_protection import ProtectedTopic, validate as dos_validate
+from wakustore.protocols.dos_protection import ProtectedTopic
+from wakustore.protocols.dos_protection import validate as dos_validate
 from wakustore.protocols.errors import (
     ArchiveError,
     FramingError,
@@ -461,7 +462,7 @@ def _seal_plaintext(plain: bytes) -> bytes:
 
 
 def _status(data: bytes) -> None:
-    from wakustore.node.mailserver import decode_status
+    from wakustore.protocols.waku_v1 import decode_status
 
     decode_status(data)
 
@@ -477,7 +478,7 @@ def _waku_v1_entries():
 
 
 def _waku_v1_seeds():
-    from wakustore.node.mailserver import encode_status
+    from wakustore.protocols.waku_v1 import encode_status
 
     entries = _waku_v1_entries()
     envelope = Envelope(NOW_S + 50, 50, b"\x01\x02\x03\x04", b"data" * 10, 7).encode()

@@ -10,7 +10,6 @@ import trio
 
 from wakustore.bench.hostile import connect_from
 
-
 # A StoreClient with a fresh key whose TCP connection leaves from a chosen
 # address: the benchmark's hostile load dials the same way.
 client_from = connect_from
@@ -55,7 +54,7 @@ def is_closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
         while sock.recv(4096):  # the node's own greeting, if it sent one
             pass
         return True
-    except (socket.timeout, BlockingIOError):
+    except (TimeoutError, BlockingIOError):
         return False
     except OSError:
         return True

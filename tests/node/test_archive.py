@@ -19,20 +19,19 @@ import pyarrow as pa
 import pytest
 import trio
 
-from wakustore.node import archive as node_archive
 from wakustore.cli import archive as archive_cli
-from wakustore.clients import archive as archive_client
-from wakustore.node import torrent
-from wakustore.node.archive import ArchiveSettings, Selection
 from wakustore.cli.main import _Parser
+from wakustore.clients import archive as archive_client
+from wakustore.node import archive as node_archive
+from wakustore.node.archive import ArchiveSettings, Selection
 from wakustore.node.config import NodeConfig
 from wakustore.node.store_service import open_store
 from wakustore.protocols import archive, archive_records, topics, waku_v1
 from wakustore.protocols.archive import Layout
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import staging
-from wakustore.storage import maintenance
+from wakustore.storage import maintenance, staging
+from wakustore.transport import torrent
 
 DAY = 86400
 NS = 10**9
@@ -75,7 +74,7 @@ def settings(tmp_path, layout=Layout.STATUS_GO, **extra):
     )
 
 
-KEYS = node_archive.channel_keys(PUB, CHATS)
+KEYS = archive.community_channel_keys(PUB, CHATS)
 SENDER = bytes(range(5, 37))
 
 
@@ -443,7 +442,7 @@ def test_the_scheduler_works_out_signers_between_exports(tmp_path, make_store, m
         return last_end_s
 
     last_end_s = trio.run(main)
-    day = dt.datetime.fromtimestamp(last_end_s, dt.timezone.utc).date()
+    day = dt.datetime.fromtimestamp(last_end_s, dt.UTC).date()
     known = control.signer_cache.lookup(
         day, pa.array([m for m in hashes(store, last_end_s, last_end_s + 1)], pa.binary())
     )

@@ -8,7 +8,6 @@ import coincurve
 import trio
 
 from wakustore.node import archive as node_archive
-from wakustore.node import torrent
 from wakustore.node.archive import ArchiveSettings
 from wakustore.node.archive_member import (
     LOOK_FETCHING,
@@ -23,6 +22,7 @@ from wakustore.node.store_service import open_store
 from wakustore.protocols import archive, topics
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery
+from wakustore.transport import torrent
 
 KEY = bytes(range(40, 72))
 PUB = coincurve.PrivateKey(KEY).public_key.format()

@@ -164,7 +164,7 @@ def test_hundreds_of_fresh_keys_meet_the_per_address_and_total_caps(start_node):
         async def one(source: str):
             statuses.append((await try_client(source, peer, one_query))[1])
 
-        for round_ in range(50):
+        for _round in range(50):
             async with trio.open_nursery() as nursery:
                 for i in range(4):
                     nursery.start_soon(one, f"127.0.1.{i + 1}")
@@ -240,7 +240,7 @@ class RelayNodeThread(NodeThread):
 def test_a_silent_connection_is_closed_and_its_slot_freed_while_connections_with_streams_stay(engine, tmp_path):
     from libp2p.custom_types import TProtocol
 
-    from wakustore.clients.relay import relay_publisher
+    from wakustore.bench.relay_peer import relay_publisher
 
     node = RelayNodeThread(
         node_config(tmp_path, idle_connection_timeout_s=1.0, max_connections=3), engine, RateLimits.parse(["0/1s"])
@@ -528,7 +528,7 @@ def test_rate_limiter_memory_stays_bounded_under_churn():
 def test_relay_peer_flooding_invalid_messages_is_pruned_graylisted_and_disconnected(engine, tmp_path):
     from libp2p.peer.id import ID
 
-    from wakustore.clients.relay import relay_publisher
+    from wakustore.bench.relay_peer import relay_publisher
 
     node = RelayNodeThread(node_config(tmp_path), engine, RateLimits.parse(["0/1s"])).start()
     try:

@@ -19,8 +19,9 @@ import coincurve
 import pytest
 import trio
 
-from wakustore.cli import main as cli
 from wakustore.cli import mailserver as mailserver_cli
+from wakustore.cli import main as cli
+from wakustore.clients.mailserver import MailserverClient, MailserverError, parse_enode, seal_envelope
 from wakustore.node.config import NodeConfig
 from wakustore.node.mailserver import (
     DEFAULT_PASSWORD,
@@ -34,8 +35,6 @@ from wakustore.node.mailserver import (
     run_mailserver,
     running_mailserver,
 )
-from wakustore.node.usage import UsageError
-from wakustore.clients.mailserver import MailserverClient, MailserverError, parse_enode, seal_envelope
 from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.waku_v1 import (
@@ -51,6 +50,7 @@ from wakustore.protocols.waku_v1 import (
 )
 from wakustore.storage.envelope_store import EnvelopeStore, StoredEnvelope
 from wakustore.storage.table import DeltaTableRef
+from wakustore.usage import UsageError
 
 T0 = 1_700_000_000
 TOPICS = (b"\x08\x10\x18\x00", b"\x28\x30\x38\x00", b"\x48\x50\x58\x00")  # disjoint bloom bits

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from wakustore.clients.relay import relay_publisher
+from wakustore.bench.relay_peer import relay_publisher
 from wakustore.clients.store import StoreClient
 from wakustore.node.config import ConfigError, load
 from wakustore.node.relay import PROTOCOL_ID

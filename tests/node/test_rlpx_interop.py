@@ -77,7 +77,7 @@ def _run_session(sock: socket.socket, handshake: rlpx.Handshake, private_key: by
         while time.monotonic() < deadline:
             try:
                 data = sock.recv(RECV_SIZE)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 raise EOFError("peer closed the connection")

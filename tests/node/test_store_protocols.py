@@ -19,7 +19,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 
 from wakustore.clients.store import StoreClient
-from wakustore.node.store_protocols import PeerBuckets, RateLimit, RateLimits, read_frame
+from wakustore.node.store_protocols import PeerBuckets, RateLimit, RateLimits
 from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_RESPONSE_SIZE,
@@ -32,6 +32,7 @@ from wakustore.protocols.lightpush import LightpushStatus
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery
 from wakustore.protos import waku_message_pb2
+from wakustore.transport.streams import read_frame
 
 # The harness lives beside the tests; the path makes it importable in any
 # pytest import mode.

@@ -1,12 +1,12 @@
 """The node's store service: group commit of concurrent puts."""
 
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
 
-import pytest
 import trio
 import trio.testing
 
@@ -272,13 +272,13 @@ def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
             await service.put([(PUBSUB, old, now)])
             await service.flush()
             assert service.store.hot.page(page_of(old.timestamp, old.timestamp + 1), None) is None
-            real_merge = service.store.writes._merge
+            real_merge = service.store.writes._commit
 
             def merge_stuck(*args):
                 release.wait()
                 real_merge(*args)
 
-            service.store.writes._merge = merge_stuck
+            service.store.writes._commit = merge_stuck
             await service.put([(PUBSUB, stuck, now), (PUBSUB, recent, now)])
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(service.flush)
@@ -300,32 +300,14 @@ def test_pages_are_answered_while_every_engine_thread_is_busy(engine, tmp_path):
     assert [m.message.payload for m in pages["table"].messages] == [b"from-the-table"]
 
 
-def test_the_gil_switch_interval_is_short_while_stores_serve_and_restored_after(engine, tmp_path):
-    import sys
+def test_the_node_process_settings_are_made_once_in_one_place(monkeypatch, tmp_path):
+    """configure_node_process sets the GIL switch interval, caps glibc's
+    arenas on a shared table only (SHARED_TABLE_ARENAS; an operator's
+    MALLOC_ARENA_MAX is left as it is), and filters py-libp2p's refused relay
+    streams once. The arena cap itself is tried in a child: it lasts for the
+    process's life."""
+    from wakustore.node import process
 
-    from wakustore.node.store_service import GIL_SWITCH_INTERVAL_S
-
-    before = sys.getswitchinterval()
-    seen = []
-
-    async def main():
-        async with running_store(NodeConfig(data_dir=tmp_path / "a"), engine):
-            seen.append(sys.getswitchinterval())
-            async with running_store(NodeConfig(data_dir=tmp_path / "b"), engine):
-                seen.append(sys.getswitchinterval())
-            # The other store still serves.
-            seen.append(sys.getswitchinterval())
-
-    trio.run(main)
-    assert before != GIL_SWITCH_INTERVAL_S
-    assert seen == [GIL_SWITCH_INTERVAL_S] * 3
-    assert sys.getswitchinterval() == before
-
-
-def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(monkeypatch, tmp_path):
-    """open_store on a shared table caps glibc's arenas (SHARED_TABLE_ARENAS);
-    an operator's MALLOC_ARENA_MAX is left as it is. The cap itself is
-    tried in a child: it lasts for the process's life."""
     probe = "from wakustore.node import allocator; print(allocator.cap_malloc_arenas(2))"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     capped = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
@@ -335,16 +317,26 @@ def test_a_shared_table_node_caps_its_malloc_arenas_unless_the_environment_says(
     )
     assert kept.stdout.strip() == "False"
 
-    class Opened(Exception):
-        pass
-
-    def message_store(*args, **kwargs):
-        raise Opened
-
-    calls = []
-    monkeypatch.setattr(store_service.allocator, "cap_malloc_arenas", calls.append)
-    monkeypatch.setattr(store_service, "MessageStore", message_store)
-    for shared in (False, True):
-        with pytest.raises(Opened):
-            store_service.open_store(NodeConfig(shared_table=shared, data_dir=tmp_path / str(shared)), engine=object())
-    assert calls == [store_service.SHARED_TABLE_ARENAS]
+    calls, intervals = [], []
+    monkeypatch.setattr(process.allocator, "cap_malloc_arenas", lambda n: calls.append(n) or True)
+    monkeypatch.setattr(process.sys, "setswitchinterval", intervals.append)
+    libp2p_log = logging.getLogger("libp2p.host.basic_host")
+    monkeypatch.setattr(libp2p_log, "filters", [])
+    owned = process.configure_node_process(NodeConfig(data_dir=tmp_path / "a"))
+    shared = process.configure_node_process(NodeConfig(shared_table=True, data_dir=tmp_path / "b"))
+    assert calls == [process.SHARED_TABLE_ARENAS]
+    assert intervals == [process.GIL_SWITCH_INTERVAL_S] * 2
+    assert len(libp2p_log.filters) == 1
+    assert any("malloc arenas" in s for s in shared) and not any("malloc arenas" in s for s in owned)
+    # A refused relay stream is logged at DEBUG; other errors pass.
+    refused = logging.LogRecord(
+        "libp2p.host.basic_host",
+        logging.ERROR,
+        __file__,
+        1,
+        "failed: /vac/waku/relay/2.0.0 protocol not supported\nmore",
+        None,
+        None,
+    )
+    other = logging.LogRecord("libp2p.host.basic_host", logging.ERROR, __file__, 1, "something else", None, None)
+    assert [libp2p_log.filters[0].filter(r) for r in (refused, other)] == [False, True]

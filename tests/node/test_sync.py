@@ -96,6 +96,7 @@ async def peer_host(listen: bool = False, handlers=None):
 
 async def open_stream(host, node: SyncNode, protocol: str):
     from libp2p.custom_types import TProtocol
+
     from wakustore.clients.store import parse_peer
 
     info = parse_peer(node.tcp_addr)
@@ -106,7 +107,7 @@ async def open_stream(host, node: SyncNode, protocol: str):
 async def reconcile(host, node: SyncNode, ids: list[sync.SyncId], lower_ns: int, upper_ns: int) -> sync.Session:
     """A whole reconciliation session with the node, initiated by ``host``
     holding ``ids``; the node then accepts transfers from this peer."""
-    from wakustore.node.store_protocols import read_frame
+    from wakustore.transport.streams import read_frame
 
     session = sync.Session(pubsub_topics=(PUBSUB_TOPIC, OTHER_PUBSUB_TOPIC))
     stream = await open_stream(host, node, sync.RECONCILIATION_PROTOCOL_ID)
@@ -264,8 +265,9 @@ def test_bad_reconciliation_payload_resets_the_stream_and_the_node_keeps_serving
         from libp2p import new_host
         from libp2p.crypto.secp256k1 import create_new_key_pair
         from libp2p.custom_types import TProtocol
+
         from wakustore.clients.store import parse_peer
-        from wakustore.node.store_protocols import read_frame
+        from wakustore.transport.streams import read_frame
 
         info = parse_peer(b.tcp_addr)
         host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
@@ -386,7 +388,7 @@ def test_stopping_a_node_mid_session_is_prompt_and_quiet(engine, tmp_path, caplo
     """One session stalled in each role when the node stops: a peer that
     never answers the node's initiation, and a peer that stops answering
     the node's reply to its own."""
-    from wakustore.node.store_protocols import read_frame
+    from wakustore.transport.streams import read_frame
 
     caplog.set_level(logging.INFO)
     now = time.time_ns()

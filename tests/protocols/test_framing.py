@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wakustore.protocols.errors import FramingError, FrameTooLarge
+from wakustore.protocols.errors import FrameTooLarge, FramingError
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_REQUEST_SIZE,
     METADATA_MAX_SIZE,

@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from wakustore.bench.sql import _filter_and_order, _sqlite_value
 from wakustore.protocols import store_query as sq
 from wakustore.protocols.store_query import HistoryQuery, Ordering, StoredMessage

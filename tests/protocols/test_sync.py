@@ -222,8 +222,8 @@ def test_transfer_round_trip_and_spec_layout():
     assert raw[0] == 0x0A and raw[1] == len(TOPIC) and raw[2 + len(TOPIC)] == 0x12
     topic, decoded, size = sync.decode_transfer(raw)
     assert (topic, decoded) == (TOPIC, message) and size > 0
-    from wakustore.protos import sync_transfer_pb2
     from wakustore.protocols.message_codec import write_message_pb
+    from wakustore.protos import sync_transfer_pb2
 
     spec = sync_transfer_pb2.SpecWakuMessageAndTopic(pubsub_topic=TOPIC)
     write_message_pb(spec.message, message)

@@ -303,7 +303,7 @@ def test_bloom_matching_is_subset_inclusion():
 # --- symmetric payloads ----------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _password_key():
     return key_from_password("status-offline-inbox")
 

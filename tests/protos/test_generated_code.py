@@ -531,7 +531,7 @@ def test_spec_archive_layout():
 
 def test_archive_layouts_do_not_read_each_other():
     raw_topics = archive_status_go_pb2.WakuMessageArchiveMetadata(contentTopic=[b"\xff\xfe\x00\x01"])
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  (protobuf's DecodeError, or a UnicodeDecodeError)
         archive_spec_pb2.WakuMessageArchiveMetadata.FromString(raw_topics.SerializeToString())
     # A status-go archive message read as 14/WAKU2-MESSAGE: sig lands in
     # payload, the uint64 timestamp at 2 cannot be a string and is left unknown.

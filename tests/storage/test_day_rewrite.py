@@ -24,7 +24,7 @@ PUBSUBS = ["/waku/2/rs/16/1", "/waku/2/rs/16/0"]
 def rows(n: int, seed: int) -> pa.Table:
     rng = random.Random(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         # Many rows share a timestamp (ties keep their order, any order is right).
         ts = T0 + rng.randrange(200) * 10**9
         message = WakuMessage(

@@ -82,8 +82,8 @@ def test_hot_tier_holds_the_recent_messages(pair):
 def test_hot_and_table_answers_are_identical_for_random_queries(pair, monkeypatch):
     hot, cold, now, messages = pair
     calls = []
-    original = hot.table.page
-    monkeypatch.setattr(hot.table, "page", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = hot.reader.page
+    monkeypatch.setattr(hot.reader, "page", lambda *a, **k: calls.append(1) or original(*a, **k))
     rng = random.Random(7)
     for _ in range(40):
         kw = dict(

@@ -735,3 +735,64 @@ def test_a_staged_window_keeps_the_first_copy_of_each_muid_exactly():
     assert second.column("muid").to_pylist() == [twin_b, b"\x04" * 32]
     assert window.count == 5
     assert pa.chunked_array(window.muids).to_pylist() == [twin_a, b"\x02" * 32, b"\x03" * 32, twin_b, b"\x04" * 32]
+
+
+def test_close_waits_for_the_threads_working_on_the_store_and_refuses_new_ones(engine, tmp_path):
+    """A thread inside in_use() (an export or import step a cancelled task
+    left running) ends before the store commits and closes; new work is
+    refused once closing began."""
+    from wakustore.storage.message_store import StoreClosed
+
+    store = MessageStore(DeltaTableRef(engine, str(tmp_path / "messages")), tmp_path / "wal")
+    store.open()
+    inside, release, events = threading.Event(), threading.Event(), []
+
+    def step():
+        with store.in_use():
+            inside.set()
+            release.wait(30)
+            store.put(triples([msg(1)]))
+            events.append("step done")
+
+    worker = threading.Thread(target=step)
+    worker.start()
+    assert inside.wait(30)
+    closer = threading.Thread(target=lambda: (store.close(), events.append("closed")))
+    closer.start()
+    time.sleep(0.3)
+    assert events == [] and closer.is_alive()
+    with pytest.raises(StoreClosed):
+        with store.in_use():
+            pass
+    release.set()
+    worker.join(30)
+    closer.join(60)
+    assert events == ["step done", "closed"]
+    # The step's message was committed by the close.
+    reopened = MessageStore(DeltaTableRef(engine, str(tmp_path / "messages")), tmp_path / "wal")
+    reopened.open()
+    try:
+        found = [m for page in page_all(reopened, query()) for m in page]
+        assert payloads(found) == [b"payload-1"]
+    finally:
+        reopened.close()
+
+
+def test_pages_from_memory_never_look_into_the_rows_waiting_for_a_commit(store, monkeypatch):
+    """from_memory (the event loop's part) leaves a cursor only the pending
+    rows know to a thread: finding it there may index the whole buffer
+    under the write path's lock. The thread's page then finds it."""
+    messages = [msg(i) for i in range(30)]
+    store.put(triples(messages))
+    first = store.query(query(limit=10))
+    cursor = first.next_cursor.message_hash
+
+    def forbidden(hashes):
+        raise AssertionError("the event loop's part looked into the pending rows")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store.writes, "pending_by_hash", forbidden)
+        store.reads.forget_cursors()
+        assert store.reads.from_memory(query(limit=10, cursor=cursor)) is None
+    page = store.reads.page(query(limit=10, cursor=cursor), memory_tried=True)
+    assert payloads(page.messages) == [b"payload-%d" % i for i in range(10, 20)]

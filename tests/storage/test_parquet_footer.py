@@ -10,8 +10,7 @@ from deltalake import write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wakustore.storage import maintenance
-from wakustore.storage import parquet_footer
+from wakustore.storage import maintenance, parquet_footer
 from wakustore.storage.parquet_footer import FooterError, GroupFooters
 
 

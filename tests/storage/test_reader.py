@@ -16,6 +16,7 @@ from wakustore.storage.message_store import MessageStore, StoreConfig
 from wakustore.storage.reader import TableReader, TableUnreadable
 from wakustore.storage.rows import Row
 from wakustore.storage.schema import day_start_ns
+from wakustore.storage.spark_oracle import SparkPages
 from wakustore.storage.table import DeltaTableRef
 
 PUBSUB = "/waku/2/rs/16/32"
@@ -99,7 +100,7 @@ def assert_reader_agrees(store: MessageStore, data) -> int:
         key = None
         for _ in range(6):
             mine = store.reader.page(query, key, query.limit + 1).to_pylist()
-            engine = store.table.page(query, key, query.limit + 1).to_pylist()
+            engine = SparkPages(store.table).page(query, key, query.limit + 1).to_pylist()
             assert mine == engine, (query, key)
             compared += len(mine)
             if len(mine) <= query.limit:
@@ -109,7 +110,7 @@ def assert_reader_agrees(store: MessageStore, data) -> int:
     for pubsub, msg, _ in data[::29]:
         h = message_hash(pubsub, msg)
         for topic in (None, pubsub, OTHER_PUBSUB if pubsub == PUBSUB else PUBSUB):
-            assert store.reader.timestamp_of_hash(h, topic) == store.table.timestamp_of_hash(h, topic)
+            assert store.reader.timestamp_of_hash(h, topic) == SparkPages(store.table).timestamp_of_hash(h, topic)
     assert store.reader.timestamp_of_hash(b"\x00" * 32, None) is None
     return compared
 

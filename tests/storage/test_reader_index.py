@@ -11,15 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wakustore.node import config as node_config
+from wakustore.node.store_service import open_store
 from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, Ordering
-from wakustore.storage import maintenance, reader as reader_module
+from wakustore.storage import maintenance
+from wakustore.storage import reader as reader_module
 from wakustore.storage.message_store import MessageStore, StoreConfig
 from wakustore.storage.reader import TableReader
 from wakustore.storage.schema import day_start_ns
 from wakustore.storage.table import DeltaTableRef
-from wakustore.node import config as node_config
-from wakustore.node.store_service import open_store
 
 PUBSUB = "/waku/2/rs/16/32"
 OTHER_PUBSUB = "/waku/2/rs/16/33"
@@ -320,7 +321,7 @@ def test_muid_lookups_are_exact_on_ingest_files_and_on_compacted_days(store, tmp
     reader = TableReader(
         store.table.uri, check_interval_s=None, index_in_background=False, index_directory=directory if kept else None
     )
-    for compacted in (False, True):
+    for _compacted in (False, True):
         reader.committed()
         for wanted in (days, days[:1], days[1:]):
             engine = store.table.existing_keys("muid", asked, "day", wanted)
@@ -403,7 +404,7 @@ def test_a_restarted_reader_maps_its_indexes_and_answers_presence_checks_without
         assert restarted.page(query, None, 101).to_pylist() == expected
         p, m, _ = data[11]
         assert restarted.timestamp_of_hash(hashes[11], p) == m.timestamp
-        with pytest.raises(Exception):  # the bodies are in the data files, gone
+        with pytest.raises(Exception):  # noqa: B017  (the bodies are in the data files, gone)
             restarted.page(HistoryQuery(message_hashes=(hashes[11],)), None, 2)
     finally:
         for away, back in moved:

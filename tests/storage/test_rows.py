@@ -7,11 +7,10 @@ import pyarrow as pa
 import pytest
 
 from wakustore.protocols.message import WakuMessage, message_hash, muid
-from wakustore.storage.rows import Row, legacy_digest, messages_to_arrow, rows_from_arrow, to_arrow
-from wakustore.storage.schema import day_of_ns
-from wakustore.storage.rows import binary_prefixes
-from wakustore.storage.write_path import BoundedSet, _Pending
 from wakustore.storage.message_store import MESSAGE_CODEC
+from wakustore.storage.rows import Row, binary_prefixes, legacy_digest, messages_to_arrow, rows_from_arrow, to_arrow
+from wakustore.storage.schema import day_of_ns
+from wakustore.storage.write_path import BoundedSet, _Pending
 
 T0 = 1_700_000_000 * 10**9
 

@@ -6,6 +6,7 @@ import time
 
 import pyarrow as pa
 import pytest
+
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import (
     HistoryQuery,
@@ -15,6 +16,7 @@ from wakustore.protocols.store_query import (
 from wakustore.storage import schema
 from wakustore.storage.engine import CommitConflict, commit_conflict
 from wakustore.storage.rows import Row, from_arrow, to_arrow
+from wakustore.storage.spark_oracle import SparkPages
 from wakustore.storage.table import DeltaTableRef
 
 PUBSUB = "/waku/2/rs/16/32"
@@ -84,12 +86,12 @@ def test_page_follows_a_cursor_forward_and_backward_with_timestamp_ties(table):
     )
     ordered = [(r.timestamp, r.message_hash) for r in mine]
     q = HistoryQuery(pubsub_topic=PUBSUB, content_topics=(TOPIC,), forward=True, limit=4)
-    assert keys(table.page(q, None, 5)) == ordered[:5]
+    assert keys(SparkPages(table).page(q, None, 5)) == ordered[:5]
     cursor = ordered[4]  # the middle row of a timestamp
-    assert keys(table.page(q, cursor, 5)) == ordered[5:10]
+    assert keys(SparkPages(table).page(q, cursor, 5)) == ordered[5:10]
     back = HistoryQuery(pubsub_topic=PUBSUB, content_topics=(TOPIC,), forward=False, limit=4)
-    assert keys(table.page(back, None, 5)) == ordered[::-1][:5]
-    assert keys(table.page(back, cursor, 5)) == ordered[:4][::-1]
+    assert keys(SparkPages(table).page(back, None, 5)) == ordered[::-1][:5]
+    assert keys(SparkPages(table).page(back, cursor, 5)) == ordered[:4][::-1]
     # Time bounds: start inclusive, end exclusive.
     window = HistoryQuery(
         pubsub_topic=PUBSUB,
@@ -99,7 +101,7 @@ def test_page_follows_a_cursor_forward_and_backward_with_timestamp_ties(table):
         forward=True,
         limit=10,
     )
-    assert keys(table.page(window, None, 11)) == ordered[3:9]
+    assert keys(SparkPages(table).page(window, None, 11)) == ordered[3:9]
 
 
 def test_page_by_hashes_and_without_data(table):
@@ -107,10 +109,10 @@ def test_page_by_hashes_and_without_data(table):
     table.append(to_arrow(rows))
     wanted = (rows[4].message_hash, rows[1].message_hash)
     q = HistoryQuery(message_hashes=wanted, forward=True, include_data=False)
-    found = table.page(q, None, 21)
+    found = SparkPages(table).page(q, None, 21)
     assert keys(found) == [(rows[1].timestamp, rows[1].message_hash), (rows[4].timestamp, rows[4].message_hash)]
     assert "payload" not in found.column_names
-    data = from_arrow(table.page(HistoryQuery(message_hashes=wanted[:1]), None, 21))
+    data = from_arrow(SparkPages(table).page(HistoryQuery(message_hashes=wanted[:1]), None, 21))
     assert data[0].message == rows[4].message
 
 
@@ -119,10 +121,10 @@ def test_page_in_digest_order_for_the_legacy_protocol(table):
     table.append(to_arrow(rows))
     by_digest = sorted(rows, key=lambda r: r.digest)
     q = HistoryQuery(forward=True, limit=10, ordering=Ordering.DIGEST)
-    found = from_arrow(table.page(q, (T0, by_digest[1].digest), 11), include_data=False)
+    found = from_arrow(SparkPages(table).page(q, (T0, by_digest[1].digest), 11), include_data=False)
     assert [m.digest for m in found] == [r.digest for r in by_digest[2:]]
     back = HistoryQuery(forward=False, limit=10, ordering=Ordering.DIGEST)
-    found = from_arrow(table.page(back, (T0, by_digest[3].digest), 11), include_data=False)
+    found = from_arrow(SparkPages(table).page(back, (T0, by_digest[3].digest), 11), include_data=False)
     assert [m.digest for m in found] == [r.digest for r in by_digest[:3][::-1]]
 
 
@@ -130,11 +132,11 @@ def test_a_cursor_on_another_day_prunes_nothing_it_should_not(table):
     rows = [row(i, ts=T0 + i * DAY_NS) for i in range(4)]  # one row a day
     table.append(to_arrow(rows))
     q = HistoryQuery(forward=True, limit=10)
-    assert keys(table.page(q, (rows[1].timestamp, rows[1].message_hash), 11)) == [
+    assert keys(SparkPages(table).page(q, (rows[1].timestamp, rows[1].message_hash), 11)) == [
         (r.timestamp, r.message_hash) for r in rows[2:]
     ]
     back = HistoryQuery(forward=False, limit=10)
-    assert keys(table.page(back, (rows[2].timestamp, rows[2].message_hash), 11)) == [
+    assert keys(SparkPages(table).page(back, (rows[2].timestamp, rows[2].message_hash), 11)) == [
         (r.timestamp, r.message_hash) for r in rows[:2][::-1]
     ]
     # A row at midnight exactly: a cursor at that timestamp keeps its ties
@@ -143,19 +145,22 @@ def test_a_cursor_on_another_day_prunes_nothing_it_should_not(table):
     at_midnight = row(60, ts=midnight)
     table.append(to_arrow([at_midnight]))
     edge = (midnight, at_midnight.message_hash)
-    assert keys(table.page(back, (midnight, b"\xff" * 32), 11))[:2] == [edge, (rows[2].timestamp, rows[2].message_hash)]
-    assert keys(table.page(back, (midnight, b""), 11))[0] == (rows[2].timestamp, rows[2].message_hash)
-    assert keys(table.page(q, (midnight, b""), 11))[0] == edge
-    assert keys(table.page(q, (midnight - 1, b"\xff" * 32), 11))[0] == edge
+    assert keys(SparkPages(table).page(back, (midnight, b"\xff" * 32), 11))[:2] == [
+        edge,
+        (rows[2].timestamp, rows[2].message_hash),
+    ]
+    assert keys(SparkPages(table).page(back, (midnight, b""), 11))[0] == (rows[2].timestamp, rows[2].message_hash)
+    assert keys(SparkPages(table).page(q, (midnight, b""), 11))[0] == edge
+    assert keys(SparkPages(table).page(q, (midnight - 1, b"\xff" * 32), 11))[0] == edge
 
 
 def test_timestamp_of_hash(table):
     r = row(7)
     table.append(to_arrow([r]))
-    assert table.timestamp_of_hash(r.message_hash, None) == r.timestamp
-    assert table.timestamp_of_hash(r.message_hash, PUBSUB) == r.timestamp
-    assert table.timestamp_of_hash(r.message_hash, "/waku/2/rs/16/33") is None
-    assert table.timestamp_of_hash(row(8).message_hash, None) is None
+    assert SparkPages(table).timestamp_of_hash(r.message_hash, None) == r.timestamp
+    assert SparkPages(table).timestamp_of_hash(r.message_hash, PUBSUB) == r.timestamp
+    assert SparkPages(table).timestamp_of_hash(r.message_hash, "/waku/2/rs/16/33") is None
+    assert SparkPages(table).timestamp_of_hash(row(8).message_hash, None) is None
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["engine", "in-process"])
@@ -169,7 +174,7 @@ def test_delete_where_and_replace_where(table, in_process):
     assert table.count() == 7
     # The window [2 s, 5 s) of TOPIC becomes one row; OTHER and later rows stay.
     table.replace_where(to_arrow([row(3)]), T0 + 2 * SECOND, T0 + 5 * SECOND, [TOPIC])
-    left = table.page(HistoryQuery(forward=True, limit=100), None, 101)
+    left = SparkPages(table).page(HistoryQuery(forward=True, limit=100), None, 101)
     payloads = [m.message.payload for m in from_arrow(left)]
     assert payloads == [b"payload-3", b"payload-5", b"payload-6", b"payload-7", b"payload-8"]
     table.replace_where(to_arrow([]), T0, T0 + DAY_NS, [OTHER])

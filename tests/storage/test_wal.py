@@ -86,10 +86,10 @@ def test_records_survive_a_killed_writer(tmp_path):
 
 
 def test_write_path_refuses_new_rows_past_its_pending_bound(tmp_path):
+    from wakustore.protocols.message import WakuMessage
     from wakustore.storage.message_store import MESSAGE_CODEC
     from wakustore.storage.rows import Row
     from wakustore.storage.write_path import BufferFull, WritePath
-    from wakustore.protocols.message import WakuMessage
 
     class Down:
         is_embedded = True

@@ -18,6 +18,7 @@ from wakustore.protocols.store_query import validate_v3
 from wakustore.storage import schema, window_files
 from wakustore.storage.engine import CommitConflict
 from wakustore.storage.rows import Row, from_arrow, to_arrow
+from wakustore.storage.spark_oracle import SparkPages
 
 PUBSUB = "/waku/2/rs/16/32"
 TOPIC = "/app/1/chat/proto"
@@ -120,7 +121,7 @@ def test_a_window_over_days_writes_a_file_a_day_with_the_engines_statistics(tabl
         limit=100,
         include_data=False,
     )
-    page = table.page(query, None, 10_000)
+    page = SparkPages(table).page(query, None, 10_000)
     assert page.num_rows == expected > 0
 
 

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import libtorrent as lt
 import trio
@@ -54,6 +54,8 @@ TORRENT_THREADS = 2
 # libtorrent waits this long (s) for trackers to acknowledge "stopped" when
 # a session goes away (its default is 5 s), which a stopping node spends.
 STOP_TRACKER_TIMEOUT_S = 1
+# The longest close_session waits for a session's torrents to be let go.
+CLOSE_TIMEOUT_S = 5.0
 HASH_CHUNK = 1024 * 1024
 # libtorrent 2's default disk I/O maps the files into the process: every
 # page fetched or seeded stays resident in this process (file-backed RSS)
@@ -94,7 +96,7 @@ def drive(steps: Steps[T]) -> T:
         while True:
             time.sleep(next(steps))
     except StopIteration as done:
-        return done.value
+        return cast(T, done.value)
     finally:
         steps.close()
 
@@ -106,7 +108,7 @@ async def drive_async(steps: Steps[T]) -> T:
         while True:
             await trio.sleep(next(steps))
     except StopIteration as done:
-        return done.value
+        return cast(T, done.value)
     finally:
         steps.close()
 
@@ -137,7 +139,7 @@ def open_session(listen: str = "0.0.0.0:0", isolated: bool = False) -> lt.sessio
     }
     if isolated:
         settings.update(enable_dht=False, enable_lsd=False, enable_upnp=False, enable_natpmp=False)
-    params = lt.session_params(settings)
+    params = lt.session_params(settings)  # type: ignore[call-overload]  # the binding takes a dict too
     params.disk_io_constructor = DISK_IO
     return lt.session(params)
 
@@ -192,7 +194,7 @@ def piece_hashes(paths: Iterable[Path], piece_length: int) -> list[bytes]:
 
 def torrent_info(torrent: bytes) -> lt.torrent_info:
     try:
-        return lt.torrent_info(lt.bdecode(torrent))
+        return lt.torrent_info(lt.bdecode(torrent))  # type: ignore[arg-type]  # the binding takes the decoded dict
     except (RuntimeError, TypeError) as exc:
         raise TorrentError(f"not a torrent file: {exc}") from None
 
@@ -239,6 +241,19 @@ def check_torrent(root: Path, torrent: bytes, name: str, piece_length: int) -> l
 
 
 # --- seeding ---------------------------------------------------------------------
+
+
+def close_session(session: lt.session, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """End ``session``'s work (blocking): pause it and remove its torrents,
+    so that their files are flushed and let go, waiting up to ``timeout_s``
+    for libtorrent to drop them. The session's own threads then idle until
+    the object is dropped. Its owner calls this when it stops."""
+    session.pause()
+    for handle in session.get_torrents():
+        session.remove_torrent(handle)
+    deadline = time.monotonic() + timeout_s
+    while session.get_torrents() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 class Seeder:
@@ -348,7 +363,12 @@ class Fetch:
             if time.monotonic() > deadline:
                 raise TorrentError(f"no torrent metadata from any peer within {timeout_s:g} s")
             yield POLL_S
-        return self.handle.torrent_file()
+        return self._metadata()
+
+    def _metadata(self) -> lt.torrent_info:
+        info = self.handle.torrent_file()
+        assert info is not None  # only asked once the metadata is in
+        return info
 
     def wait_index(self, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Steps[int]:
         """Fetch the index file (all other pieces skipped); returns its size
@@ -365,7 +385,7 @@ class Fetch:
     def download(self, pieces: Iterable[int], stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Steps[None]:
         """Fetch exactly ``pieces`` (and keep the index); returns when every
         one has passed its hash check."""
-        info = self.handle.torrent_file()
+        info = self._metadata()
         wanted = set(pieces)
         index_pieces = _file_pieces(info, INDEX_FILE)
         priorities = [

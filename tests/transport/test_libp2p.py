@@ -1,10 +1,14 @@
-"""The node's changes to py-libp2p (node/libp2p_tuning.py), over real
-libp2p connections: a small request costs the node no WINDOW_UPDATE frame
-and a request larger than the window still arrives whole; a request/response
-stream costs the client one write and the node two; multistream-select
-still works with dialers that wait for the node's header or ask for a
-protocol it does not serve; notifees that handle streams still hear of
-them; the secure session hands out the bytes of its messages exactly."""
+"""The transport's replacements of py-libp2p code (transport/libp2p.py),
+over real libp2p connections: a small request costs the node no
+WINDOW_UPDATE frame and a request larger than the window still arrives
+whole; a request/response stream costs the client one write and the node
+one; multistream-select still works with dialers that wait for the node's
+header or ask for a protocol it does not serve; notifees that handle
+streams still hear of them; the secure session and the Noise reader hand
+out the bytes of their messages exactly. And what the overrides rely on:
+py-libp2p is the pinned release, the upstream methods they replace are
+unchanged, and no py-libp2p class is modified by importing or using the
+transport, the node's host or the client library."""
 
 from __future__ import annotations
 
@@ -18,10 +22,10 @@ from libp2p.stream_muxer.yamux import yamux
 from wakustore.clients.store import StoreClient
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import running_host
-from wakustore.node.store_protocols import read_frame
-from wakustore.node.streams import close_stream
 from wakustore.protocols import metadata
 from wakustore.protocols.framing import METADATA_MAX_SIZE, encode_frame
+from wakustore.transport import libp2p as ours
+from wakustore.transport.streams import close_stream, read_frame
 
 PROTOCOL = "/wakustore-test/window/1"
 # Four times yamux's initial receive window (256 KiB).
@@ -32,11 +36,8 @@ LARGE_REQUEST = 1024 * 1024
 def window_updates(monkeypatch):
     """WINDOW_UPDATE frames that only give credit (no SYN, ACK, FIN or RST),
     counted by the side that wrote them: "listener" or "dialer"."""
-    from wakustore.node.libp2p_tuning import tune_libp2p
-
-    tune_libp2p()
     counts = {"listener": 0, "dialer": 0}
-    real = yamux.Yamux._write_frame
+    real = ours.Yamux._write_frame
 
     async def counting(self, data: bytes) -> None:
         _, kind, flags, _, _ = struct.unpack(yamux.YAMUX_HEADER_FORMAT, data[: yamux.HEADER_SIZE])
@@ -44,7 +45,7 @@ def window_updates(monkeypatch):
             counts["dialer" if self.is_initiator_value else "listener"] += 1
         await real(self, data)
 
-    monkeypatch.setattr(yamux.Yamux, "_write_frame", counting)
+    monkeypatch.setattr(ours.Yamux, "_write_frame", counting)
     return counts
 
 
@@ -83,37 +84,49 @@ def test_a_request_larger_than_the_window_arrives_whole(tmp_path, window_updates
     assert 1 <= window_updates["listener"] <= 2 * LARGE_REQUEST // yamux.DEFAULT_WINDOW_SIZE
 
 
-def test_tcp_reads_are_served_from_one_receive_when_the_bytes_arrived_together():
+class _PlainNoise(ours.NoiseReader):
+    """The Noise reader with encryption left out, over a socket pair."""
+
+    def decrypt(self, data: bytes) -> bytes:
+        return data
+
+
+def test_noise_messages_that_arrived_together_are_read_with_one_receive():
+    from libp2p.io.exceptions import IncompleteReadError
     from libp2p.io.trio import TrioTCPStream
 
-    from wakustore.node.libp2p_tuning import tune_libp2p
-
-    tune_libp2p()
     receives = []
 
     async def main():
         a, b = trio.socket.socketpair()
-        ours = TrioTCPStream(trio.SocketStream(a))
+        raw = TrioTCPStream(trio.SocketStream(a))
         theirs = trio.SocketStream(b)
-        real = ours.stream.receive_some
+        real = raw.stream.receive_some
 
         async def counted(n=None):
             data = await real(n)
             receives.append(len(data))
             return data
 
-        ours.stream.receive_some = counted
-        await theirs.send_all(b"\x00\x03abc\x00\x02de")
+        raw.stream.receive_some = counted
+        reader = _PlainNoise(raw, None)
+        await theirs.send_all(b"\x00\x03abc\x00\x02de\x00\x04fg")
         await trio.testing.wait_all_tasks_blocked()
-        got = [await ours.read(2), await ours.read(3), await ours.read(2), await ours.read(2)]
-        await theirs.send_all(b"tail")
+        got = [await reader.read_msg(), await reader.read_msg()]
+        # A message split across receives is joined.
+        await theirs.send_all(b"hi")
+        got.append(await reader.read_msg())
+        await theirs.send_all(b"\x00\x05ab")
         await theirs.aclose()
-        got += [await ours.read(100), await ours.read(100)]
-        return got
+        with pytest.raises(IncompleteReadError) as ended:
+            await reader.read_msg()
+        return got, ended.value.received_bytes
 
-    assert trio.run(main) == [b"\x00\x03", b"abc", b"\x00\x02", b"de", b"tail", b""]
-    # The first four reads came from one receive; then the tail, then the end.
-    assert receives == [9, 4, 0]
+    got, received = trio.run(main)
+    assert got == [b"abc", b"de", b"fghi"]
+    assert received == 2
+    # Both first messages and the start of the third came in one receive.
+    assert receives[0] == 13 and len(receives) == 4
 
 
 # --- writes per request ----------------------------------------------------------
@@ -144,19 +157,14 @@ def _frames(data: bytes) -> list[tuple[int, int, int, int]]:
 def session_writes(monkeypatch):
     """Every secure-session write (one Noise message), as its yamux frames,
     by the side that wrote it: "listener" or "dialer"."""
-    from libp2p.security.secure_session import SecureSession
-
-    from wakustore.node.libp2p_tuning import tune_libp2p
-
-    tune_libp2p()
     writes = {"listener": [], "dialer": []}
-    real = SecureSession.write
+    real = ours.Session.write
 
     async def recording(self, data: bytes) -> None:
         writes["dialer" if self.is_initiator else "listener"].append(_frames(data))
         await real(self, data)
 
-    monkeypatch.setattr(SecureSession, "write", recording)
+    monkeypatch.setattr(ours.Session, "write", recording)
     return writes
 
 
@@ -174,14 +182,14 @@ def _streams_of(writes: list[list[tuple]], stream_ids: set[int]) -> list[list[tu
     return [[f for f in frames if f[2] in stream_ids] for frames in writes if any(f[2] in stream_ids for f in frames)]
 
 
-def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session_writes):
+def test_a_request_costs_the_dialer_one_write_and_the_node_one(tmp_path, session_writes):
     config, handlers = _metadata_node(tmp_path)
     opened = []
 
     held = []
 
     async def main():
-        async with running_host(config, handlers) as (host, info):
+        async with running_host(config, handlers, answer_first=handlers) as (host, info):
             addr = next(a for a in info.multiaddrs if "/ws/" not in a)
             async with StoreClient.connect(addr) as client:
                 conn = client.host.get_network().get_connections(client.peer_id)[0].muxed_conn
@@ -193,7 +201,7 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session
                 # Nothing held back for streams that are done.
                 for conns in host.get_network().connections.values():
                     for node_conn in conns:
-                        held.append((set(node_conn.muxed_conn._wk_acks), dict(node_conn.muxed_conn._wk_ahead)))
+                        held.append((set(node_conn.muxed_conn.acks), dict(node_conn.muxed_conn.ahead)))
                 return answers
 
     answers = _run(main)
@@ -215,7 +223,7 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_two(tmp_path, session
 
 
 def test_a_large_answer_written_corked_still_arrives_whole(tmp_path):
-    from wakustore.node.libp2p_tuning import corked
+    from wakustore.transport.libp2p import corked
 
     config = NodeConfig(data_dir=tmp_path, tcp_port=0, ws_port=0, listen_host="127.0.0.1").validate()
 
@@ -241,7 +249,7 @@ def test_a_large_answer_written_corked_still_arrives_whole(tmp_path):
 
 async def _read_line(stream, buffered: bytearray) -> bytes:
     """One multistream-select message (without its newline) from ``stream``."""
-    from wakustore.node.libp2p_tuning import parse_lines
+    from wakustore.transport.multistream import parse_lines
 
     while (parsed := parse_lines(bytes(buffered), 1)) is None:
         chunk = await stream.read(1024)
@@ -332,7 +340,7 @@ def test_the_client_is_told_when_the_node_does_not_serve_a_protocol(tmp_path):
 
 
 def test_notifees_that_handle_streams_still_hear_of_them(tmp_path):
-    from wakustore.node.libp2p_tuning import does_nothing
+    from wakustore.transport.libp2p import does_nothing
 
     class Counting:
         def __init__(self):
@@ -392,14 +400,9 @@ class _Messages:
 
 
 def _session(messages):
-    from libp2p.security.secure_session import SecureSession
-
-    from wakustore.node.libp2p_tuning import tune_libp2p
-
-    tune_libp2p()
-    session = SecureSession.__new__(SecureSession)
+    session = ours.Session.__new__(ours.Session)
     session.conn = _Messages(messages)
-    session._reset_internal_buffer()
+    session.msg, session.pos = b"", 0
     return session
 
 
@@ -442,3 +445,84 @@ def test_secure_session_read_of_a_whole_message_returns_it():
         return [await session.read(10), await session.read(None)]
 
     assert trio.run(two) == [b"0123456789", b"xy"]
+
+
+# --- what the overrides rely on --------------------------------------------------------
+
+
+def test_py_libp2p_is_the_release_the_overrides_were_written_for():
+    from importlib.metadata import version
+
+    assert version("libp2p") == ours.PINNED_VERSION
+
+
+@pytest.mark.parametrize("name", sorted(ours.REPLACED))
+def test_the_upstream_code_an_override_replaces_is_unchanged(name):
+    """A py-libp2p upgrade that changes a method overridden in
+    transport/libp2p.py fails here until the override is reviewed against
+    the new code and its fingerprint updated."""
+    assert ours.source_fingerprint(name) == ours.REPLACED[name], (
+        f"{name} changed upstream: review its override in transport/libp2p.py"
+    )
+
+
+# Run in a fresh interpreter: py-libp2p's classes are recorded before any
+# of the project is imported, then a node host serves a client's request
+# (both through the project's own code), then they are compared.
+_NO_CLASS_CHANGES = r"""
+import sys, importlib, inspect
+import libp2p, libp2p.stream_muxer.yamux.yamux, libp2p.security.secure_session
+import libp2p.security.noise.io, libp2p.security.noise.transport, libp2p.network.swarm
+import libp2p.protocol_muxer.multiselect, libp2p.io.trio, libp2p.host.basic_host
+import libp2p.transport.tcp.tcp
+
+def classes():
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("libp2p"):
+            continue
+        for cls_name, cls in list(vars(module).items()):
+            if inspect.isclass(cls) and cls.__module__ == name:
+                out[f"{name}.{cls_name}"] = {k: id(v) for k, v in vars(cls).items()}
+    return out
+
+before = classes()
+import trio
+from wakustore.transport.host import new_host, answer_with_first_write
+from wakustore.transport.streams import read_frame, close_stream
+from wakustore.protocols.framing import encode_frame
+from wakustore.clients.store import StoreClient
+import multiaddr
+
+async def echo(stream):
+    request = await read_frame(stream, 100)
+    await stream.write(encode_frame(request[::-1]))
+    await close_stream(stream)
+
+async def main():
+    addr = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
+    host = new_host(listen_addrs=[addr])
+    host.set_stream_handler("/test/echo/1", echo)
+    answer_with_first_write(host, ["/test/echo/1"])
+    async with host.run(listen_addrs=[addr]):
+        target = f"{host.get_addrs()[0]}"
+        if "/p2p/" not in target:
+            target += f"/p2p/{host.get_id()}"
+        async with StoreClient.connect(target) as client:
+            with trio.fail_after(20):
+                return await client.exchange("/test/echo/1", encode_frame(b"olleh"), 100)
+
+assert trio.run(main) == b"hello"
+after = classes()
+changed = sorted(name for name in before if name in after and before[name] != after[name])
+print("CHANGED", changed)
+"""
+
+
+def test_no_py_libp2p_class_is_changed_by_the_transport_or_the_client():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NO_CLASS_CHANGES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CHANGED []" in done.stdout, done.stdout[-3000:]

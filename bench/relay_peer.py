@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from libp2p import new_host
-from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.tools.anyio_service import background_trio_service
 
-from wakustore.node.host import stop_auto_dialing
 from wakustore.node.relay import WakuGossipSub, WakuPubsub, peer_info
+from wakustore.transport.host import new_host, stop_auto_dialing
 
 
 @asynccontextmanager
@@ -22,7 +20,7 @@ async def relay_publisher(peer: str, topics: list[str], max_rpc_size: int = 4 * 
     gossipsub classes without validators, so it sends whatever it is given.
     Yields (pubsub, host, peer id) once ``peer`` is subscribed to ``topics``."""
     info = peer_info(peer)
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
+    host = new_host()
     router = WakuGossipSub()
     pubsub = WakuPubsub(host, router, topics, max_rpc_size=max_rpc_size)
     async with host.run(listen_addrs=[]):

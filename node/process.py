@@ -1,0 +1,68 @@
+"""Settings that hold for the whole process a node runs in, made in one
+place: :func:`configure_node_process`, called once at the top of
+``wakustore serve`` (cli/serve.py) and of the benchmarks that run a node
+in their own process (``bench store``, ``bench wire``). Nothing else in
+the node changes a process-wide setting; worker processes (the archive
+workers) make their own at their start.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from wakustore.node import allocator
+from wakustore.node.config import NodeConfig
+
+log = logging.getLogger(__name__)
+
+# How long a thread holding the GIL keeps it while another waits (Python's
+# default is 5 ms). The event loop serves every connection in one thread
+# and needs the GIL for each frame; the reader threads' Python steps would
+# otherwise hold it for up to 5 ms at a time while queries wait. `bench
+# wire` (100k messages, 16 clients, interleaved runs on a shared 2-core
+# machine): 374-393 queries/s and 2.8 ms of node CPU a query at 1 ms,
+# 318-322 queries/s and 3.2-3.3 ms at 5 ms, 276-308 queries/s at 20 ms.
+GIL_SWITCH_INTERVAL_S = 0.001
+
+# glibc malloc arenas of a node on a shared table. Its threads (commits,
+# key index builds, compactions, pages) share two arenas: each MERGE's
+# batch and each compacted file's index is freed in whichever arena it
+# came from (bench store at 10M: peak 1,601 -> 1,333 MB). A node that owns
+# its table keeps glibc's default: capped, its 1M ingest went from 26.9k to
+# 23.9k msg/s (one run each).
+SHARED_TABLE_ARENAS = 2
+
+
+class NoRelayPeerFilter(logging.Filter):
+    """Pubsub opens a relay stream to every peer that connects, store and
+    lightpush clients included; py-libp2p logs each refusal as a multi-line
+    ERROR. A peer without relay is normal for a store node: keep it at DEBUG."""
+
+    def __init__(self, relay_protocol: str) -> None:
+        super().__init__()
+        self.relay_protocol = relay_protocol
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if self.relay_protocol in text and "protocol not supported" in text:
+            log.debug("peer does not speak relay: %s", text.splitlines()[0])
+            return False
+        return True
+
+
+def configure_node_process(config: NodeConfig) -> list[str]:
+    """Make the node's process-wide settings; returns what was set, a
+    phrase each (the caller logs them). Made once: a second call changes
+    nothing more."""
+    from wakustore.node.relay import PROTOCOL_ID as RELAY_PROTOCOL_ID
+
+    done = [f"GIL switch interval {GIL_SWITCH_INTERVAL_S * 1000:g} ms"]
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    if config.shared_table and allocator.cap_malloc_arenas(SHARED_TABLE_ARENAS):
+        done.append(f"{SHARED_TABLE_ARENAS} malloc arenas (shared table)")
+    libp2p_host_log = logging.getLogger("libp2p.host.basic_host")
+    if not any(isinstance(f, NoRelayPeerFilter) for f in libp2p_host_log.filters):
+        libp2p_host_log.addFilter(NoRelayPeerFilter(RELAY_PROTOCOL_ID))
+        done.append("py-libp2p's refused relay streams logged at DEBUG")
+    return done

@@ -1,0 +1,187 @@
+"""One Store page, composed from the sources that hold the messages.
+
+Every Store page the node answers (v3, legacy v2, the mailserver's
+message store excepted) is composed here, from three sources probed in
+this order, each at most once:
+
+1. **the hot tier** (:mod:`~wakustore.storage.hot_tier`): the newest
+   committed messages, in memory. It answers a page alone when the page
+   cannot reach outside the time it covers completely, else it says so
+   (None) and the other two answer.
+2. **the rows waiting for a commit** (the write path's buffer and the
+   batch being committed, :class:`~wakustore.storage.write_path.WritePath`),
+   read through its pending indexes: by hash for a lookup, else over the
+   query's time range in its topics only. They are read before the table:
+   a commit in between then shows a row twice (dropped by hash), never
+   zero times.
+3. **the table's files**, through :class:`~wakustore.storage.reader.TableReader`:
+   each data file's key index where it is built (index-only answers for
+   lookups without data), DataFusion over the files not yet indexed.
+
+A cursor (a message hash) is placed by the cursors this node handed out
+(a bounded cache), then the hot tier, then the rows waiting for a commit,
+then the table.
+
+:meth:`ReadPath.from_memory` is the part the event loop may run: the hot
+tier and the cursor cache only, nothing that takes the write path's lock
+(finding a cursor among the pending rows may index the whole buffer) and
+no file. When it cannot answer, :meth:`ReadPath.page` answers in a reader
+thread, told that memory was tried so that the hot tier is not probed a
+second time for the same page.
+
+The engine never reads pages (``storage.spark_oracle`` does, as the
+tests' oracle).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+
+from wakustore.protocols import store_query
+from wakustore.protocols.store_query import HistoryQuery, Ordering, Page, StoredMessage, unknown_cursor
+from wakustore.storage.hot_tier import HotTier
+from wakustore.storage.reader import TableReader
+from wakustore.storage.rows import Row, from_arrow
+from wakustore.storage.write_path import WritePath
+
+Key = tuple[int, bytes]
+
+
+class CursorCache:
+    """Message hash -> timestamp of the cursors handed out, the newest
+    ``capacity``; thread-safe."""
+
+    def __init__(self, capacity: int):
+        self._items: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> int | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: bytes, value: int) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class ReadPath:
+    """Store pages over a message store's hot tier, write path and reader."""
+
+    def __init__(self, hot: HotTier, writes: WritePath[Row], reader: TableReader, cursor_capacity: int):
+        self.hot = hot
+        self.writes = writes
+        self.reader = reader
+        self.cursors = CursorCache(cursor_capacity)
+
+    def from_memory(self, query: HistoryQuery) -> Page | None:
+        """The page :meth:`page` would return when the hot tier alone answers
+        it and its cursor is known without the table or the pending rows;
+        None otherwise. For the event loop: no file, no engine, no lock a
+        put holds for long."""
+        key: Key | None
+        if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
+            timestamp = self.cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
+            if timestamp is None:
+                return None
+            key = (timestamp, query.cursor)
+        else:
+            key = self._cursor_key(query)
+        found = self.hot.page(query, key)
+        return None if found is None else self._finish(query, found)
+
+    def page(self, query: HistoryQuery, *, memory_tried: bool = False) -> Page:
+        """One page with Store semantics; raises StoreError for an unknown
+        cursor. ``memory_tried``: :meth:`from_memory` just returned None for
+        this query, so the hot tier is not asked again."""
+        key = self._cursor_key(query)
+        found = None if memory_tried else self.hot.page(query, key)
+        if found is None:
+            pending = self._pending_matches(query, key)
+            found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)
+            found = _merge_pending(query, found, pending)
+        return self._finish(query, found)
+
+    def forget_cursors(self) -> None:
+        """Rows left the table (retention): a removed hash is no longer a cursor."""
+        self.cursors.clear()
+
+    def _finish(self, query: HistoryQuery, found: list[StoredMessage]) -> Page:
+        page = store_query.finish_page(query, found)
+        cursor = page.next_cursor
+        if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
+            self.cursors.put(cursor.message_hash, cursor.timestamp)
+        return page
+
+    def _pending_matches(self, query: HistoryQuery, key: Key | None) -> list[Row]:
+        """The uncommitted rows that may be on the page, read from the
+        pending index: by hash for a lookup, else over the query's time
+        range in its topics only."""
+        match = store_query.matcher(query, key)
+        if query.message_hashes:
+            return [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
+        low, high = store_query.key_range(query, key)
+        groups = None
+        if query.pubsub_topic is not None and query.content_topics:
+            groups = [(query.pubsub_topic, topic) for topic in query.content_topics]
+        return self.writes.pending_scan(
+            None if low is None else low[0],
+            None if high is None else high[0],
+            query.forward,
+            lambda row: _row_matches(match, row),
+            query.limit + 1,
+            groups,
+        )
+
+    def _cursor_key(self, query: HistoryQuery) -> Key | None:
+        if query.cursor is None:
+            return None
+        if query.ordering is Ordering.DIGEST:
+            return (query.cursor_timestamp or 0, query.cursor)
+        timestamp = self._memory_timestamp_of(query.cursor)
+        if timestamp is None:
+            timestamp = self.reader.timestamp_of_hash(query.cursor, query.pubsub_topic)
+            if timestamp is None:
+                raise unknown_cursor()
+            self.cursors.put(query.cursor, timestamp)
+        return (timestamp, query.cursor)
+
+    def _memory_timestamp_of(self, message_hash: bytes) -> int | None:
+        """A cursor's timestamp from the cursors handed out, the hot tier or
+        the rows not yet committed; None when only the table may know it."""
+        timestamp = self.cursors.get(message_hash) or self.hot.timestamp_of(message_hash)
+        if timestamp is None:
+            pending = self.writes.pending_by_hash([message_hash])
+            if pending:
+                timestamp = pending[0].timestamp
+        return timestamp
+
+
+def _merge_pending(query: HistoryQuery, found: list[StoredMessage], pending: list[Row]) -> list[StoredMessage]:
+    """The first limit + 1 of the table's rows and the matching pending
+    rows, in query order; a row in both (a flush ran between the two reads)
+    once."""
+    seen = {m.message_hash for m in found}
+    for row in pending:
+        if row.message_hash not in seen:
+            found.append(row.stored(query.include_data))
+            seen.add(row.message_hash)
+    found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+    return found[: query.limit + 1]
+
+
+def _row_matches(match: Callable[..., bool], row: Row) -> bool:
+    """``match`` (a :func:`store_query.matcher`) applied to a pending row."""
+    return match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
