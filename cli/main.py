@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -95,6 +96,14 @@ def _cmd_topic_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_enr_decode(args: argparse.Namespace) -> int:
+    from wakustore.protocols import enr
+
+    record = enr.decode(args.record)
+    print(json.dumps(record.describe(), indent=2))
+    return 0
+
+
 def version() -> str:
     """The installed distribution's version (pyproject's ``version``)."""
     try:
@@ -145,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--cluster", type=_nonnegative_int, required=True)
     shard.add_argument("--index", type=_nonnegative_int, required=True)
     shard.set_defaults(handler=_cmd_topic_shard)
+
+    record = commands.add_parser("enr", help="Ethereum Node Records (EIP-778) with Waku's fields")
+    record_verbs = record.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    decode = record_verbs.add_parser(
+        "decode", help="check a record's signature and print its fields as JSON (ours, nwaku's, js-waku's)"
+    )
+    decode.add_argument("record", help="enr:... text")
+    decode.set_defaults(handler=_cmd_enr_decode)
 
     for register in _extra_commands():
         register(commands)

@@ -211,6 +211,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                         shards=config.shards,
                         enode=mailserver.enode,
                         metrics_port=node.metrics_port,
+                        enr=node.enr.text if node.enr is not None else None,
                     )
                     log.info(
                         "node ready: peer %s, table %s, engine %s, %d messages pending from the log",
@@ -234,6 +235,8 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                         print(addr, flush=True)
                     for enode in dialable_enodes(mailserver):
                         print(enode, flush=True)
+                    if node.enr is not None:
+                        print(node.enr.text, flush=True)
                     print(
                         f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/",
                         flush=True,

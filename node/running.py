@@ -28,6 +28,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.enr import node_record
 from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.node.mailserver import MailserverInfo, running_mailserver
@@ -36,6 +37,7 @@ from wakustore.node.relay import Relay, running_relay
 from wakustore.node.store_protocols import RateLimits, StoreProtocols
 from wakustore.node.store_service import StoreService, running_store
 from wakustore.node.sync import SyncService
+from wakustore.protocols.enr import Enr
 from wakustore.storage.engine import Engine
 
 
@@ -54,6 +56,7 @@ class RunningNode:
     seeder: Any = None  # the archive torrent.Seeder of a control node
     gatekeeper: Gatekeeper | None = None  # the connection and stream caps
     sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
+    enr: Enr | None = None  # the node's record (node/enr.py)
 
 
 @asynccontextmanager
@@ -109,6 +112,7 @@ async def running_node(
         ):
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
+            record = node_record(config, key_pair.private_key.to_bytes(), info.multiaddrs, relay=the_relay is not None)
             peer_tasks.start_soon(syncing.run, host)
             seeder = None
             if archives and config.archive_key_file:
@@ -128,6 +132,7 @@ async def running_node(
                     metrics_port=metrics_port,
                     seeder=seeder,
                     gatekeeper=gatekeeper,
+                    enr=record,
                     sync=syncing,
                 )
             finally:

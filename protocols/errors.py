@@ -39,6 +39,12 @@ class MetadataError(ProtocolError):
     """A 66/WAKU2-METADATA request or response that cannot be decoded."""
 
 
+class PeerExchangeError(ProtocolError):
+    """A 34/WAKU2-PEER-EXCHANGE request or response that cannot be decoded or
+    is over a limit (nwaku answers an undecodable request 400 BAD_REQUEST
+    with the reason as status_desc)."""
+
+
 class StoreError(ProtocolError):
     """A Store request that is invalid; carries the status code to answer with.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from wakustore.protocols.errors import FrameTooLarge, FramingError
 from wakustore.protocols.message import DEFAULT_MAX_MESSAGE_SIZE
 from wakustore.protocols.message_codec import MAX_ENCODED_MESSAGE_SIZE
+from wakustore.protocols.peer_exchange import MAX_PEER_INFO_SIZE, MAX_PEERS
 from wakustore.protocols.store_query import MAX_PAGE_SIZE
 
 # nwaku DefaultSafetyBufferProtocolOverhead (waku_core/message/default_values.nim):
@@ -45,6 +46,17 @@ LIGHTPUSH_MAX_RESPONSE_SIZE = PROTOCOL_OVERHEAD
 # nwaku RpcResponseMaxBytes = 1024 (waku_metadata/protocol.nim), used for
 # reading both the request and the response.
 METADATA_MAX_SIZE = 1024
+
+# nwaku reads peer-exchange requests and responses with its DefaultMaxRpcSize,
+# 10 * 150 KiB + 64 KiB (waku_peer_exchange/common.nim), sized for no
+# particular message. A request is one varint: at most 13 bytes as js-waku
+# writes it, 17 as nwaku does (it adds an empty response). Our own bound.
+PEER_EXCHANGE_MAX_REQUEST_SIZE = 1024
+
+# A response holds at most MAX_PEERS records of at most 300 bytes (EIP-778),
+# 306 bytes each as PeerInfo entries, plus the overhead allowance for the
+# query, status code and description: 83,896 bytes.
+PEER_EXCHANGE_MAX_RESPONSE_SIZE = MAX_PEERS * MAX_PEER_INFO_SIZE + PROTOCOL_OVERHEAD
 
 # The protobuf varint that nim-libp2p's readVarint buffers is at most
 # 10 bytes (64 bits); the multiformats unsigned-varint spec further

@@ -119,6 +119,20 @@ def test_serve_prints_multiaddrs_and_writes_node_info(served):
     assert multiaddrs == info["multiaddrs"]
     assert len(multiaddrs) == 2 and any("/ws/" in a for a in multiaddrs)
     assert info["enode"] in printed and info["enode"].startswith("enode://")
+    # The node's record (31/WAKU2-ENR): printed, in node-info.json, decodable.
+    from wakustore.protocols import enr
+
+    assert info["enr"] in printed
+    record = enr.decode(info["enr"])
+    assert record.peer_id == info["peer_id"] and enr.Capability.STORE in record.capabilities
+    decoded = subprocess.run(
+        [sys.executable, "-m", "wakustore", "enr", "decode", info["enr"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(decoded.stdout)["peer_id"] == info["peer_id"]
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/health", timeout=10) as response:

@@ -18,6 +18,7 @@ Used by ``run_fuzz.py`` (coverage-guided, atheris, ``make fuzz``) and by
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import random
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ import coincurve
 from Crypto.Cipher import AES
 from Crypto.Hash import keccak
 
-from wakustore.protocols import archive, ecies, lightpush, metadata, rlpx, store_v2, store_v3
+from wakustore.protocols import archive, ecies, enr, lightpush, metadata, peer_exchange, rlpx, store_v2, store_v3
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.dos_protection import validate as dos_validate
@@ -37,6 +38,7 @@ from wakustore.protocols.errors import (
     LightpushError,
     MessageError,
     MetadataError,
+    PeerExchangeError,
     RLPxError,
     StoreError,
     TopicError,
@@ -213,6 +215,74 @@ def _metadata_seeds():
     m = metadata.Metadata(cluster_id=16, shards=(32, 64, 128))
     return _seeded(entries, "request", [metadata.encode_request(m)]) + _seeded(
         entries, "response", [metadata.encode_response(m)]
+    )
+
+
+def _peer_exchange_entries():
+    return [
+        EntryPoint("request", peer_exchange.decode_request, (PeerExchangeError,)),
+        EntryPoint("response", peer_exchange.decode_response, (PeerExchangeError,)),
+    ]
+
+
+def _peer_exchange_seeds():
+    entries = _peer_exchange_entries()
+    # The example record of EIP-778.
+    enr = base64.urlsafe_b64decode(
+        "-IS4QHCYrYZbAKWCBRlAy5zzaDZXJBGkcnh4MHcBFZntXNFrdvJjX04jRzjzCBOonrkTfj499SZuOh8R33Ls8RRcy5wBgmlkgnY0"
+        "gmlwhH8AAAGJc2VjcDI1NmsxoQPKY0yuDUmstAHYpMa2_oxVtw0RW_QAdpzBQA8yWM0xOIN1ZHCCdl8="
+    )
+    requests = [
+        peer_exchange.encode_request(60),  # as js-waku writes it
+        bytes.fromhex("0a02080512025000"),  # as nwaku writes it, with an empty response
+    ]
+    responses = [
+        peer_exchange.encode_response([enr, enr[:40], bytes(peer_exchange.MAX_ENR_SIZE)]),
+        peer_exchange.encode_response([], peer_exchange.PeerExchangeStatus.TOO_MANY_REQUESTS, "busy"),
+        bytes.fromhex("1206") + bytes.fromhex("0a040a020102"),  # go-waku: no query, no status
+    ]
+    return _seeded(entries, "request", requests) + _seeded(entries, "response", responses)
+
+
+def _enr_record(raw: bytes) -> None:
+    """A record from its bytes, then every field a reader asks of it."""
+    enr.decode(raw).describe()
+
+
+def _enr_text(raw: bytes) -> None:
+    enr.decode("enr:" + raw.decode("latin-1")).describe()
+
+
+def _enr_entries():
+    # The Waku fields are read from records whose signature holds only, so
+    # their decoders are driven directly too.
+    return [
+        EntryPoint("record", _enr_record, (enr.EnrError,)),
+        EntryPoint("text", _enr_text, (enr.EnrError,)),
+        EntryPoint("rs", enr.decode_shard_list, (enr.EnrError,)),
+        EntryPoint("rsv", enr.decode_shard_vector, (enr.EnrError,)),
+        EntryPoint("multiaddrs", enr.decode_multiaddrs, (enr.EnrError,)),
+    ]
+
+
+def _enr_seeds():
+    entries = _enr_entries()
+    record = enr.waku_record(
+        SIGNING_KEY,
+        3,
+        capabilities=enr.Capability.RELAY | enr.Capability.STORE,
+        cluster=16,
+        shards=[1, 32],
+        ip="192.0.2.1",
+        tcp=30303,
+        multiaddrs=["/dns4/node.example.org/tcp/443/wss", "/ip4/192.0.2.1/tcp/8000/ws"],
+    )
+    return (
+        _seeded(entries, "record", [record.raw])
+        + _seeded(entries, "text", [record.text[4:].encode()])
+        + _seeded(entries, "rs", [enr.encode_shard_list(16, [1, 32, 64])])
+        + _seeded(entries, "rsv", [enr.encode_shard_vector(16, range(0, 1024, 7))])
+        + _seeded(entries, "multiaddrs", [record.pairs["multiaddrs"]])
     )
 
 
@@ -687,6 +757,8 @@ TARGETS: dict[str, Target] = {
         _target("lightpush_v2", lambda: _lightpush_entries(2), lambda: _lightpush_seeds(2)),
         _target("lightpush_v3", lambda: _lightpush_entries(3), lambda: _lightpush_seeds(3)),
         _target("metadata", _metadata_entries, _metadata_seeds),
+        _target("peer_exchange", _peer_exchange_entries, _peer_exchange_seeds),
+        _target("enr", _enr_entries, _enr_seeds),
         _target("relay", _relay_entries, _relay_seeds),
         _target("framing", _framing_entries, _framing_seeds),
         _target("rlpx_handshake", _rlpx_handshake_entries, _rlpx_handshake_seeds),

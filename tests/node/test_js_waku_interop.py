@@ -264,3 +264,46 @@ def test_js_waku_replaces_streams_the_node_reset_after_its_idle_wait(node_binary
     idle = push_and_query_after_idle(node_binary, engine, tmp_path, SHORT_IDLE_S * 2, idle_timeout_s=SHORT_IDLE_S)
     opened = {s["id"] for s in idle["before"]}
     assert not opened & {s["id"] for s in idle["after"]}, idle
+
+
+# --- ENR (31/WAKU2-ENR) with @waku/enr ---------------------------------------------
+
+
+def _enr_tool(node_binary: Path, *args: str) -> dict:
+    result = subprocess.run(
+        [str(node_binary), str(INTEROP_DIR / "enr_tool.mjs"), *args],
+        cwd=INTEROP_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_js_waku_reads_our_record_and_we_read_its(node_binary, tmp_path):
+    from wakustore.node.config import NodeConfig
+    from wakustore.node.enr import node_record
+    from wakustore.protocols import enr
+
+    key = bytes(range(7, 39))
+    peer = enr.peer_id_of(enr.encode(key, 1, {}).public_key)
+    config = NodeConfig(
+        data_dir=tmp_path, cluster_id=16, shards=[1, 32, 64], ext_multiaddrs=["/dns4/store.example.org/tcp/443/wss"]
+    ).validate()
+    ours = node_record(
+        config, key, [f"/ip4/192.0.2.7/tcp/60000/p2p/{peer}", f"/ip4/192.0.2.7/tcp/8000/ws/p2p/{peer}"], relay=True
+    )
+    seen = _enr_tool(node_binary, "decode", ours.text)
+    assert seen["peerId"] == peer and (seen["ip"], seen["tcp"]) == ("192.0.2.7", 60000)
+    assert seen["waku2"] == {"relay": True, "store": True, "filter": False, "lightPush": True}
+    assert seen["shardInfo"] == {"clusterId": 16, "shards": [1, 32, 64]}
+    assert seen["multiaddrs"] == ["/dns4/store.example.org/tcp/443/wss", "/ip4/192.0.2.7/tcp/8000/ws"]
+
+    theirs = _enr_tool(node_binary, "encode")
+    record = enr.decode(theirs["enr"])
+    assert record.peer_id == theirs["peerId"]
+    assert record.capabilities == enr.Capability.RELAY | enr.Capability.STORE
+    assert record.relay_shards == enr.RelayShards(16, (1, 32))
+    assert (record.ip, record.tcp) == ("10.1.2.3", 30303)
+    assert record.multiaddrs == ["/dns4/node.example.org/tcp/443/wss"]
