@@ -78,6 +78,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="multiaddr ending in /p2p/<peer id> to relay with, dialed and kept connected; repeatable (default: none)",
     )
     serve.add_argument(
+        "--dns-discovery-url",
+        action="append",
+        dest="dns_discovery_urls",
+        help="enrtree://<key>@<domain> (EIP-1459) whose relay nodes of our cluster and shards are dialed; "
+        "repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--dns-discovery-name-server",
+        action="append",
+        dest="dns_discovery_name_servers",
+        help="name server for --dns-discovery-url, IP[:port]; repeatable (default: the system's)",
+    )
+    serve.add_argument(
         "--ext-multiaddr",
         action="append",
         dest="ext_multiaddrs",
@@ -128,6 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
             "listen_host",
             "relay",
             "relay_peers",
+            "dns_discovery_urls",
+            "dns_discovery_name_servers",
             "rate_limits",
             "ext_multiaddrs",
             "metrics_host",

@@ -13,9 +13,11 @@ from typing import Any
 
 from wakustore.node.rate_limits import RateLimits
 from wakustore.protocols import topics
+from wakustore.protocols.dns_discovery import parse_url
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
 from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
+from wakustore.transport.dns import parse_name_server
 
 ENV_PREFIX = "WAKUSTORE_"
 
@@ -109,6 +111,11 @@ class NodeConfig:
     relay: bool = True
     # Multiaddrs (ending in /p2p/<peer id>) dialed at start and kept connected.
     relay_peers: list[str] = field(default_factory=list)
+    # EIP-1459 trees (enrtree://<key>@<domain>) whose relay nodes of our
+    # cluster and shards are dialed (nwaku's --dns-discovery-url), and the
+    # name servers asked ("host" or "host:port"; none: the system's).
+    dns_discovery_urls: list[str] = field(default_factory=list)
+    dns_discovery_name_servers: list[str] = field(default_factory=list)
     # 57/STATUS-Simple-Scaling: topics that only take messages signed by their
     # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
@@ -167,6 +174,14 @@ class NodeConfig:
             RetentionPolicy.parse(self.retention)
         except ValueError as exc:
             raise ConfigError(f"retention: {exc}") from None
+        for url in self.dns_discovery_urls:
+            try:
+                parse_url(url)
+            except ProtocolError as exc:
+                raise ConfigError(f"dns_discovery_url {url!r}: {exc}") from None
+        for server in self.dns_discovery_name_servers:
+            if parse_name_server(server) is None:
+                raise ConfigError(f"dns_discovery_name_server {server!r} is not an IP address with an optional :port")
         if not (self.engine == "embedded" or self.engine.startswith("sc://")):
             raise ConfigError(f"engine must be 'embedded' or 'sc://host:port', got {self.engine!r}")
         for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port"):
@@ -306,6 +321,8 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         return parse_protected_topics(value)
     if name in (
         "relay_peers",
+        "dns_discovery_urls",
+        "dns_discovery_name_servers",
         "archive_chat_ids",
         "archive_follow",
         "archive_seed_peers",

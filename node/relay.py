@@ -117,6 +117,11 @@ KEEP_CONNECTED_S = 5.0
 REDIAL_FIRST_S = 1.0
 REDIAL_MAX_S = 60.0
 
+# Relay nodes found by discovery that are kept connected at once (the
+# configured relay peers come on top): nwaku's default relay peer target
+# is 60% of its 50 connections.
+MAX_DISCOVERED_PEERS = 30
+
 # Rejection reasons the relay adds to the ingest ones.
 UNDECODABLE = "undecodable"
 NOT_ONE_TOPIC = "not_one_topic"
@@ -297,6 +302,9 @@ class Relay:
         self.ingest = ingest
         self.topics = sorted(ingest.pubsub_topics)
         self.peer_infos = [peer_info(addr) for addr in config.relay_peers]
+        # Peers found by discovery, kept connected as the configured ones.
+        self.discovered: set[ID] = set()
+        self._nursery: trio.Nursery | None = None
         self.router = WakuGossipSub()
         self.pubsub = WakuPubsub(host, self.router, self.topics, max_rpc_size=config.max_message_size + RPC_OVERHEAD)
         self.running = False
@@ -373,6 +381,7 @@ class Relay:
                     nursery.start_soon(self.scores.run)
                     for info in self.peer_infos:
                         nursery.start_soon(self._keep_connected, info)
+                    self._nursery = nursery
                     self.running = True
                     started = True
                     task_status.started()
@@ -419,6 +428,19 @@ class Relay:
                 log.info("relay peer %s connected", info.peer_id)
                 delay = REDIAL_FIRST_S
             await trio.sleep(KEEP_CONNECTED_S)
+
+    def add_discovered(self, info: PeerInfo) -> bool:
+        """Keep ``info`` (a relay node discovery found) connected, as the
+        configured relay peers are; False when it is known already, the
+        relay is not running, or :data:`MAX_DISCOVERED_PEERS` are kept."""
+        known = {i.peer_id for i in self.peer_infos} | self.discovered
+        if self._nursery is None or info.peer_id in known or info.peer_id == self.host.get_id():
+            return False
+        if len(self.discovered) >= MAX_DISCOVERED_PEERS:
+            return False
+        self.discovered.add(info.peer_id)
+        self._nursery.start_soon(self._keep_connected, info)
+        return True
 
     def _connected(self, peer_id: ID) -> bool:
         for conn in self.host.get_network().get_connections(peer_id):

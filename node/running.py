@@ -28,6 +28,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.discovery import run_dns_discovery
 from wakustore.node.enr import node_record
 from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
@@ -114,6 +115,8 @@ async def running_node(
             protocols.relay = the_relay
             record = node_record(config, key_pair.private_key.to_bytes(), info.multiaddrs, relay=the_relay is not None)
             peer_tasks.start_soon(syncing.run, host)
+            if the_relay is not None and config.dns_discovery_urls:
+                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id)
             seeder = None
             if archives and config.archive_key_file:
                 seeder = await peer_tasks.start(_run_archives, config, service, the_relay)

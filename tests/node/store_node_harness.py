@@ -119,5 +119,6 @@ class NodeThread:
             self.host = node.host
             self.multiaddrs = node.info.multiaddrs
             self.peer_id = node.info.peer_id
+            self.enr = node.enr
             self._ready.set()
             await self._stop.wait()

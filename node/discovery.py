@@ -1,0 +1,77 @@
+"""Discovery of relay peers: EIP-1459 DNS trees (nwaku's
+``--dns-discovery-url``).
+
+Every :data:`DNS_DISCOVERY_INTERVAL_S` each tree is walked
+(:func:`wakustore.transport.dns.walk_tree`: every entry's hash and the
+root's signature checked); of the records found, those of relay nodes of
+our cluster sharing one of our shards, other than ourselves, are given to
+the relay, which dials them and keeps them connected. A tree that cannot
+be read is logged and tried again at the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from wakustore.node.config import NodeConfig
+from wakustore.node.relay import Relay
+from wakustore.protocols import enr
+from wakustore.transport.dns import DnsLookupError, walk_tree
+from wakustore.transport.peers import PeerAddressError, parse_peer
+
+log = logging.getLogger(__name__)
+
+# nwaku re-reads its DNS trees every 30 minutes (discovery loop).
+DNS_DISCOVERY_INTERVAL_S = 30 * 60.0
+
+
+def relay_peers_of(records: list[str], config: NodeConfig, own_peer_id: str) -> list[str]:
+    """Of ``records`` (``enr:`` texts), a dialable multiaddr of each relay
+    node of our cluster that shares one of our shards; malformed records,
+    others and ourselves are left out."""
+    wanted: list[str] = []
+    for text in records:
+        try:
+            record = enr.decode(text)
+            capabilities = record.capabilities
+            shards = record.relay_shards
+            dialable = record.dialable()
+        except enr.EnrError as exc:
+            log.debug("discovered record skipped: %s", exc)
+            continue
+        if capabilities is None or enr.Capability.RELAY not in capabilities or shards is None:
+            continue
+        if shards.cluster != config.cluster_id or not set(shards.shards) & set(config.shards):
+            continue
+        if record.peer_id == own_peer_id or not dialable:
+            continue
+        wanted.append(dialable[0])
+    return wanted
+
+
+async def run_dns_discovery(config: NodeConfig, relay: Relay, own_peer_id: str) -> None:
+    """Walk the configured trees now and every interval; hand the relay
+    nodes found to ``relay``."""
+    while True:
+        for url in config.dns_discovery_urls:
+            await _discover(url, config, relay, own_peer_id)
+        await trio.sleep(DNS_DISCOVERY_INTERVAL_S)
+
+
+async def _discover(url: str, config: NodeConfig, relay: Relay, own_peer_id: str) -> None:
+    try:
+        walk = await walk_tree(url, config.dns_discovery_name_servers)
+    except DnsLookupError as exc:
+        log.warning("DNS discovery %s: %s", url, exc)
+        return
+    if walk.error is not None:
+        log.warning("DNS discovery %s: stopped: %s", url, walk.error)
+    added = 0
+    for addr in relay_peers_of(walk.enrs, config, own_peer_id):
+        try:
+            added += relay.add_discovered(parse_peer(addr))
+        except PeerAddressError as exc:
+            log.debug("discovered address skipped: %s", exc)
+    log.info("DNS discovery %s: %d records, %d new relay peers", url, len(walk.enrs), added)
