@@ -85,6 +85,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "repeatable (default: none)",
     )
     serve.add_argument(
+        "--peer-exchange",
+        action="store_true",
+        default=None,
+        help="serve 34/WAKU2-PEER-EXCHANGE: hand light clients the records of the relay nodes discovery found "
+        "(default: off)",
+    )
+    serve.add_argument(
         "--dns-discovery-name-server",
         action="append",
         dest="dns_discovery_name_servers",
@@ -143,6 +150,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "relay_peers",
             "dns_discovery_urls",
             "dns_discovery_name_servers",
+            "peer_exchange",
             "rate_limits",
             "ext_multiaddrs",
             "metrics_host",

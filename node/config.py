@@ -116,6 +116,9 @@ class NodeConfig:
     # name servers asked ("host" or "host:port"; none: the system's).
     dns_discovery_urls: list[str] = field(default_factory=list)
     dns_discovery_name_servers: list[str] = field(default_factory=list)
+    # 34/WAKU2-PEER-EXCHANGE: hand light clients the records of the relay
+    # nodes discovery found (nwaku's --peer-exchange).
+    peer_exchange: bool = False
     # 57/STATUS-Simple-Scaling: topics that only take messages signed by their
     # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().

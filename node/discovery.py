@@ -16,6 +16,7 @@ import logging
 import trio
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.peer_exchange import PeerRecords
 from wakustore.node.relay import Relay
 from wakustore.protocols import enr
 from wakustore.transport.dns import DnsLookupError, walk_tree
@@ -31,7 +32,12 @@ def relay_peers_of(records: list[str], config: NodeConfig, own_peer_id: str) -> 
     """Of ``records`` (``enr:`` texts), a dialable multiaddr of each relay
     node of our cluster that shares one of our shards; malformed records,
     others and ourselves are left out."""
-    wanted: list[str] = []
+    return [record.dialable()[0] for record in relay_records(records, config, own_peer_id)]
+
+
+def relay_records(records: list[str], config: NodeConfig, own_peer_id: str) -> list[enr.Enr]:
+    """The records of :func:`relay_peers_of`, decoded."""
+    wanted: list[enr.Enr] = []
     for text in records:
         try:
             record = enr.decode(text)
@@ -47,20 +53,25 @@ def relay_peers_of(records: list[str], config: NodeConfig, own_peer_id: str) -> 
             continue
         if record.peer_id == own_peer_id or not dialable:
             continue
-        wanted.append(dialable[0])
+        wanted.append(record)
     return wanted
 
 
-async def run_dns_discovery(config: NodeConfig, relay: Relay, own_peer_id: str) -> None:
+async def run_dns_discovery(
+    config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None = None
+) -> None:
     """Walk the configured trees now and every interval; hand the relay
-    nodes found to ``relay``."""
+    nodes found to ``relay`` (when it runs) and their records to
+    ``records`` (what peer exchange hands out)."""
     while True:
         for url in config.dns_discovery_urls:
-            await _discover(url, config, relay, own_peer_id)
+            await _discover(url, config, relay, own_peer_id, records)
         await trio.sleep(DNS_DISCOVERY_INTERVAL_S)
 
 
-async def _discover(url: str, config: NodeConfig, relay: Relay, own_peer_id: str) -> None:
+async def _discover(
+    url: str, config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None
+) -> None:
     try:
         walk = await walk_tree(url, config.dns_discovery_name_servers)
     except DnsLookupError as exc:
@@ -69,9 +80,13 @@ async def _discover(url: str, config: NodeConfig, relay: Relay, own_peer_id: str
     if walk.error is not None:
         log.warning("DNS discovery %s: stopped: %s", url, walk.error)
     added = 0
-    for addr in relay_peers_of(walk.enrs, config, own_peer_id):
+    for record in relay_records(walk.enrs, config, own_peer_id):
+        if records is not None:
+            records.add(record)
+        if relay is None:
+            continue
         try:
-            added += relay.add_discovered(parse_peer(addr))
+            added += relay.add_discovered(parse_peer(record.dialable()[0]))
         except PeerAddressError as exc:
             log.debug("discovered address skipped: %s", exc)
     log.info("DNS discovery %s: %d records, %d new relay peers", url, len(walk.enrs), added)

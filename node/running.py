@@ -34,6 +34,7 @@ from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_o
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.node.mailserver import MailserverInfo, running_mailserver
 from wakustore.node.metrics import serve_http
+from wakustore.node.peer_exchange import PeerExchangeService, PeerRecords
 from wakustore.node.relay import Relay, running_relay
 from wakustore.node.store_protocols import RateLimits, StoreProtocols
 from wakustore.node.store_service import StoreService, running_store
@@ -58,6 +59,7 @@ class RunningNode:
     gatekeeper: Gatekeeper | None = None  # the connection and stream caps
     sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
     enr: Enr | None = None  # the node's record (node/enr.py)
+    peer_exchange: Any = None  # the PeerExchangeService with --peer-exchange
 
 
 @asynccontextmanager
@@ -99,14 +101,17 @@ async def running_node(
             ConnectionLimits.from_config(config), on_refused=lambda reason: service.metrics.refused.labels(reason).inc()
         )
         syncing = SyncService(service, config, protocols.ingest)
+        # What discovery found, handed out by peer exchange when it is on.
+        peer_records = PeerRecords()
+        exchange = PeerExchangeService(peer_records) if config.peer_exchange else None
         async with (
             running_mailserver(config, service.engine) if mailserver else nullcontext() as mailserver_info,
             running_host(
                 config,
-                {**protocols.handlers(), **syncing.handlers()},
+                {**protocols.handlers(), **syncing.handlers(), **(exchange.handlers() if exchange else {})},
                 key_pair,
                 gatekeeper,
-                answer_first=protocols.handlers(),
+                answer_first={**protocols.handlers(), **(exchange.handlers() if exchange else {})},
             ) as (host, info),
             running_relay(host, config, protocols.ingest) if relay else nullcontext() as the_relay,
             trio.open_nursery() as peer_tasks,
@@ -115,8 +120,8 @@ async def running_node(
             protocols.relay = the_relay
             record = node_record(config, key_pair.private_key.to_bytes(), info.multiaddrs, relay=the_relay is not None)
             peer_tasks.start_soon(syncing.run, host)
-            if the_relay is not None and config.dns_discovery_urls:
-                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id)
+            if config.dns_discovery_urls and (the_relay is not None or exchange is not None):
+                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records)
             seeder = None
             if archives and config.archive_key_file:
                 seeder = await peer_tasks.start(_run_archives, config, service, the_relay)
@@ -136,6 +141,7 @@ async def running_node(
                     seeder=seeder,
                     gatekeeper=gatekeeper,
                     enr=record,
+                    peer_exchange=exchange,
                     sync=syncing,
                 )
             finally:

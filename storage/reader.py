@@ -716,7 +716,7 @@ class TableReader:
 
     def page(self, query: HistoryQuery, key: tuple[int, bytes] | None, fetch: int) -> pa.Table:
         """Up to ``fetch`` rows after/before ``key`` in query order (not
-        reversed), as :meth:`DeltaTableRef.page` answers them."""
+        reversed), as the Spark oracle (:class:`~wakustore.storage.spark_oracle.SparkPages`) answers them."""
         columns = schema.page_columns(query.include_data, bool(query.message_hashes))
         order_column = store_query.order_column(query.ordering)
         direction = "ASC" if query.forward else "DESC"

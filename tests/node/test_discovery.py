@@ -5,19 +5,10 @@ stores what A relays. And which records make relay peers."""
 
 from __future__ import annotations
 
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
-import dns.flags
-import dns.message
-import dns.rcode
-import dns.rdataclass
-import dns.rdatatype
-import dns.rdtypes.ANY.TXT
-import dns.rrset
 import pytest
 import trio
 
@@ -31,60 +22,10 @@ from wakustore.protocols.store_query import validate_v3
 from wakustore.transport.dns import parse_name_server, resolve_txt, walk_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from name_server import DOMAIN, TREE_KEY, NameServer  # noqa: E402
 from store_node_harness import CLUSTER_ID, PUBSUB_TOPIC, SHARDS, NodeThread, node_config  # noqa: E402
 
-TREE_KEY = bytes(range(40, 72))
-DOMAIN = "nodes.wakustore.test"
 TIMEOUT_S = 20.0
-
-
-class NameServer:
-    """A UDP name server on loopback answering TXT questions from a table
-    (name -> text); NXDOMAIN for the rest. Texts over 255 bytes are split
-    into character-strings, as zone files do."""
-
-    def __init__(self, records: dict[str, str]):
-        self.records = records
-        self.questions: list[str] = []
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> NameServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            query = dns.message.from_wire(data)
-            response = dns.message.make_response(query)
-            question = query.question[0]
-            name = question.name.to_text(omit_final_dot=True)
-            self.questions.append(name)
-            text = self.records.get(name)
-            if text is None:
-                response.set_rcode(dns.rcode.NXDOMAIN)
-            else:
-                raw = text.encode()
-                chunks = [raw[i : i + 255] for i in range(0, len(raw), 255)]
-                rdata = dns.rdtypes.ANY.TXT.TXT(dns.rdataclass.IN, dns.rdatatype.TXT, chunks)
-                rrset = dns.rrset.RRset(question.name, dns.rdataclass.IN, dns.rdatatype.TXT)
-                rrset.add(rdata, 60)
-                response.answer.append(rrset)
-            response.flags |= dns.flags.AA
-            self.sock.sendto(response.to_wire(), peer)
 
 
 def _record(key: bytes, *, relay: bool = True, cluster: int = CLUSTER_ID, shards=SHARDS, port: int = 60000) -> str:
