@@ -92,6 +92,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(default: off)",
     )
     serve.add_argument(
+        "--peer-exchange-node",
+        action="append",
+        dest="peer_exchange_nodes",
+        help="multiaddr ending in /p2p/<peer id> asked for relay peers by peer exchange while the relay has few; "
+        "repeatable (default: none)",
+    )
+    serve.add_argument(
         "--dns-discovery-name-server",
         action="append",
         dest="dns_discovery_name_servers",
@@ -151,6 +158,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "dns_discovery_urls",
             "dns_discovery_name_servers",
             "peer_exchange",
+            "peer_exchange_nodes",
             "rate_limits",
             "ext_multiaddrs",
             "metrics_host",

@@ -18,6 +18,7 @@ from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
 from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
 from wakustore.transport.dns import parse_name_server
+from wakustore.transport.peers import parse_peer
 
 ENV_PREFIX = "WAKUSTORE_"
 
@@ -119,6 +120,9 @@ class NodeConfig:
     # 34/WAKU2-PEER-EXCHANGE: hand light clients the records of the relay
     # nodes discovery found (nwaku's --peer-exchange).
     peer_exchange: bool = False
+    # Nodes asked for relay peers by peer exchange while the relay has
+    # fewer than PEER_EXCHANGE_WANTED (nwaku's --peer-exchange-node).
+    peer_exchange_nodes: list[str] = field(default_factory=list)
     # 57/STATUS-Simple-Scaling: topics that only take messages signed by their
     # key. TOML: ["<pubsub topic>:<public key hex>", ...] or a table
     # {"<pubsub topic>" = "<public key hex>"}; parsed by validate().
@@ -182,6 +186,11 @@ class NodeConfig:
                 parse_url(url)
             except ProtocolError as exc:
                 raise ConfigError(f"dns_discovery_url {url!r}: {exc}") from None
+        for addr in self.peer_exchange_nodes:
+            try:
+                parse_peer(addr)
+            except ValueError as exc:
+                raise ConfigError(f"peer_exchange_node: {exc}") from None
         for server in self.dns_discovery_name_servers:
             if parse_name_server(server) is None:
                 raise ConfigError(f"dns_discovery_name_server {server!r} is not an IP address with an optional :port")
@@ -326,6 +335,7 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         "relay_peers",
         "dns_discovery_urls",
         "dns_discovery_name_servers",
+        "peer_exchange_nodes",
         "archive_chat_ids",
         "archive_follow",
         "archive_seed_peers",

@@ -1,5 +1,6 @@
 """Discovery of relay peers: EIP-1459 DNS trees (nwaku's
-``--dns-discovery-url``).
+``--dns-discovery-url``) and peer exchange with other nodes (nwaku's
+``--peer-exchange-node``; :func:`run_peer_exchange_client`).
 
 Every :data:`DNS_DISCOVERY_INTERVAL_S` each tree is walked
 (:func:`wakustore.transport.dns.walk_tree`: every entry's hash and the
@@ -90,3 +91,63 @@ async def _discover(
         except PeerAddressError as exc:
             log.debug("discovered address skipped: %s", exc)
     log.info("DNS discovery %s: %d records, %d new relay peers", url, len(walk.enrs), added)
+
+
+# Relay peers below which the peer-exchange nodes are asked for more, and
+# how often that is looked at (nwaku asks when it lacks relay peers, every
+# minute at most).
+PEER_EXCHANGE_WANTED = 6
+PEER_EXCHANGE_INTERVAL_S = 60.0
+PEER_EXCHANGE_TIMEOUT_S = 20.0
+
+
+async def run_peer_exchange_client(
+    config: NodeConfig, relay: Relay, host, own_peer_id: str, records: PeerRecords | None = None
+) -> None:
+    """Ask each ``--peer-exchange-node`` for records while the relay has
+    fewer than :data:`PEER_EXCHANGE_WANTED` peers; hand the relay nodes of
+    our cluster and shards to ``relay``."""
+    while True:
+        if relay.peer_count() < PEER_EXCHANGE_WANTED:
+            for addr in config.peer_exchange_nodes:
+                await _exchange(addr, config, relay, host, own_peer_id, records)
+        await trio.sleep(PEER_EXCHANGE_INTERVAL_S)
+
+
+async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_id: str, records) -> None:
+    from wakustore.clients.store import ClientError, StoreClient
+    from wakustore.protocols import peer_exchange
+    from wakustore.protocols.framing import PEER_EXCHANGE_MAX_RESPONSE_SIZE
+
+    try:
+        info = parse_peer(addr)
+        with trio.fail_after(PEER_EXCHANGE_TIMEOUT_S):
+            await host.connect(info)
+        client = StoreClient(host, info.peer_id, PEER_EXCHANGE_TIMEOUT_S)
+        raw = await client.request(
+            peer_exchange.PROTOCOL_ID,
+            peer_exchange.encode_request(peer_exchange.MAX_PEERS),
+            PEER_EXCHANGE_MAX_RESPONSE_SIZE,
+        )
+        answer = peer_exchange.decode_response(raw)
+    except (ClientError, enr.EnrError, PeerAddressError, trio.TooSlowError, OSError) as exc:
+        log.warning("peer exchange with %s: %s", addr, exc)
+        return
+    except Exception as exc:  # a libp2p dial failure, a malformed answer
+        log.warning("peer exchange with %s: %r", addr, exc)
+        return
+    if answer.status_code != 200:
+        log.info("peer exchange with %s: %d %s", addr, answer.status_code, answer.status_desc or "")
+        return
+    texts = []
+    for raw_record in answer.enrs:
+        try:
+            texts.append(enr.decode(raw_record).text)
+        except enr.EnrError as exc:
+            log.debug("peer exchange with %s: a record skipped: %s", addr, exc)
+    added = 0
+    for record in relay_records(texts, config, own_peer_id):
+        if records is not None:
+            records.add(record)
+        added += relay.add_discovered(parse_peer(record.dialable()[0]))
+    log.info("peer exchange with %s: %d records, %d new relay peers", addr, len(answer.enrs), added)

@@ -28,7 +28,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 
 from wakustore.node.config import NodeConfig
-from wakustore.node.discovery import run_dns_discovery
+from wakustore.node.discovery import run_dns_discovery, run_peer_exchange_client
 from wakustore.node.enr import node_record
 from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
@@ -122,6 +122,8 @@ async def running_node(
             peer_tasks.start_soon(syncing.run, host)
             if config.dns_discovery_urls and (the_relay is not None or exchange is not None):
                 peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records)
+            if config.peer_exchange_nodes and the_relay is not None:
+                peer_tasks.start_soon(run_peer_exchange_client, config, the_relay, host, info.peer_id, peer_records)
             seeder = None
             if archives and config.archive_key_file:
                 seeder = await peer_tasks.start(_run_archives, config, service, the_relay)

@@ -120,5 +120,6 @@ class NodeThread:
             self.multiaddrs = node.info.multiaddrs
             self.peer_id = node.info.peer_id
             self.enr = node.enr
+            self.peer_exchange = node.peer_exchange
             self._ready.set()
             await self._stop.wait()

@@ -111,3 +111,42 @@ def test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found(engi
     found = [e for e in events if e["event"] == "discovered"]
     assert found and found[0]["peerId"] == b.peer_id
     assert any(addr.startswith("/ip4/127.0.0.1/tcp/") for addr in found[0]["multiaddrs"])
+
+
+def test_a_node_given_only_a_peer_exchange_node_finds_relay_peers_through_it(engine, tmp_path):
+    """A knows B from its tree; C, given only A as its peer-exchange node,
+    asks A and relays with B."""
+    unlimited = RateLimits.parse(["0/1s"])
+    b = RelayNode(node_config(tmp_path / "b"), engine, unlimited).start()
+    try:
+        url, tree = build_tree(TREE_KEY, DOMAIN, [b.enr.text], [], seq=1)
+        with NameServer(tree) as server:
+            a = RelayNode(
+                node_config(
+                    tmp_path / "a",
+                    peer_exchange=True,
+                    dns_discovery_urls=[url],
+                    dns_discovery_name_servers=[f"127.0.0.1:{server.port}"],
+                ),
+                engine,
+                unlimited,
+            ).start()
+            try:
+                _wait(lambda: len(a.peer_exchange.records) >= 1, "A never read B's record from the tree")
+                c = RelayNode(node_config(tmp_path / "c", peer_exchange_nodes=[a.tcp_addr]), engine, unlimited).start()
+                try:
+                    _wait(lambda: c.peer_id in {str(p) for p in b.relay.peers}, "C never relayed with B")
+                    assert a.peer_exchange.answered >= 1
+                finally:
+                    c.stop()
+            finally:
+                a.stop()
+    finally:
+        b.stop()
+
+
+def _wait(condition, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
