@@ -59,37 +59,30 @@ def relay_records(records: list[str], config: NodeConfig, own_peer_id: str) -> l
 
 
 async def run_dns_discovery(
-    config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None = None
+    config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None = None, metrics=None
 ) -> None:
     """Walk the configured trees now and every interval; hand the relay
     nodes found to ``relay`` (when it runs) and their records to
     ``records`` (what peer exchange hands out)."""
     while True:
         for url in config.dns_discovery_urls:
-            await _discover(url, config, relay, own_peer_id, records)
+            await _discover(url, config, relay, own_peer_id, records, metrics)
         await trio.sleep(DNS_DISCOVERY_INTERVAL_S)
 
 
 async def _discover(
-    url: str, config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None
+    url: str, config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None, metrics
 ) -> None:
     try:
         walk = await walk_tree(url, config.dns_discovery_name_servers)
     except DnsLookupError as exc:
         log.warning("DNS discovery %s: %s", url, exc)
+        _count_round(metrics, "dns", "lookup_failed")
         return
     if walk.error is not None:
         log.warning("DNS discovery %s: stopped: %s", url, walk.error)
-    added = 0
-    for record in relay_records(walk.enrs, config, own_peer_id):
-        if records is not None:
-            records.add(record)
-        if relay is None:
-            continue
-        try:
-            added += relay.add_discovered(parse_peer(record.dialable()[0]))
-        except PeerAddressError as exc:
-            log.debug("discovered address skipped: %s", exc)
+    _count_round(metrics, "dns", "ok" if walk.error is None else walk.error.reason.value)
+    added = _hand_over(relay_records(walk.enrs, config, own_peer_id), relay, records, metrics, "dns")
     log.info("DNS discovery %s: %d records, %d new relay peers", url, len(walk.enrs), added)
 
 
@@ -102,7 +95,7 @@ PEER_EXCHANGE_TIMEOUT_S = 20.0
 
 
 async def run_peer_exchange_client(
-    config: NodeConfig, relay: Relay, host, own_peer_id: str, records: PeerRecords | None = None
+    config: NodeConfig, relay: Relay, host, own_peer_id: str, records: PeerRecords | None = None, metrics=None
 ) -> None:
     """Ask each ``--peer-exchange-node`` for records while the relay has
     fewer than :data:`PEER_EXCHANGE_WANTED` peers; hand the relay nodes of
@@ -110,11 +103,11 @@ async def run_peer_exchange_client(
     while True:
         if relay.peer_count() < PEER_EXCHANGE_WANTED:
             for addr in config.peer_exchange_nodes:
-                await _exchange(addr, config, relay, host, own_peer_id, records)
+                await _exchange(addr, config, relay, host, own_peer_id, records, metrics)
         await trio.sleep(PEER_EXCHANGE_INTERVAL_S)
 
 
-async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_id: str, records) -> None:
+async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_id: str, records, metrics) -> None:
     from wakustore.clients.store import ClientError, StoreClient
     from wakustore.protocols import peer_exchange
     from wakustore.protocols.framing import PEER_EXCHANGE_MAX_RESPONSE_SIZE
@@ -132,12 +125,15 @@ async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_
         answer = peer_exchange.decode_response(raw)
     except (ClientError, enr.EnrError, PeerAddressError, trio.TooSlowError, OSError) as exc:
         log.warning("peer exchange with %s: %s", addr, exc)
+        _count_round(metrics, "peer_exchange", "failed")
         return
     except Exception as exc:  # a libp2p dial failure, a malformed answer
         log.warning("peer exchange with %s: %r", addr, exc)
+        _count_round(metrics, "peer_exchange", "failed")
         return
     if answer.status_code != 200:
         log.info("peer exchange with %s: %d %s", addr, answer.status_code, answer.status_desc or "")
+        _count_round(metrics, "peer_exchange", str(answer.status_code))
         return
     texts = []
     for raw_record in answer.enrs:
@@ -145,9 +141,30 @@ async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_
             texts.append(enr.decode(raw_record).text)
         except enr.EnrError as exc:
             log.debug("peer exchange with %s: a record skipped: %s", addr, exc)
+    _count_round(metrics, "peer_exchange", "ok")
+    added = _hand_over(relay_records(texts, config, own_peer_id), relay, records, metrics, "peer_exchange")
+    log.info("peer exchange with %s: %d records, %d new relay peers", addr, len(answer.enrs), added)
+
+
+def _hand_over(found: list[enr.Enr], relay: Relay | None, records: PeerRecords | None, metrics, origin: str) -> int:
+    """Give the records ``found`` to peer exchange and the relay; returns
+    how many peers were new to the relay."""
     added = 0
-    for record in relay_records(texts, config, own_peer_id):
+    for record in found:
         if records is not None:
             records.add(record)
-        added += relay.add_discovered(parse_peer(record.dialable()[0]))
-    log.info("peer exchange with %s: %d records, %d new relay peers", addr, len(answer.enrs), added)
+        new = False
+        if relay is not None:
+            try:
+                new = relay.add_discovered(parse_peer(record.dialable()[0]))
+            except PeerAddressError as exc:
+                log.debug("discovered address skipped: %s", exc)
+        added += new
+        if metrics is not None:
+            metrics.discovered.labels(origin, "added" if new else "known").inc()
+    return added
+
+
+def _count_round(metrics, origin: str, outcome: str) -> None:
+    if metrics is not None:
+        metrics.discovery_rounds.labels(origin, outcome).inc()

@@ -78,6 +78,19 @@ class NodeMetrics:
             "wakustore_store_resumes", "Store Resume attempts, one per sync peer asked", ["outcome"], registry=r
         )
         self.resumed = Counter("wakustore_store_resumed_messages", "Messages stored by Store Resume", registry=r)
+        # Discovery (node/discovery.py) and peer exchange (node/peer_exchange.py).
+        self.discovered = Counter(
+            "wakustore_discovered_relay_peers",
+            "Relay nodes of our cluster and shards found, by origin; 'added' when new to the relay",
+            ["origin", "outcome"],
+            registry=r,
+        )
+        self.discovery_rounds = Counter(
+            "wakustore_discovery_rounds",
+            "Walks of a DNS tree and peer-exchange requests",
+            ["origin", "outcome"],
+            registry=r,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

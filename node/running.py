@@ -118,12 +118,15 @@ async def running_node(
         ):
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
+            service.relay = the_relay
             record = node_record(config, key_pair.private_key.to_bytes(), info.multiaddrs, relay=the_relay is not None)
             peer_tasks.start_soon(syncing.run, host)
             if config.dns_discovery_urls and (the_relay is not None or exchange is not None):
-                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records)
+                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records, service.metrics)
             if config.peer_exchange_nodes and the_relay is not None:
-                peer_tasks.start_soon(run_peer_exchange_client, config, the_relay, host, info.peer_id, peer_records)
+                peer_tasks.start_soon(
+                    run_peer_exchange_client, config, the_relay, host, info.peer_id, peer_records, service.metrics
+                )
             seeder = None
             if archives and config.archive_key_file:
                 seeder = await peer_tasks.start(_run_archives, config, service, the_relay)

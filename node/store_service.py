@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import trio
 
@@ -91,6 +92,9 @@ class StoreService:
     # Set by the archive scheduler: returns the time (ns) from which history
     # is not yet in a seeded archive and must not be retained away.
     keep_from: Callable[[], int | None] = lambda: None
+    # The node's relay once it runs (node/running.py): /health reports its
+    # peers per served shard.
+    relay: Any = None
     # The last maintenance run; None before the first.
     last_maintenance: MaintenanceRun | None = None
     # The last commit of the buffer; a failed one (engine or storage down)
@@ -203,7 +207,17 @@ class StoreService:
                 **self.store.reader.index_state(),
                 "key_filter_ready": self.store.writes.filter_ready.is_set(),
             },
+            **self._relay_health(),
         }
+
+    def _relay_health(self) -> dict:
+        """Relay peers per served pubsub topic, and the topics with none (a
+        served shard nobody relays to this node: it stores nothing of it)."""
+        relay = self.relay
+        if relay is None or not relay.running:
+            return {}
+        peers = {topic: relay.peer_count(topic) for topic in relay.topics}
+        return {"relay": {"peers": peers, "topics_without_peers": [t for t, n in peers.items() if n == 0]}}
 
     async def _supervise_loop(self) -> None:
         while True:

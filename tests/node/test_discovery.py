@@ -99,6 +99,12 @@ def test_a_node_given_only_a_tree_finds_its_relay_peer_and_stores_what_it_relays
         assert time.monotonic() < deadline, f"B never joined A's relay mesh (questions: {server.questions})"
         time.sleep(0.1)
     assert DOMAIN in server.questions
+    # Counted by origin, and /health names no served topic without a relay peer.
+    sample = b.service.metrics.registry.get_sample_value
+    assert sample("wakustore_discovered_relay_peers_total", {"origin": "dns", "outcome": "added"}) == 1
+    assert sample("wakustore_discovery_rounds_total", {"origin": "dns", "outcome": "ok"}) >= 1
+    health = b.service.health()
+    assert health["relay"]["peers"][PUBSUB_TOPIC] >= 1 and PUBSUB_TOPIC not in health["relay"]["topics_without_peers"]
     message = WakuMessage(payload=b"found by DNS", content_topic="/discovery/1/test/proto", timestamp=time.time_ns())
 
     async def push_and_find() -> bool:
