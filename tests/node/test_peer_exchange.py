@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,42 +71,46 @@ class RelayNode(NodeThread):
     with_relay = True
 
 
-@pytest.mark.slow
-def test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found(engine, tmp_path):
-    if not NODE_BIN.exists():
-        pytest.fail(f"{NODE_BIN} is missing: the js-waku interop tests install it (npm ci in tests/interop)")
-    unlimited = RateLimits.parse(["0/1s"])
-    b = RelayNode(node_config(tmp_path / "b"), engine, unlimited).start()
+UNLIMITED = RateLimits.parse(["0/1s"])
+
+
+@contextmanager
+def _exchange_node_knowing_b(engine, tmp_path):
+    """(A, B): B a relay node; A serves peer exchange and found B in a tree
+    a name server of the test serves."""
+    b = RelayNode(node_config(tmp_path / "b"), engine, UNLIMITED).start()
     try:
         url, tree = build_tree(TREE_KEY, DOMAIN, [b.enr.text], [], seq=1)
         with NameServer(tree) as server:
-            a = RelayNode(
-                node_config(
-                    tmp_path / "a",
-                    peer_exchange=True,
-                    dns_discovery_urls=[url],
-                    dns_discovery_name_servers=[f"127.0.0.1:{server.port}"],
-                ),
-                engine,
-                unlimited,
-            ).start()
+            config = node_config(
+                tmp_path / "a",
+                peer_exchange=True,
+                dns_discovery_urls=[url],
+                dns_discovery_name_servers=[f"127.0.0.1:{server.port}"],
+            )
+            a = RelayNode(config, engine, UNLIMITED).start()
             try:
-                deadline = time.monotonic() + 20
-                while a.relay.peer_count() < 1:
-                    assert time.monotonic() < deadline, "A never found B through the tree"
-                    time.sleep(0.1)
-                config = {"peer": a.tcp_addr, "clusterId": CLUSTER_ID, "timeoutMs": 30000}
-                result = subprocess.run(
-                    [str(NODE_BIN), str(INTEROP_DIR / "px_discover.mjs"), json.dumps(config)],
-                    cwd=INTEROP_DIR,
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
+                _wait(lambda: len(a.peer_exchange.records) >= 1, "A never read B's record from the tree")
+                yield a, b
             finally:
                 a.stop()
     finally:
         b.stop()
+
+
+@pytest.mark.slow
+def test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found(engine, tmp_path):
+    if not NODE_BIN.exists():
+        pytest.fail(f"{NODE_BIN} is missing: the js-waku interop tests install it (npm ci in tests/interop)")
+    with _exchange_node_knowing_b(engine, tmp_path) as (a, b):
+        config = {"peer": a.tcp_addr, "clusterId": CLUSTER_ID, "timeoutMs": 30000}
+        result = subprocess.run(
+            [str(NODE_BIN), str(INTEROP_DIR / "px_discover.mjs"), json.dumps(config)],
+            cwd=INTEROP_DIR,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0, (events, result.stderr[-2000:])
     found = [e for e in events if e["event"] == "discovered"]
@@ -116,33 +121,13 @@ def test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found(engi
 def test_a_node_given_only_a_peer_exchange_node_finds_relay_peers_through_it(engine, tmp_path):
     """A knows B from its tree; C, given only A as its peer-exchange node,
     asks A and relays with B."""
-    unlimited = RateLimits.parse(["0/1s"])
-    b = RelayNode(node_config(tmp_path / "b"), engine, unlimited).start()
-    try:
-        url, tree = build_tree(TREE_KEY, DOMAIN, [b.enr.text], [], seq=1)
-        with NameServer(tree) as server:
-            a = RelayNode(
-                node_config(
-                    tmp_path / "a",
-                    peer_exchange=True,
-                    dns_discovery_urls=[url],
-                    dns_discovery_name_servers=[f"127.0.0.1:{server.port}"],
-                ),
-                engine,
-                unlimited,
-            ).start()
-            try:
-                _wait(lambda: len(a.peer_exchange.records) >= 1, "A never read B's record from the tree")
-                c = RelayNode(node_config(tmp_path / "c", peer_exchange_nodes=[a.tcp_addr]), engine, unlimited).start()
-                try:
-                    _wait(lambda: c.peer_id in {str(p) for p in b.relay.peers}, "C never relayed with B")
-                    assert a.peer_exchange.answered >= 1
-                finally:
-                    c.stop()
-            finally:
-                a.stop()
-    finally:
-        b.stop()
+    with _exchange_node_knowing_b(engine, tmp_path) as (a, b):
+        c = RelayNode(node_config(tmp_path / "c", peer_exchange_nodes=[a.tcp_addr]), engine, UNLIMITED).start()
+        try:
+            _wait(lambda: c.peer_id in {str(p) for p in b.relay.peers}, "C never relayed with B")
+            assert a.peer_exchange.answered >= 1
+        finally:
+            c.stop()
 
 
 def _wait(condition, what: str, timeout_s: float = 20.0) -> None:
