@@ -29,15 +29,10 @@ log = logging.getLogger(__name__)
 DNS_DISCOVERY_INTERVAL_S = 30 * 60.0
 
 
-def relay_peers_of(records: list[str], config: NodeConfig, own_peer_id: str) -> list[str]:
-    """Of ``records`` (``enr:`` texts), a dialable multiaddr of each relay
-    node of our cluster that shares one of our shards; malformed records,
-    others and ourselves are left out."""
-    return [record.dialable()[0] for record in relay_records(records, config, own_peer_id)]
-
-
 def relay_records(records: list[str], config: NodeConfig, own_peer_id: str) -> list[enr.Enr]:
-    """The records of :func:`relay_peers_of`, decoded."""
+    """Of ``records`` (``enr:`` texts), those of relay nodes of our cluster
+    that share one of our shards and say where to dial them; malformed
+    records, others and ourselves are left out."""
     wanted: list[enr.Enr] = []
     for text in records:
         try:

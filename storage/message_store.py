@@ -550,10 +550,6 @@ class MessageStore:
         StoreError for an unknown cursor."""
         return self.reads.page(query)
 
-    def query_from_memory(self, query: HistoryQuery) -> Page | None:
-        """The page memory alone answers, or None (:meth:`ReadPath.from_memory`)."""
-        return self.reads.from_memory(query)
-
     def forget_before(self, cutoff_ns: int) -> None:
         """Retention removed rows older than ``cutoff_ns`` from the table:
         every index that could still name them forgets them."""

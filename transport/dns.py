@@ -14,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
+import trio
+
 from wakustore.protocols.dns_discovery import TreeWalk, parse_url
 
 DNS_PORT = 53
@@ -75,10 +77,24 @@ async def walk_tree(url: str, name_servers: Sequence[str] = (), timeout_s: float
     its first fault (``walk.error``); the verified ``enr:`` texts are in
     ``walk.enrs``. Raises :class:`DnsLookupError` when a lookup fails."""
     walk = TreeWalk(parse_url(url))
+
+    async def look_up(name: str, found: dict[str, list[str] | DnsLookupError]) -> None:
+        try:
+            found[name] = await resolve_txt(name, name_servers, timeout_s)
+        except DnsLookupError as exc:  # raised below, outside the nursery's exception group
+            found[name] = exc
+
     while not walk.done:
         names = walk.next_names(limit=WALK_BATCH)
         if not names:
             break
+        found: dict[str, list[str] | DnsLookupError] = {}
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(look_up, name, found)
         for name in names:
-            walk.feed(name, await resolve_txt(name, name_servers, timeout_s))
+            answer = found[name]
+            if isinstance(answer, DnsLookupError):
+                raise answer
+            walk.feed(name, answer)
     return walk

@@ -5,6 +5,7 @@ stores what A relays. And which records make relay peers."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import trio
 
 from wakustore.clients.store import StoreClient
-from wakustore.node.discovery import relay_peers_of
+from wakustore.node.discovery import relay_records
 from wakustore.node.store_protocols import RateLimits
 from wakustore.protocols import enr
 from wakustore.protocols.dns_discovery import build_tree
@@ -46,8 +47,8 @@ def test_relay_nodes_of_our_cluster_and_shards_only_become_relay_peers(tmp_path)
         ours.text,  # ourselves
         "enr:garbage",
     ]
-    found = relay_peers_of(records, config, ours.peer_id)
-    assert found == [enr.decode(records[0]).dialable()[0]]
+    found = relay_records(records, config, ours.peer_id)
+    assert [r.raw for r in found] == [enr.decode(records[0]).raw]
 
 
 def test_a_tree_is_read_through_the_name_server_and_a_bad_one_stops(tmp_path):
@@ -132,3 +133,16 @@ def test_a_node_given_only_a_tree_finds_its_relay_peer_and_stores_what_it_relays
         return False
 
     assert trio.run(push_and_find)
+
+
+def test_a_silent_name_server_is_one_lookup_error_not_a_hang():
+    from wakustore.transport.dns import DnsLookupError
+
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))  # bound, never answers
+    try:
+        url, _ = build_tree(TREE_KEY, DOMAIN, [_record(bytes([5] * 32))], [], seq=1)
+        with pytest.raises(DnsLookupError):
+            trio.run(lambda: walk_tree(url, [f"127.0.0.1:{silent.getsockname()[1]}"], 0.5))
+    finally:
+        silent.close()
