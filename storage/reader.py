@@ -106,7 +106,7 @@ OPEN_FILES = 256
 LOOKUP_THREADS = 2
 
 # How long close() waits for the background index pass to finish the file
-# it is on (a 128 MB file's index builds in a few seconds).
+# it is on (a 512 MiB file's index builds in about ten seconds).
 INDEXER_JOIN_S = 30.0
 
 # A page over more days than this reads the first day in its order alone
