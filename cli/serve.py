@@ -133,6 +133,33 @@ def register(commands: argparse._SubParsersAction) -> None:
         "e.g. store:60/2s or lightpush:0/1s (no limit); repeatable "
         "(default: store:60/2s, lightpush:5/1s)",
     )
+    serve.add_argument("--rest", action="store_true", default=None, help="serve nwaku's REST API (default: off)")
+    serve.add_argument("--rest-address", help=f"address the REST API binds (default: {d.rest_address})")
+    serve.add_argument("--rest-port", type=int, help=f"REST API port, 0: any (default: {d.rest_port})")
+    serve.add_argument(
+        "--rest-admin",
+        action="store_true",
+        default=None,
+        help="serve the REST API's /admin endpoints: peers, dialing, log level (default: off)",
+    )
+    serve.add_argument(
+        "--rest-allow-origin",
+        action="append",
+        dest="rest_allow_origin",
+        help="CORS origin allowed to call the REST API: '*', or a pattern with * and ?; repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--rest-relay-cache-capacity",
+        type=int,
+        help=f"relayed messages kept for GET /relay/v1/messages, over all topics "
+        f"(default: {d.rest_relay_cache_capacity})",
+    )
+    serve.add_argument(
+        "--num-shards-in-network",
+        type=int,
+        help="shards content topics map to (autosharding: /relay/v1/auto endpoints, lightpush without a "
+        "pubsub topic), 0: static sharding only (default: 0)",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -165,6 +192,13 @@ def run_serve(args: argparse.Namespace) -> int:
             "max_connections",
             "ip_colocation_limit",
             "sync_peers",
+            "rest",
+            "rest_address",
+            "rest_port",
+            "rest_admin",
+            "rest_allow_origin",
+            "rest_relay_cache_capacity",
+            "num_shards_in_network",
         )
     }
     config = node_config.load(args.config, overrides)
@@ -242,6 +276,7 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                         shards=config.shards,
                         enode=mailserver.enode,
                         metrics_port=node.metrics_port,
+                        rest_port=node.rest_port,
                         enr=node.enr.text if node.enr is not None else None,
                     )
                     log.info(
@@ -272,6 +307,8 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                         f"metrics and health on http://{_url_host(config.metrics_host)}:{node.metrics_port}/",
                         flush=True,
                     )
+                    if node.rest_port is not None:
+                        print(f"REST API on http://{_url_host(config.rest_address)}:{node.rest_port}/", flush=True)
                     if node.seeder is not None:
                         print(f"seeding community archives on port {node.seeder.port}", flush=True)
                     print("wakustore node ready; table " + config.messages_uri, flush=True)

@@ -87,6 +87,20 @@ class NodeConfig:
     # Metrics and /health answer on loopback only unless opened (nwaku's
     # --metrics-server-address default is 127.0.0.1 too).
     metrics_host: str = "127.0.0.1"
+    # nwaku's REST API (node/rest.py): off unless asked; on loopback unless
+    # opened; the admin endpoints only with rest_admin; CORS origins
+    # allowed (nwaku's --rest-allow-origin: "*", or patterns with * and ?);
+    # messages kept for GET /relay/v1/messages over all topics.
+    rest: bool = False
+    rest_address: str = "127.0.0.1"
+    rest_port: int = 8645
+    rest_admin: bool = False
+    rest_allow_origin: list[str] = field(default_factory=list)
+    rest_relay_cache_capacity: int = 50
+    # Autosharding (51/WAKU2-RELAY-SHARDING): shards in the cluster that
+    # content topics map to (nwaku's --num-shards-in-network); 0: static
+    # sharding only, as Status uses it.
+    num_shards_in_network: int = 0
     # Inbound libp2p connections, in total and per IP address (0: no cap);
     # handshakes in progress; seconds an inbound connection may stay with no
     # stream open; streams per connection (all, and request
@@ -196,7 +210,7 @@ class NodeConfig:
                 raise ConfigError(f"dns_discovery_name_server {server!r} is not an IP address with an optional :port")
         if not (self.engine == "embedded" or self.engine.startswith("sc://")):
             raise ConfigError(f"engine must be 'embedded' or 'sc://host:port', got {self.engine!r}")
-        for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port"):
+        for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port", "rest_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} {port} outside 0..65535")
@@ -216,6 +230,12 @@ class NodeConfig:
             raise ConfigError(f"request_timeout_s {self.request_timeout_s:g} must be positive")
         if not self.metrics_host.strip():
             raise ConfigError("metrics_host is empty")
+        if not self.rest_address.strip():
+            raise ConfigError("rest_address is empty")
+        if not 1 <= self.rest_relay_cache_capacity <= 100_000:
+            raise ConfigError(f"rest_relay_cache_capacity must be 1 to 100000, got {self.rest_relay_cache_capacity}")
+        if not 0 <= self.num_shards_in_network <= 1024:
+            raise ConfigError(f"num_shards_in_network must be 0 to 1024, got {self.num_shards_in_network}")
         if not 0 <= self.cluster_id <= 0xFFFF:
             raise ConfigError(f"cluster_id {self.cluster_id} outside 0..65535")
         if any(not 0 <= s < 1024 for s in self.shards):
@@ -342,6 +362,7 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         "rate_limits",
         "ext_multiaddrs",
         "sync_peers",
+        "rest_allow_origin",
     ):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:

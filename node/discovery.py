@@ -141,6 +141,10 @@ async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_
     log.info("peer exchange with %s: %d records, %d new relay peers", addr, len(answer.enrs), added)
 
 
+# The origin names of nwaku's peer store (the REST API's admin endpoints).
+_ORIGINS = {"dns": "Dns", "peer_exchange": "PeerExchange", "discv5": "Discv5"}
+
+
 def _hand_over(found: list[enr.Enr], relay: Relay | None, records: PeerRecords | None, metrics, origin: str) -> int:
     """Give the records ``found`` to peer exchange and the relay; returns
     how many peers were new to the relay."""
@@ -151,7 +155,7 @@ def _hand_over(found: list[enr.Enr], relay: Relay | None, records: PeerRecords |
         new = False
         if relay is not None:
             try:
-                new = relay.add_discovered(parse_peer(record.dialable()[0]))
+                new = relay.add_discovered(parse_peer(record.dialable()[0]), _ORIGINS.get(origin, "UnknownOrigin"))
             except PeerAddressError as exc:
                 log.debug("discovered address skipped: %s", exc)
         added += new

@@ -6,22 +6,14 @@ nodes in one process, as in the tests, do not collide.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
-import h11
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
-
-# A metrics scrape or health probe is one small GET; anything larger is
-# not for us (h11's default is 16 KiB; a request line and a few headers fit
-# in 8 KiB, the limit Apache and nginx use for request lines too).
-MAX_REQUEST_BYTES = 8 * 1024
-REQUEST_TIMEOUT_S = 10.0
 
 # Store pages answer in tens of milliseconds; commits in fractions of a second.
 QUERY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -96,6 +88,30 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
+def metrics_app(metrics: NodeMetrics, health: Callable[[], dict]):
+    """The ASGI app of the metrics listener: ``GET /metrics`` and ``GET
+    /health`` (200 with a JSON body when ``health()`` reports ``"ok":
+    true``, else 503)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def exposition(request) -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def health_report(request) -> Response:
+        try:
+            # The engine probe blocks (up to its timeout): not on the event loop.
+            report = await trio.to_thread.run_sync(health)
+        except Exception as exc:  # a failing probe is itself a health answer
+            report = {"ok": False, "error": str(exc)}
+        return JSONResponse(report, status_code=200 if report.get("ok") else 503)
+
+    return Starlette(
+        routes=[Route("/metrics", exposition, methods=["GET"]), Route("/health", health_report, methods=["GET"])]
+    )
+
+
 async def serve_http(
     port: int,
     host: str,
@@ -104,54 +120,8 @@ async def serve_http(
     *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` and ``GET /health`` until cancelled.
+    """Serve :func:`metrics_app` on ``host:port`` until cancelled
+    (node/http.py); ``task_status`` gets the port."""
+    from wakustore.node.http import serve_app
 
-    /health answers 200 with a JSON body when ``health()`` reports
-    ``"ok": true``, else 503.
-    """
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(lambda stream: _handle(stream, metrics, health), listeners)
-
-
-async def _handle(stream: trio.SocketStream, metrics: NodeMetrics, health: Callable[[], dict]) -> None:
-    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
-    try:
-        with trio.fail_after(REQUEST_TIMEOUT_S):
-            request = None
-            while request is None:
-                event = connection.next_event()
-                if event is h11.NEED_DATA:
-                    data = await stream.receive_some(4096)
-                    connection.receive_data(data)
-                    if not data:
-                        return
-                elif isinstance(event, h11.Request):
-                    request = event
-                else:
-                    return
-            status, body, content_type = await _route(request, metrics, health)
-            headers = [("content-type", content_type), ("content-length", str(len(body))), ("connection", "close")]
-            await stream.send_all(connection.send(h11.Response(status_code=status, headers=headers)))
-            await stream.send_all(connection.send(h11.Data(data=body)))
-            await stream.send_all(connection.send(h11.EndOfMessage()))
-    except (h11.RemoteProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        await stream.aclose()
-
-
-async def _route(request: h11.Request, metrics: NodeMetrics, health: Callable[[], dict]) -> tuple[int, bytes, str]:
-    if request.method != b"GET":
-        return 405, b"method not allowed\n", "text/plain"
-    path = request.target.split(b"?", 1)[0]
-    if path == b"/metrics":
-        return 200, metrics.exposition(), CONTENT_TYPE_LATEST
-    if path == b"/health":
-        try:
-            # The engine probe blocks (up to its timeout): not on the event loop.
-            report = await trio.to_thread.run_sync(health)
-        except Exception as exc:  # a failing probe is itself a health answer
-            report = {"ok": False, "error": str(exc)}
-        return (200 if report.get("ok") else 503), json.dumps(report).encode() + b"\n", "application/json"
-    return 404, b"not found\n", "text/plain"
+    await serve_app(metrics_app(metrics, health), host, port, task_status=task_status)

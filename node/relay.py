@@ -76,6 +76,7 @@ from wakustore.node.host import HostError
 from wakustore.node.ingest import Ingest, Refused
 from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
+from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.message_codec import decode_message, encode_message
 from wakustore.transport.peers import PeerAddressError, parse_peer
 
@@ -302,8 +303,14 @@ class Relay:
         self.ingest = ingest
         self.topics = sorted(ingest.pubsub_topics)
         self.peer_infos = [peer_info(addr) for addr in config.relay_peers]
-        # Peers found by discovery, kept connected as the configured ones.
+        # Peers found by discovery, kept connected as the configured ones,
+        # and where each relay peer came from (nwaku's origins: Static,
+        # Dns, PeerExchange, Discv5), for the REST API.
         self.discovered: set[ID] = set()
+        self.origins: dict[ID, str] = {info.peer_id: "Static" for info in self.peer_infos}
+        # Called with (pubsub topic, message) for each valid relayed message
+        # (the REST API's relay cache).
+        self.on_message: Callable[[str, WakuMessage], None] | None = None
         self._nursery: trio.Nursery | None = None
         self.router = WakuGossipSub()
         self.pubsub = WakuPubsub(host, self.router, self.topics, max_rpc_size=config.max_message_size + RPC_OVERHEAD)
@@ -355,7 +362,11 @@ class Relay:
             self.ingest.check(topic, message, len(msg.data), now)
         except Refused as refusal:
             self.ingest.count("relay", refusal)
+            if refusal.relayable and self.on_message is not None:
+                self.on_message(topic, message)
             return refusal.relayable
+        if self.on_message is not None:
+            self.on_message(topic, message)
         try:
             self._store_send.send_nowait((topic, message, now))
         except trio.WouldBlock:
@@ -429,16 +440,18 @@ class Relay:
                 delay = REDIAL_FIRST_S
             await trio.sleep(KEEP_CONNECTED_S)
 
-    def add_discovered(self, info: PeerInfo) -> bool:
-        """Keep ``info`` (a relay node discovery found) connected, as the
-        configured relay peers are; False when it is known already, the
-        relay is not running, or :data:`MAX_DISCOVERED_PEERS` are kept."""
+    def add_discovered(self, info: PeerInfo, origin: str = "UnknownOrigin") -> bool:
+        """Keep ``info`` (a relay node discovery found, by ``origin``)
+        connected, as the configured relay peers are; False when it is known
+        already, the relay is not running, or :data:`MAX_DISCOVERED_PEERS`
+        are kept."""
         known = {i.peer_id for i in self.peer_infos} | self.discovered
         if self._nursery is None or info.peer_id in known or info.peer_id == self.host.get_id():
             return False
         if len(self.discovered) >= MAX_DISCOVERED_PEERS:
             return False
         self.discovered.add(info.peer_id)
+        self.origins[info.peer_id] = origin
         self._nursery.start_soon(self._keep_connected, info)
         return True
 

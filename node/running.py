@@ -60,6 +60,7 @@ class RunningNode:
     sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
     enr: Enr | None = None  # the node's record (node/enr.py)
     peer_exchange: Any = None  # the PeerExchangeService with --peer-exchange
+    rest_port: int | None = None  # nwaku's REST API with --rest (node/rest.py)
 
 
 @asynccontextmanager
@@ -86,7 +87,12 @@ async def running_node(
     :class:`~wakustore.node.host.HostError` for a taken port or a bad key
     before the engine starts.
     """
-    ports = LIBP2P_PORTS + (("metrics_port",) if metrics else ()) + (("mailserver_port",) if mailserver else ())
+    ports = (
+        LIBP2P_PORTS
+        + (("metrics_port",) if metrics else ())
+        + (("mailserver_port",) if mailserver else ())
+        + (("rest_port",) if config.rest else ())
+    )
     check_ports_free(config, ports)
     if key_pair is None:
         key_pair = load_or_create_key(config.data_dir)
@@ -133,22 +139,27 @@ async def running_node(
             if archives:
                 for pubkey in config.archive_follow:
                     peer_tasks.start_soon(_follow_community, config, service, pubkey)
+            node = RunningNode(
+                config=config,
+                service=service,
+                protocols=protocols,
+                host=host,
+                info=info,
+                relay=the_relay,
+                mailserver=mailserver_info,
+                metrics_port=metrics_port,
+                seeder=seeder,
+                gatekeeper=gatekeeper,
+                enr=record,
+                peer_exchange=exchange,
+                sync=syncing,
+            )
+            if config.rest:
+                from wakustore.node.rest import serve_rest
+
+                node.rest_port = await peer_tasks.start(serve_rest, node)
             try:
-                yield RunningNode(
-                    config=config,
-                    service=service,
-                    protocols=protocols,
-                    host=host,
-                    info=info,
-                    relay=the_relay,
-                    mailserver=mailserver_info,
-                    metrics_port=metrics_port,
-                    seeder=seeder,
-                    gatekeeper=gatekeeper,
-                    enr=record,
-                    peer_exchange=exchange,
-                    sync=syncing,
-                )
+                yield node
             finally:
                 peer_tasks.cancel_scope.cancel()
         nursery.cancel_scope.cancel()

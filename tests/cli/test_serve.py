@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 import deltalake
 import pytest
@@ -421,14 +423,22 @@ def _free_port() -> int:
 
 def test_serve_on_fixed_ports_binds_every_listener_once(tmp_path):
     """As `make run` does: every port given, none of them 0."""
-    ports = {name: _free_port() for name in ("--tcp-port", "--ws-port", "--metrics-port", "--mailserver-port")}
-    server = ServeProcess(tmp_path / "fixed", *[v for kv in ports.items() for v in (kv[0], str(kv[1]))])
+    names = ("--tcp-port", "--ws-port", "--metrics-port", "--mailserver-port", "--rest-port")
+    ports = {name: _free_port() for name in names}
+    server = ServeProcess(tmp_path / "fixed", "--rest", *[v for kv in ports.items() for v in (kv[0], str(kv[1]))])
     try:
         printed = server.wait_ready()
+        assert f"REST API on http://127.0.0.1:{ports['--rest-port']}/" in printed
+        rest = f"http://127.0.0.1:{ports['--rest-port']}"
+        with urllib.request.urlopen(f"{rest}/health", timeout=10) as response:
+            assert json.loads(response.read())["nodeHealth"] == "READY"
+        topic = urllib.parse.quote(f"/waku/2/rs/{CLUSTER_ID}/3", safe="")
+        with urllib.request.urlopen(
+            f"{rest}/store/v3/messages?pubsubTopic={topic}&contentTopics=/a/1/b/proto", timeout=10
+        ) as response:
+            assert json.loads(response.read())["messages"] == []
         assert any(f"/tcp/{ports['--tcp-port']}/p2p/" in line for line in printed)
         assert any(line.endswith(f":{ports['--mailserver-port']}") and line.startswith("enode://") for line in printed)
-        import urllib.request
-
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['--metrics-port']}/health", timeout=10) as response:
             assert response.status == 200
     finally:

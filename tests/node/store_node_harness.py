@@ -121,5 +121,6 @@ class NodeThread:
             self.peer_id = node.info.peer_id
             self.enr = node.enr
             self.peer_exchange = node.peer_exchange
+            self.rest_port = node.rest_port
             self._ready.set()
             await self._stop.wait()

@@ -7,6 +7,8 @@ from wakustore.node.metrics import NodeMetrics, serve_http
 
 
 async def _get(port: int, request: bytes) -> bytes:
+    """The whole answer to ``request`` (asked to close the connection after it)."""
+    request = request.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(request)
     chunks = []
