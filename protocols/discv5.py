@@ -36,7 +36,7 @@ import collections
 import hashlib
 import hmac
 import ipaddress
-import os
+import secrets
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -191,7 +191,7 @@ def encode_packet(
     protocol_id: bytes = PROTOCOL_ID,
 ) -> tuple[bytes, bytes]:
     """(packet, associated data) for a header; ``message`` is already encrypted."""
-    iv = os.urandom(IV_SIZE) if iv is None else iv
+    iv = secrets.token_bytes(IV_SIZE) if iv is None else iv
     header = _STATIC_HEADER.pack(protocol_id, VERSION, flag, nonce, len(authdata)) + authdata
     packet = iv + _ctr(dest_id[:16], iv, header) + message
     if len(packet) > MAX_PACKET_SIZE:
@@ -377,7 +377,7 @@ class Sessions:
 
     ``private_key`` is the node's secp256k1 key, ``record`` its signed ENR
     (``record()`` is called each time, so a new sequence number is seen).
-    ``random`` gives bytes (os.urandom; a test passes its own).
+    ``random`` gives bytes (secrets.token_bytes; a test passes its own).
     """
 
     def __init__(
@@ -385,7 +385,7 @@ class Sessions:
         private_key: bytes,
         record: Callable[[], enr_codec.Enr],
         protocol_id: bytes = WAKU_PROTOCOL_ID,
-        random: Callable[[int], bytes] = os.urandom,
+        random: Callable[[int], bytes] = secrets.token_bytes,
     ):
         self.private_key = private_key
         self.public_key = PrivateKey(private_key).public_key.format(compressed=True)
@@ -522,9 +522,7 @@ class Sessions:
         ):
             raise Discv5Error("handshake signature does not verify")
         secret = ecdh(handshake.ephemeral_key, self.private_key)
-        initiator_key, recipient_key = derive_keys(
-            secret, handshake.src_id, self.local_id, challenge.challenge_data
-        )
+        initiator_key, recipient_key = derive_keys(secret, handshake.src_id, self.local_id, challenge.challenge_data)
         plaintext = decrypt(initiator_key, packet.nonce, packet.message, packet.associated_data)
         _put(
             self._sessions,
