@@ -199,6 +199,10 @@ def run_serve(args: argparse.Namespace) -> int:
             "rest_allow_origin",
             "rest_relay_cache_capacity",
             "num_shards_in_network",
+            "discv5_discovery",
+            "discv5_udp_port",
+            "discv5_bootstrap_nodes",
+            "discv5_enr_auto_update",
         )
     }
     config = node_config.load(args.config, overrides)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from wakustore.node.rate_limits import RateLimits
-from wakustore.protocols import topics
+from wakustore.protocols import enr, topics
 from wakustore.protocols.dns_discovery import parse_url
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
@@ -126,6 +126,13 @@ class NodeConfig:
     relay: bool = True
     # Multiaddrs (ending in /p2p/<peer id>) dialed at start and kept connected.
     relay_peers: list[str] = field(default_factory=list)
+    # 33/WAKU2-DISCV5 (node/discv5.py): discv5 with protocol id d5waku on
+    # this UDP port, bootstrapped from these records (enr:...), the
+    # record's ip/udp updated from what peers see (nwaku's --discv5-*).
+    discv5_discovery: bool = False
+    discv5_udp_port: int = 9000
+    discv5_bootstrap_nodes: list[str] = field(default_factory=list)
+    discv5_enr_auto_update: bool = False
     # EIP-1459 trees (enrtree://<key>@<domain>) whose relay nodes of our
     # cluster and shards are dialed (nwaku's --dns-discovery-url), and the
     # name servers asked ("host" or "host:port"; none: the system's).
@@ -200,6 +207,13 @@ class NodeConfig:
                 parse_url(url)
             except ProtocolError as exc:
                 raise ConfigError(f"dns_discovery_url {url!r}: {exc}") from None
+        for text in self.discv5_bootstrap_nodes:
+            try:
+                record = enr.decode(text)
+            except ProtocolError as exc:
+                raise ConfigError(f"discv5_bootstrap_node {text[:40]!r}: {exc}") from None
+            if record.ip is None and record.ip6 is None or record.udp is None and record.udp6 is None:
+                raise ConfigError(f"discv5_bootstrap_node {text[:40]!r}: the record has no IP address and UDP port")
         for addr in self.peer_exchange_nodes:
             try:
                 parse_peer(addr)
@@ -210,7 +224,7 @@ class NodeConfig:
                 raise ConfigError(f"dns_discovery_name_server {server!r} is not an IP address with an optional :port")
         if not (self.engine == "embedded" or self.engine.startswith("sc://")):
             raise ConfigError(f"engine must be 'embedded' or 'sc://host:port', got {self.engine!r}")
-        for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port", "rest_port"):
+        for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port", "rest_port", "discv5_udp_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} {port} outside 0..65535")
@@ -363,6 +377,7 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         "ext_multiaddrs",
         "sync_peers",
         "rest_allow_origin",
+        "discv5_bootstrap_nodes",
     ):
         return value.replace(",", " ").split() if isinstance(value, str) else [str(v) for v in value]
     try:

@@ -1,6 +1,7 @@
 """Discovery of relay peers: EIP-1459 DNS trees (nwaku's
-``--dns-discovery-url``) and peer exchange with other nodes (nwaku's
-``--peer-exchange-node``; :func:`run_peer_exchange_client`).
+``--dns-discovery-url``), peer exchange with other nodes (nwaku's
+``--peer-exchange-node``; :func:`run_peer_exchange_client`) and discv5
+(node/discv5.py; :func:`discv5_finder`).
 
 Every :data:`DNS_DISCOVERY_INTERVAL_S` each tree is walked
 (:func:`wakustore.transport.dns.walk_tree`: every entry's hash and the
@@ -139,6 +140,16 @@ async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_
     _count_round(metrics, "peer_exchange", "ok")
     added = _hand_over(relay_records(texts, config, own_peer_id), relay, records, metrics, "peer_exchange")
     log.info("peer exchange with %s: %d records, %d new relay peers", addr, len(answer.enrs), added)
+
+
+def discv5_finder(config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None, metrics):
+    """What discv5 calls with each record it learns: a relay node of our
+    cluster sharing a shard goes to the relay and to peer exchange."""
+
+    def found(record: enr.Enr) -> None:
+        _hand_over(relay_records([record.text], config, own_peer_id), relay, records, metrics, "discv5")
+
+    return found
 
 
 # The origin names of nwaku's peer store (the REST API's admin endpoints).

@@ -10,7 +10,8 @@ peer id. It says:
   (websockets, DNS names of ``--ext-multiaddr``), as many as fit the
   record's 300 bytes;
 - ``waku2``: store, lightpush and sync, and relay when it runs;
-- ``rs`` (``rsv`` from 64 shards): the cluster and the shards served.
+- ``rs`` (``rsv`` from 64 shards): the cluster and the shards served;
+- ``udp``: the discv5 port, when discv5 runs.
 
 The sequence number lives in ``<data_dir>/enr.json`` with a digest of the
 fields: it goes up by one whenever the fields change between starts (a
@@ -44,11 +45,27 @@ def node_capabilities(relay: bool) -> Capability:
     return served | Capability.RELAY if relay else served
 
 
-def node_record(config: NodeConfig, private_key: bytes, multiaddrs: list[str], *, relay: bool) -> Enr:
+def node_record(
+    config: NodeConfig,
+    private_key: bytes,
+    multiaddrs: list[str],
+    *,
+    relay: bool,
+    udp: int | None = None,
+    external_ip: str | None = None,
+) -> Enr:
     """The node's record for its dialable ``multiaddrs`` (each ending in
     ``/p2p/<peer id>``, announced ones last as :func:`~wakustore.node.host.dialable_addrs`
-    lists them), with the next sequence number when its fields changed."""
+    lists them), with the next sequence number when its fields changed.
+    ``udp``: the discv5 port; ``external_ip``: the IPv4 address discv5
+    peers see the node at (``--discv5-enr-auto-update``), which replaces
+    ``ip``."""
     fields = _fields(config, multiaddrs, relay)
+    if udp is not None:
+        fields["udp"] = udp
+    if external_ip is not None:
+        fields["ip"] = external_ip
+        fields.setdefault("tcp", config.tcp_port)
     seq = _sequence(config.data_dir, fields)
     record, left_out = _fitting(private_key, seq, fields)
     if left_out:
@@ -123,6 +140,7 @@ def _record(private_key: bytes, seq: int, fields: dict[str, Any], addrs: list[st
         shards=fields["shards"],
         ip=fields.get("ip"),
         tcp=fields.get("tcp"),
+        udp=fields.get("udp"),
         ip6=fields.get("ip6"),
         tcp6=fields.get("tcp6"),
         multiaddrs=[a for a in addrs if _is_multiaddr(a)],

@@ -84,6 +84,14 @@ class NodeMetrics:
             registry=r,
         )
 
+        self.discv5_nodes = Gauge("wakustore_discv5_nodes", "Records in the discv5 routing table", registry=r)
+        self.discv5_dropped = Counter(
+            "wakustore_discv5_packets_dropped",
+            "discv5 datagrams dropped, by reason (too_large, rate_limited, invalid, unexpected)",
+            ["reason"],
+            registry=r,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 

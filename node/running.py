@@ -30,7 +30,14 @@ from libp2p.crypto.keys import KeyPair
 from wakustore.node.config import NodeConfig
 from wakustore.node.discovery import run_dns_discovery, run_peer_exchange_client
 from wakustore.node.enr import node_record
-from wakustore.node.host import LIBP2P_PORTS, HostInfo, check_ports_free, load_or_create_key, running_host
+from wakustore.node.host import (
+    LIBP2P_PORTS,
+    HostError,
+    HostInfo,
+    check_ports_free,
+    load_or_create_key,
+    running_host,
+)
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.node.mailserver import MailserverInfo, running_mailserver
 from wakustore.node.metrics import serve_http
@@ -60,6 +67,7 @@ class RunningNode:
     sync: SyncService | None = None  # Waku Sync and Store Resume (node/sync.py)
     enr: Enr | None = None  # the node's record (node/enr.py)
     peer_exchange: Any = None  # the PeerExchangeService with --peer-exchange
+    discv5: Any = None  # the Discv5Node with --discv5-discovery (node/discv5.py)
     rest_port: int | None = None  # nwaku's REST API with --rest (node/rest.py)
 
 
@@ -125,7 +133,8 @@ async def running_node(
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
             service.relay = the_relay
-            record = node_record(config, key_pair.private_key.to_bytes(), info.multiaddrs, relay=the_relay is not None)
+            private_key = key_pair.private_key.to_bytes()
+            discv5_node, record = await _discv5(config, private_key, info, the_relay, peer_records, service.metrics)
             peer_tasks.start_soon(syncing.run, host)
             if config.dns_discovery_urls and (the_relay is not None or exchange is not None):
                 peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records, service.metrics)
@@ -153,7 +162,20 @@ async def running_node(
                 enr=record,
                 peer_exchange=exchange,
                 sync=syncing,
+                discv5=discv5_node,
             )
+            if discv5_node is not None:
+
+                def external(ip: str, port: int) -> None:
+                    node.enr = node_record(
+                        config, private_key, info.multiaddrs, relay=the_relay is not None, udp=port, external_ip=ip
+                    )
+
+                if config.discv5_enr_auto_update:
+                    discv5_node.on_external = external
+                discv5_node.record = lambda: node.enr
+                discv5_node.sessions.record = lambda: node.enr
+                await peer_tasks.start(discv5_node.run)
             if config.rest:
                 from wakustore.node.rest import serve_rest
 
@@ -163,6 +185,32 @@ async def running_node(
             finally:
                 peer_tasks.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
+
+
+async def _discv5(config, private_key: bytes, info: HostInfo, relay, peer_records, metrics):
+    """(the discv5 node, bound but not yet running, or None; the node's
+    record, with ``udp`` when discv5 runs)."""
+    if not config.discv5_discovery:
+        return None, node_record(config, private_key, info.multiaddrs, relay=relay is not None)
+    from wakustore.node.discovery import discv5_finder
+    from wakustore.node.discv5 import Discv5Node
+    from wakustore.protocols import enr
+
+    holder: list[Enr] = []
+    found = discv5_finder(config, relay, info.peer_id, peer_records, metrics)
+    discv5_node = Discv5Node(
+        private_key,
+        lambda: holder[0],
+        bootstrap=[enr.decode(text) for text in config.discv5_bootstrap_nodes],
+        on_found=found,
+        metrics=metrics,
+    )
+    try:
+        port = await discv5_node.bind(config.listen_host, config.discv5_udp_port)
+    except OSError as exc:
+        raise HostError(f"discv5_udp_port {config.discv5_udp_port} on {config.listen_host}: {exc}") from None
+    holder.append(node_record(config, private_key, info.multiaddrs, relay=relay is not None, udp=port))
+    return discv5_node, holder[0]
 
 
 async def _run_archives(config, service, relay, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -281,7 +281,8 @@ def nodes(request_id: bytes, total: int, records: Sequence[bytes]) -> Message:
 
 
 def encode_message(message: Message) -> bytes:
-    return bytes([message.kind]) + rlp.encode([message.request_id, *message.fields])
+    encoded: bytes = rlp.encode([message.request_id, *message.fields])
+    return bytes([message.kind]) + encoded
 
 
 def decode_message(data: bytes) -> Message:
@@ -533,7 +534,7 @@ class Sessions:
         return Received(message=decode_message(plaintext), node_id=handshake.src_id, record=record)
 
 
-def _put(table: collections.OrderedDict, key: Any, value: Any, limit: int) -> None:
+def _put(table: collections.OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
     table[key] = value
     table.move_to_end(key)
     while len(table) > limit:

@@ -122,5 +122,6 @@ class NodeThread:
             self.enr = node.enr
             self.peer_exchange = node.peer_exchange
             self.rest_port = node.rest_port
+            self.discv5 = node.discv5
             self._ready.set()
             await self._stop.wait()

@@ -55,7 +55,8 @@ IDLE_TOPIC = "/interop/1/idle/proto"
 @pytest.fixture(scope="module")
 def node_binary() -> Path:
     """Node.js 22 from the npm ``node`` package, installed by ``npm ci`` when missing."""
-    if not (NODE_BIN.exists() and (INTEROP_DIR / "node_modules" / "@waku" / "sdk").is_dir()):
+    packages = ("@waku/sdk", "@chainsafe/discv5")
+    if not (NODE_BIN.exists() and all((INTEROP_DIR / "node_modules" / p).is_dir() for p in packages)):
         npm = shutil.which("npm")
         if npm is None:
             pytest.fail("npm is needed to install tests/interop")
