@@ -166,7 +166,13 @@ def _hand_over(found: list[enr.Enr], relay: Relay | None, records: PeerRecords |
         new = False
         if relay is not None:
             try:
-                new = relay.add_discovered(parse_peer(record.dialable()[0]), _ORIGINS.get(origin, "UnknownOrigin"))
+                # relay_records kept only records of our cluster naming their shards.
+                shards = record.relay_shards
+                new = relay.add_discovered(
+                    parse_peer(record.dialable()[0]),
+                    _ORIGINS.get(origin, "UnknownOrigin"),
+                    shards.shards if shards is not None else (),
+                )
             except PeerAddressError as exc:
                 log.debug("discovered address skipped: %s", exc)
         added += new

@@ -84,6 +84,22 @@ class NodeMetrics:
             registry=r,
         )
 
+        # The peer manager (node/peer_manager.py).
+        self.relay_dials = Counter(
+            "wakustore_relay_dials",
+            "Dials of discovered relay nodes, by origin and outcome",
+            ["origin", "outcome"],
+            registry=r,
+        )
+        self.relay_candidates = Gauge(
+            "wakustore_relay_candidates",
+            "Discovered relay nodes the peer manager holds, by origin and state (connected, candidate, backoff)",
+            ["origin", "state"],
+            registry=r,
+        )
+        self.relay_forgotten = Counter(
+            "wakustore_relay_forgotten", "Discovered relay nodes forgotten, by why", ["why"], registry=r
+        )
         self.discv5_nodes = Gauge("wakustore_discv5_nodes", "Records in the discv5 routing table", registry=r)
         self.discv5_dropped = Counter(
             "wakustore_discv5_packets_dropped",

@@ -74,6 +74,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import HostError
 from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.peer_manager import PeerManager
 from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
 from wakustore.protocols.message import WakuMessage
@@ -118,10 +119,10 @@ KEEP_CONNECTED_S = 5.0
 REDIAL_FIRST_S = 1.0
 REDIAL_MAX_S = 60.0
 
-# Relay nodes found by discovery that are kept connected at once (the
-# configured relay peers come on top): nwaku's default relay peer target
-# is 60% of its 50 connections.
-MAX_DISCOVERED_PEERS = 30
+# Relay nodes found by discovery are dialed by the peer manager
+# (node/peer_manager.py): a target per shard, within max_connections
+# (nwaku's default of 50 when that cap is off).
+DEFAULT_MAX_RELAY_PEERS = 50
 
 # Rejection reasons the relay adds to the ingest ones.
 UNDECODABLE = "undecodable"
@@ -303,10 +304,9 @@ class Relay:
         self.ingest = ingest
         self.topics = sorted(ingest.pubsub_topics)
         self.peer_infos = [peer_info(addr) for addr in config.relay_peers]
-        # Peers found by discovery, kept connected as the configured ones,
-        # and where each relay peer came from (nwaku's origins: Static,
-        # Dns, PeerExchange, Discv5), for the REST API.
-        self.discovered: set[ID] = set()
+        # Where each relay peer came from (nwaku's origins: Static, Dns,
+        # PeerExchange, Discv5), for the REST API; the peer manager dials
+        # those discovery found.
         self.origins: dict[ID, str] = {info.peer_id: "Static" for info in self.peer_infos}
         # Called with (pubsub topic, message) for each valid relayed message
         # (the REST API's relay cache).
@@ -318,6 +318,12 @@ class Relay:
         self._store_send, self._store_receive = trio.open_memory_channel[tuple[str, Any, int]](STORE_QUEUE)
         self.scores = ScoreKeeper(self.router, self.pubsub, host.disconnect)
         self.pubsub.on_failed_stream = self.scores.strike
+        self.manager = PeerManager(
+            self,
+            config.shards,
+            max_relay_peers=config.max_connections or DEFAULT_MAX_RELAY_PEERS,
+            metrics=getattr(ingest.service, "metrics", None),
+        )
 
     @property
     def peers(self) -> list[ID]:
@@ -392,6 +398,7 @@ class Relay:
                     nursery.start_soon(self.scores.run)
                     for info in self.peer_infos:
                         nursery.start_soon(self._keep_connected, info)
+                    nursery.start_soon(self.manager.run)
                     self._nursery = nursery
                     self.running = True
                     started = True
@@ -440,20 +447,35 @@ class Relay:
                 delay = REDIAL_FIRST_S
             await trio.sleep(KEEP_CONNECTED_S)
 
-    def add_discovered(self, info: PeerInfo, origin: str = "UnknownOrigin") -> bool:
-        """Keep ``info`` (a relay node discovery found, by ``origin``)
-        connected, as the configured relay peers are; False when it is known
-        already, the relay is not running, or :data:`MAX_DISCOVERED_PEERS`
-        are kept."""
-        known = {i.peer_id for i in self.peer_infos} | self.discovered
-        if self._nursery is None or info.peer_id in known or info.peer_id == self.host.get_id():
+    def add_discovered(self, info: PeerInfo, origin: str = "UnknownOrigin", shards: Iterable[int] = ()) -> bool:
+        """Give the peer manager ``info`` (a relay node discovery found,
+        by ``origin``, on ``shards``); False when it is a configured relay
+        peer, ourselves, or known already."""
+        if info.peer_id == self.host.get_id() or any(i.peer_id == info.peer_id for i in self.peer_infos):
             return False
-        if len(self.discovered) >= MAX_DISCOVERED_PEERS:
-            return False
-        self.discovered.add(info.peer_id)
-        self.origins[info.peer_id] = origin
-        self._nursery.start_soon(self._keep_connected, info)
-        return True
+        new = self.manager.add(info, origin, shards)
+        if new:
+            self.origins[info.peer_id] = origin
+        return new
+
+    # --- what the peer manager asks -----------------------------------------------
+
+    def connected(self, peer_id: ID) -> bool:
+        return peer_id in self.pubsub.peers and self._connected(peer_id)
+
+    def shard_peer_count(self, shard: int) -> int:
+        return sum(self.peer_count(t) for t in self.topics if t.endswith(f"/{shard}"))
+
+    def relay_peer_count(self) -> int:
+        return len(self.pubsub.peers)
+
+    def graylisted(self, peer_id: ID) -> bool:
+        return self.scores.is_graylisted(peer_id)
+
+    async def dial(self, info: PeerInfo) -> None:
+        """Connect to ``info`` and open the relay stream; raises on failure."""
+        await self.host.connect(info)
+        await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
 
     def _connected(self, peer_id: ID) -> bool:
         for conn in self.host.get_network().get_connections(peer_id):

@@ -39,49 +39,132 @@ def _start(tmp_path_factory, engine, name: str, bootstrap: list[str], **override
     return RelayNode(config, engine, RateLimits.parse(["0/1s"])).start()
 
 
+# Overlapping shards of cluster 42: the third and fourth nodes share none.
+SHARDS = [[0, 5], [0, 5], [0], [5], [0, 5]]
+
+
 @pytest.fixture(scope="module")
 def network(engine, tmp_path_factory):
-    first = _start(tmp_path_factory, engine, "d5-0", [])
+    first = _start(tmp_path_factory, engine, "d5-0", [], shards=SHARDS[0])
     nodes = [first]
     try:
         for i in range(1, 5):
-            nodes.append(_start(tmp_path_factory, engine, f"d5-{i}", [first.enr.text]))
+            nodes.append(_start(tmp_path_factory, engine, f"d5-{i}", [first.enr.text], shards=SHARDS[i]))
         stranger = _start(tmp_path_factory, engine, "d5-other", [first.enr.text], cluster_id=43)
         nodes.append(stranger)
+        for node in nodes:
+            # Quicker rounds and give-ups than a real node's, for the kill below.
+            node.relay.manager.round_s = 0.5
+            node.relay.manager.backoff_first_s = 0.2
+            node.relay.manager.max_failures = 2
         yield nodes[:5], stranger
     finally:
         for node in reversed(nodes):
-            node.stop()
+            if node._thread.is_alive():
+                node.stop()
 
 
 def _relay_peers(node) -> set[str]:
     return {str(p) for p in node.relay.pubsub.peers}
 
 
-def test_five_nodes_from_one_bootstrap_record_find_and_relay_with_each_other(network):
-    nodes, stranger = network
-    ids = {node.peer_id for node in nodes}
-    deadline = time.monotonic() + FOUND_TIMEOUT_S
+def _linked(a, b) -> bool:
+    return bool(set(SHARDS[a]) & set(SHARDS[b]))
+
+
+def _wait(condition, what: str, timeout_s: float = FOUND_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all(_relay_peers(node) >= ids - {node.peer_id} for node in nodes):
-            break
-        time.sleep(0.5)
-    for node in nodes:
-        assert _relay_peers(node) >= ids - {node.peer_id}, (node.peer_id, _relay_peers(node))
+        if condition():
+            return
+        time.sleep(0.3)
+    raise AssertionError(what)
+
+
+def _expected_peers(nodes, i) -> set[str]:
+    return {nodes[j].peer_id for j in range(len(nodes)) if j != i and _linked(i, j)}
+
+
+def test_nodes_from_one_bootstrap_record_relay_with_the_nodes_of_their_shards(network):
+    nodes, stranger = network
+    _wait(
+        lambda: all(_relay_peers(n) >= _expected_peers(nodes, i) for i, n in enumerate(nodes)),
+        "the nodes never linked with every node of their shards",
+    )
+    for i, node in enumerate(nodes):
+        # Only nodes sharing a shard: the third and fourth never link.
+        assert _relay_peers(node) & {n.peer_id for n in nodes} == _expected_peers(nodes, i)
+        assert stranger.peer_id not in _relay_peers(node)
         # Their records name the discv5 port they answer on.
         assert node.enr.udp == node.discv5._socket.getsockname()[1]
-        assert node.relay.origins[next(p for p in node.relay.pubsub.peers if str(p) != node.peer_id)] in (
-            "Discv5",
-            "Static",
-        )
-    # The node of cluster 43 is in the first node's table, never a relay peer.
-    stranger_id = discv5.node_id(stranger.enr.public_key)
-    assert nodes[0].discv5.table.get(stranger_id) is not None
-    assert all(stranger.peer_id not in _relay_peers(node) for node in nodes)
+    assert nodes[2].peer_id not in _relay_peers(nodes[3])
+    # The node of cluster 43 is in the first node's discv5 table, never a relay peer.
+    assert nodes[0].discv5.table.get(discv5.node_id(stranger.enr.public_key)) is not None
     found = nodes[0].service.metrics.registry.get_sample_value(
         "wakustore_discovered_relay_peers_total", {"origin": "discv5", "outcome": "added"}
     )
     assert found is not None and found >= 4
+    assert {origin for origin, _ in nodes[0].relay.manager.states()} == {"Discv5"}
+
+
+def test_a_message_reaches_and_is_stored_by_every_node_of_its_shard_only(network):
+    from wakustore.clients.store import StoreClient
+    from wakustore.protocols.message import WakuMessage
+    from wakustore.protocols.store_query import HistoryQuery
+
+    nodes, stranger = network
+    _wait(
+        lambda: all(_relay_peers(n) >= _expected_peers(nodes, i) for i, n in enumerate(nodes)),
+        "the nodes never linked",
+    )
+    topic = "/waku/2/rs/42/0"
+    message = WakuMessage(b"to shard 0", "/d5/1/chat/proto", timestamp=time.time_ns())
+
+    async def push():
+        async with StoreClient.connect(nodes[2].tcp_addr) as client:
+            answer = await client.push(topic, message)
+            assert answer.status_code == 200
+
+    trio.run(push)
+
+    def stored(node) -> bool:
+        async def ask():
+            async with StoreClient.connect(node.tcp_addr) as client:
+                page = await client.query(
+                    HistoryQuery(pubsub_topic=topic, content_topics=("/d5/1/chat/proto",), include_data=False)
+                )
+                return len(page.messages) == 1
+
+        return trio.run(ask)
+
+    on_shard = [n for i, n in enumerate(nodes) if 0 in SHARDS[i]]
+    _wait(lambda: all(stored(n) for n in on_shard), "a node of shard 0 did not store the message", 20)
+    assert not stored(nodes[3]) and not stored(stranger)
+
+
+def test_a_killed_node_is_forgotten_and_a_new_one_takes_its_place(network, engine, tmp_path_factory):
+    nodes, _ = network
+    _wait(
+        lambda: all(_relay_peers(n) >= _expected_peers(nodes, i) for i, n in enumerate(nodes)),
+        "the nodes never linked",
+    )
+    killed = nodes[1]
+    killed.stop()
+    survivors = [n for n in nodes if n is not killed]
+    _wait(
+        lambda: all(killed.peer_id not in n.relay.manager.candidates for n in survivors),
+        "the killed node was never forgotten",
+    )
+    newcomer = _start(tmp_path_factory, engine, "d5-new", [nodes[0].enr.text], shards=[0, 5])
+    try:
+        _wait(
+            lambda: all(newcomer.peer_id in _relay_peers(n) for n in survivors),
+            "the new node did not take the killed one's place",
+        )
+        forgotten = sum(n.relay.manager.forgotten["unreachable"] for n in survivors)
+        assert forgotten >= 1
+    finally:
+        newcomer.stop()
 
 
 def test_a_stray_packet_does_not_disturb_a_node(network):
