@@ -147,7 +147,7 @@ def test_grafana_dashboard_uses_only_metrics_the_node_exports():
     used = set()
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            used |= set(re.findall(r"wakustore_[a-z_]+", target["expr"]))
+            used |= set(re.findall(r"wakustore_[a-z0-9_]+", target["expr"]))
     assert used and used <= exported
 
 
