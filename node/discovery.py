@@ -55,31 +55,46 @@ def relay_records(records: list[str], config: NodeConfig, own_peer_id: str) -> l
 
 
 async def run_dns_discovery(
-    config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None = None, metrics=None
+    config: NodeConfig,
+    relay: Relay | None,
+    own_peer_id: str,
+    records: PeerRecords | None = None,
+    metrics=None,
+    discv5_node=None,
 ) -> None:
     """Walk the configured trees now and every interval; hand the relay
     nodes found to ``relay`` (when it runs) and their records to
-    ``records`` (what peer exchange hands out)."""
+    ``records`` (what peer exchange hands out); every record of the tree
+    with a UDP port goes to ``discv5_node``'s table too, as nwaku
+    bootstraps discv5 from its DNS trees."""
     while True:
         for url in config.dns_discovery_urls:
-            await _discover(url, config, relay, own_peer_id, records, metrics)
+            found = await _discover(url, config, relay, own_peer_id, records, metrics)
+            if discv5_node is not None:
+                for text in found:
+                    try:
+                        discv5_node.learn(enr.decode(text))
+                    except enr.EnrError:
+                        continue
         await trio.sleep(DNS_DISCOVERY_INTERVAL_S)
 
 
 async def _discover(
     url: str, config: NodeConfig, relay: Relay | None, own_peer_id: str, records: PeerRecords | None, metrics
-) -> None:
+) -> list[str]:
+    """The records of the tree at ``url`` (texts); its relay nodes handed over."""
     try:
         walk = await walk_tree(url, config.dns_discovery_name_servers)
     except DnsLookupError as exc:
         log.warning("DNS discovery %s: %s", url, exc)
         _count_round(metrics, "dns", "lookup_failed")
-        return
+        return []
     if walk.error is not None:
         log.warning("DNS discovery %s: stopped: %s", url, walk.error)
     _count_round(metrics, "dns", "ok" if walk.error is None else walk.error.reason.value)
     added = _hand_over(relay_records(walk.enrs, config, own_peer_id), relay, records, metrics, "dns")
     log.info("DNS discovery %s: %d records, %d new relay peers", url, len(walk.enrs), added)
+    return list(walk.enrs)
 
 
 # Relay peers below which the peer-exchange nodes are asked for more, and

@@ -219,11 +219,13 @@ class Discv5Node:
         if received.reply is not None:
             await self._send(received.reply, address)
         if received.record is not None:
-            self._learn(received.record)
+            self.learn(received.record)
         if received.message is not None and received.node_id is not None:
             await self._handle(received.message, received.node_id, address)
 
-    def _learn(self, record: enr.Enr) -> None:
+    def learn(self, record: enr.Enr) -> None:
+        """Add ``record`` to the table (it needs an IP address and UDP
+        port); a new one goes to ``on_found``."""
         if udp_address(record) is None:
             return
         if self.table.add(record):
@@ -372,11 +374,11 @@ class Discv5Node:
             node = discv5.node_id(other.public_key)
             if node != self.local_id:
                 found[node] = other
-                self._learn(other)
+                self.learn(other)
 
     async def _walk(self) -> None:
         for record in self.bootstrap:
-            self._learn(record)
+            self.learn(record)
         async with trio.open_nursery() as nursery:
             for record in self.bootstrap:
                 nursery.start_soon(self._ping_quietly, record)
@@ -393,7 +395,7 @@ class Discv5Node:
             )
             if not len(self.table):
                 for record in self.bootstrap:
-                    self._learn(record)
+                    self.learn(record)
             fast = len(self.table) < FEW_NODES
             await trio.sleep(self.fast_walk_interval_s if fast else self.walk_interval_s)
 

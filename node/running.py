@@ -137,7 +137,9 @@ async def running_node(
             discv5_node, record = await _discv5(config, private_key, info, the_relay, peer_records, service.metrics)
             peer_tasks.start_soon(syncing.run, host)
             if config.dns_discovery_urls and (the_relay is not None or exchange is not None):
-                peer_tasks.start_soon(run_dns_discovery, config, the_relay, info.peer_id, peer_records, service.metrics)
+                peer_tasks.start_soon(
+                    run_dns_discovery, config, the_relay, info.peer_id, peer_records, service.metrics, discv5_node
+                )
             if config.peer_exchange_nodes and the_relay is not None:
                 peer_tasks.start_soon(
                     run_peer_exchange_client, config, the_relay, host, info.peer_id, peer_records, service.metrics

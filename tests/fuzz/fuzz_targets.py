@@ -28,7 +28,18 @@ import coincurve
 from Crypto.Cipher import AES
 from Crypto.Hash import keccak
 
-from wakustore.protocols import archive, ecies, enr, lightpush, metadata, peer_exchange, rlpx, store_v2, store_v3
+from wakustore.protocols import (
+    archive,
+    discv5,
+    ecies,
+    enr,
+    lightpush,
+    metadata,
+    peer_exchange,
+    rlpx,
+    store_v2,
+    store_v3,
+)
 from wakustore.protocols import mailserver as wms
 from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.dos_protection import validate as dos_validate
@@ -742,6 +753,60 @@ def _archive_seeds():
     return seeds + _seeded(entries, "magnet", [magnet])
 
 
+# --- discv5 ----------------------------------------------------------------------------------
+
+_DISCV5_A = bytes.fromhex("eef77acb6c6a6eebc5b363a475ac583ec7eccdb42b6481424c60f59aa326547f")
+_DISCV5_B = bytes.fromhex("66fb62bfbd66b9177a138c1e5cddbe4f7c30c343e94e68df8769459cb1cde628")
+_DISCV5_ADDRESS = ("127.0.0.1", 9000)
+
+
+def _discv5_pair(seed: int = 7):
+    """Two nodes' sessions (A, B) with reproducible randomness, and B's id."""
+    rng = random.Random(seed)
+    record_a = enr.encode(_DISCV5_A, 1, {"ip": bytes([127, 0, 0, 1]), "udp": 9000})
+    record_b = enr.encode(_DISCV5_B, 1, {"ip": bytes([127, 0, 0, 1]), "udp": 9001})
+    a = discv5.Sessions(_DISCV5_A, lambda: record_a, random=rng.randbytes)
+    b = discv5.Sessions(_DISCV5_B, lambda: record_b, random=rng.randbytes)
+    return a, b, record_b
+
+
+def _discv5_packet(data: bytes) -> None:
+    """The bytes as a datagram to B, which has just challenged A (so a
+    handshake can get as far as its signature and record)."""
+    a, b, record_b = _discv5_pair()
+    id_b = discv5.node_id(record_b.public_key)
+    b.receive(a.send(id_b, _DISCV5_ADDRESS, discv5.ping(b"\x01", 1), record_b), _DISCV5_ADDRESS, lambda n: None)
+    b.receive(data, _DISCV5_ADDRESS, lambda n: None)
+
+
+def _discv5_entries():
+    return [
+        EntryPoint("packet", _discv5_packet, (discv5.Discv5Error,)),
+        EntryPoint("message", discv5.decode_message, (discv5.Discv5Error,)),
+    ]
+
+
+def _discv5_seeds():
+    a, b, record_b = _discv5_pair()
+    id_b = discv5.node_id(record_b.public_key)
+    first = a.send(id_b, _DISCV5_ADDRESS, discv5.ping(b"\x01", 1), record_b)
+    whoareyou = b.receive(first, _DISCV5_ADDRESS, lambda n: None).reply
+    handshake = a.receive(whoareyou, _DISCV5_ADDRESS, lambda n: None).reply
+    b.receive(handshake, _DISCV5_ADDRESS, lambda n: None)
+    plain = a.send(id_b, _DISCV5_ADDRESS, discv5.findnode(b"\x02", [256, 255]))
+    messages = [
+        discv5.encode_message(m)
+        for m in (
+            discv5.ping(b"\x01", 1),
+            discv5.pong(b"\x01", 1, "127.0.0.1", 9000),
+            discv5.findnode(b"\x01", [0, 256]),
+            *discv5.nodes_messages(b"\x01", [record_b.raw] * 4),
+        )
+    ]
+    entries = _discv5_entries()
+    return _seeded(entries, "packet", [first, handshake, plain]) + _seeded(entries, "message", messages)
+
+
 # --- the registry ----------------------------------------------------------------------------
 
 
@@ -759,6 +824,7 @@ TARGETS: dict[str, Target] = {
         _target("metadata", _metadata_entries, _metadata_seeds),
         _target("peer_exchange", _peer_exchange_entries, _peer_exchange_seeds),
         _target("enr", _enr_entries, _enr_seeds),
+        _target("discv5", _discv5_entries, _discv5_seeds),
         _target("relay", _relay_entries, _relay_seeds),
         _target("framing", _framing_entries, _framing_seeds),
         _target("rlpx_handshake", _rlpx_handshake_entries, _rlpx_handshake_seeds),
