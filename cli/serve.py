@@ -160,6 +160,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="shards content topics map to (autosharding: /relay/v1/auto endpoints, lightpush without a "
         "pubsub topic), 0: static sharding only (default: 0)",
     )
+    serve.add_argument(
+        "--discv5-discovery",
+        action="store_true",
+        default=None,
+        help="find relay peers by discv5 (33/WAKU2-DISCV5, protocol id d5waku) (default: off)",
+    )
+    serve.add_argument("--discv5-udp-port", type=int, help=f"discv5 UDP port, 0: any (default: {d.discv5_udp_port})")
+    serve.add_argument(
+        "--discv5-bootstrap-node",
+        action="append",
+        dest="discv5_bootstrap_nodes",
+        help="record (enr:...) of a discv5 node to start from; repeatable (default: none)",
+    )
+    serve.add_argument(
+        "--discv5-enr-auto-update",
+        action="store_true",
+        default=None,
+        help="put in the record the address discv5 peers see this node at (default: off)",
+    )
     serve.set_defaults(handler=run_serve)
 
 

@@ -415,6 +415,12 @@ def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
         assert server.proc.wait(timeout=60) == 0
 
 
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -425,9 +431,16 @@ def test_serve_on_fixed_ports_binds_every_listener_once(tmp_path):
     """As `make run` does: every port given, none of them 0."""
     names = ("--tcp-port", "--ws-port", "--metrics-port", "--mailserver-port", "--rest-port")
     ports = {name: _free_port() for name in names}
-    server = ServeProcess(tmp_path / "fixed", "--rest", *[v for kv in ports.items() for v in (kv[0], str(kv[1]))])
+    ports["--discv5-udp-port"] = _free_udp_port()
+    server = ServeProcess(
+        tmp_path / "fixed", "--rest", "--discv5-discovery", *[v for kv in ports.items() for v in (kv[0], str(kv[1]))]
+    )
     try:
         printed = server.wait_ready()
+        from wakustore.protocols import enr
+
+        record = enr.decode(next(line for line in printed if line.startswith("enr:")))
+        assert record.udp == ports["--discv5-udp-port"]
         assert f"REST API on http://127.0.0.1:{ports['--rest-port']}/" in printed
         rest = f"http://127.0.0.1:{ports['--rest-port']}"
         with urllib.request.urlopen(f"{rest}/health", timeout=10) as response:

@@ -257,3 +257,30 @@ def _json_lines(process):
         if line.startswith("{"):
             yield json.loads(line)
     raise AssertionError(f"discv5_node.mjs ended: {process.stderr.read()[-2000:]}")
+
+
+def test_enr_auto_update_follows_the_address_three_peers_agree_on():
+    from coincurve import PrivateKey
+
+    from wakustore.node.discv5 import Discv5Node
+
+    key = PrivateKey().secret
+    record = enr.encode(key, 1, {"ip": bytes([127, 0, 0, 1]), "udp": 9000})
+    seen: list[tuple[str, int]] = []
+    node = Discv5Node(key, lambda: record, on_external=lambda ip, port: seen.append((ip, port)))
+
+    def pong_from(peer: int, ip: str, port: int) -> None:
+        node._vote(bytes([peer]) * 32, discv5.pong(b"\x01", 1, ip, port))
+
+    pong_from(1, "203.0.113.7", 9000)
+    pong_from(2, "203.0.113.7", 9000)
+    pong_from(2, "198.51.100.1", 9000)  # a peer changes its mind: one vote each
+    assert seen == []
+    pong_from(3, "203.0.113.7", 9000)
+    pong_from(4, "203.0.113.7", 9000)
+    assert seen[-1] == ("203.0.113.7", 9000)
+    # Peers seeing the address the record already names change nothing.
+    seen.clear()
+    record = enr.encode(key, 2, {"ip": bytes([203, 0, 113, 7]), "udp": 9000})
+    pong_from(5, "203.0.113.7", 9000)
+    assert seen == []
