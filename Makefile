@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml setup.py native/native.c
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# ARGS reaches the node word by word and never the shell: a ';' in a
+# retention policy (time:86400;capacity:1000) is the policy's, not a
+# command separator (values cannot hold spaces).
 run: install
-	$(BIN)/wakustore serve --data-dir $(DATA_DIR) $(ARGS)
+	@set -f; args='$(subst ','"'"',$(ARGS))'; echo "$(BIN)/wakustore serve --data-dir $(DATA_DIR) $$args"; \
+	exec $(BIN)/wakustore serve --data-dir "$(DATA_DIR)" $$args
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -211,6 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ProtocolError) as exc:
         print(f"wakustore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:
+        # A file that cannot be read or written, an address that cannot be
+        # bound or reached: what the operator must fix, on one line.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"wakustore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_USAGE
     except ValueError as exc:
         from wakustore.node.config import ConfigError
         from wakustore.storage.maintenance import RetentionError

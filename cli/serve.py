@@ -14,6 +14,7 @@ import trio
 
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
+from wakustore.cli.logs import configure as configure_logging
 from wakustore.node.process import configure_node_process
 
 log = logging.getLogger("wakustore")
@@ -25,6 +26,9 @@ log = logging.getLogger("wakustore")
 # (docker stop's default).
 STOP_DEADLINE_S = 8.0
 STOPPED_LINE = "wakustore node stopped"
+# A node that cannot start as configured (a taken port, an address not on
+# this machine, a bad key) exits as for any other bad input.
+EXIT_BAD_SETUP = 2
 _deadline: list[threading.Timer] = []  # armed by a signal, disarmed by a stop in time
 
 
@@ -179,6 +183,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="put in the record the address discv5 peers see this node at (default: off)",
     )
+    serve.add_argument(
+        "--log-level", help=f"debug, info, warning, error or critical, any case (default: {d.log_level.lower()})"
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        help="JSON lines, plain text, or auto: text on a terminal, JSON otherwise (default: auto)",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -222,14 +234,13 @@ def run_serve(args: argparse.Namespace) -> int:
             "discv5_udp_port",
             "discv5_bootstrap_nodes",
             "discv5_enr_auto_update",
+            "log_level",
+            "log_format",
         )
     }
     config = node_config.load(args.config, overrides)
     rate_limits = RateLimits.parse(config.rate_limits)  # checked by load
-    logging.basicConfig(
-        level=os.environ.get("WAKUSTORE_LOG_LEVEL", "INFO"),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    configure_logging(config.log_level, config.log_format)
     # Every process-wide setting of the node, here and nowhere else (logged
     # once the node is ready).
     settings = configure_node_process(config)
@@ -239,7 +250,12 @@ def run_serve(args: argparse.Namespace) -> int:
             trio.run(_serve, config, rate_limits, settings)
         except HostError as exc:
             print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
-            return 1
+            return EXIT_BAD_SETUP
+        except OSError as exc:
+            # A listener that cannot bind: an address not on this machine, a
+            # name that does not resolve.
+            print(f"wakustore: error: cannot listen: {_os_error(exc)}", file=sys.stderr, flush=True)
+            return EXIT_BAD_SETUP
         finally:
             for timer in _deadline:
                 timer.cancel()
@@ -310,6 +326,11 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                         service.store.pending,
                     )
                     log.info(
+                        "serving cluster %(cluster_id)s shards %(shards)s; retention %(retention)s; relay "
+                        "%(relay)s; engine %(engine)s; shared table %(shared_table)s",
+                        service.effective_config(),
+                    )
+                    log.info(
                         "rate limits per peer and per address: store %s, lightpush %s",
                         rate_limits.store,
                         rate_limits.lightpush,
@@ -337,10 +358,35 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
                     print("wakustore node ready; table " + config.messages_uri, flush=True)
                     await trio.sleep_forever()
         except BaseExceptionGroup as group:
-            # One failure (a taken port, a bad key): the caller reports it as it is.
-            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-                raise group.exceptions[0] from None
+            # One failure (a taken port, a bad key), however deep the
+            # nurseries that carried it: the caller reports it as it is.
+            single = _single_failure(group)
+            if single is not None:
+                raise single from None
             raise
+
+
+def _single_failure(group: BaseExceptionGroup) -> Exception | None:
+    """The one Exception in ``group`` and the groups nested in it, else None."""
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        elif not isinstance(error, trio.Cancelled):
+            leaves.append(error)
+
+    collect(group)
+    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+        return leaves[0]
+    return None
+
+
+def _os_error(exc: OSError) -> str:
+    text = exc.strerror or str(exc)
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{text}{where} [errno {exc.errno}]" if exc.errno is not None else f"{text}{where}"
 
 
 def _url_host(host: str) -> str:

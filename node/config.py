@@ -66,9 +66,16 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used; reported on one line."""
 
 
+_LOG_ALIASES = {"warn": "warning", "fatal": "critical", "trace": "debug"}
+
+
 @dataclass
 class NodeConfig:
     data_dir: Path = Path("./data")
+    # The log (cli/logs.py): level, any case; "json", "text", or "auto"
+    # (text on a terminal, JSON lines otherwise). WAKUSTORE_LOG_LEVEL too.
+    log_level: str = "INFO"
+    log_format: str = "auto"
     # "embedded" (a supervised Sail server) or "sc://host:port".
     engine: str = "embedded"
     # Where the tables live; default <data_dir>/tables. A fleet points every
@@ -244,6 +251,11 @@ class NodeConfig:
             raise ConfigError(f"request_timeout_s {self.request_timeout_s:g} must be positive")
         if not self.metrics_host.strip():
             raise ConfigError("metrics_host is empty")
+        level = _LOG_ALIASES.get(self.log_level.strip().lower(), self.log_level.strip().lower())
+        if level not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(f"log_level {self.log_level!r}: one of debug, info, warning, error, critical")
+        if self.log_format not in ("auto", "json", "text"):
+            raise ConfigError(f"log_format {self.log_format!r}: one of auto, json, text")
         if not self.rest_address.strip():
             raise ConfigError("rest_address is empty")
         if not 1 <= self.rest_relay_cache_capacity <= 100_000:

@@ -208,6 +208,21 @@ class StoreService:
                 "key_filter_ready": self.store.writes.filter_ready.is_set(),
             },
             **self._relay_health(),
+            "config": self.effective_config(),
+        }
+
+    def effective_config(self) -> dict:
+        """What the node runs with that an operator most often gets wrong:
+        logged at start and in /health."""
+        config = self.config
+        return {
+            "cluster_id": config.cluster_id,
+            "shards": sorted(config.shards),
+            "retention": config.retention,
+            "relay": config.relay,
+            "engine": config.engine,
+            "table": config.messages_uri,
+            "shared_table": config.shared_table,
         }
 
     def _relay_health(self) -> dict:

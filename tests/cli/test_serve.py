@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import deltalake
 import pytest
@@ -223,6 +224,62 @@ def test_cli_errors_are_one_line(served, args, status, message):
     assert len(lines) == 1 and lines[0].startswith("wakustore: error:") and message in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (("--listen-host", "192.0.2.1"), {}, "cannot listen: Cannot assign requested address"),
+        (("--metrics-host", "999.1.1.1"), {}, "cannot listen:"),
+        (("--rest", "--rest-address", "192.0.2.1", "--rest-port", "0"), {}, "cannot listen:"),
+        ((), {"WAKUSTORE_LOG_LEVEL": "loud"}, "log_level 'loud': one of debug"),
+        (("--log-level", "chatty"), {}, "log_level 'chatty'"),
+        (("--log-format", "xml"), {}, "invalid choice: 'xml'"),
+    ],
+)
+def test_serve_setup_errors_are_one_line_and_exit_2(tmp_path, args, env, message):
+    """An address not on the machine, a name that does not resolve, a bad
+    log level: one line, exit 2, no traceback."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wakustore",
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--tcp-port",
+            "0",
+            "--ws-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--mailserver-port",
+            "0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        # The environment overrides flags: none of the node's own here.
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("WAKUSTORE_")}, **env},
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
+    # Besides the node's log (JSON lines), one line and no traceback.
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith('{"')]
+    assert len(lines) == 1 and lines[0].startswith("wakustore: error:") and message in lines[0], lines
+    assert "Traceback" not in result.stderr
+
+
+def test_lowercase_log_level_and_plain_format_are_taken(tmp_path):
+    server = ServeProcess(tmp_path / "plain", "--log-format", "text", log_level="debug")
+    try:
+        server.wait_ready()
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    logged = server.proc.stderr.read()
+    assert " DEBUG " in logged and " INFO    wakustore: node stopped" in logged and '{"' not in logged
+
+
 def test_push_and_query_commands_round_trip_then_sigterm_commits(served, tmp_path):
     server, data_dir, printed = served
     peer = printed[0]
@@ -330,7 +387,7 @@ def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
             "--listen-host",
             "127.0.0.1",
         )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
 
 
@@ -513,3 +570,39 @@ def test_metrics_host_opens_metrics_and_health_to_other_addresses(tmp_path):
     finally:
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=60) == 0
+
+
+def test_make_run_passes_a_retention_with_a_semicolon_to_the_node(tmp_path):
+    """The README's retention syntax through `make run ARGS=...`: the ';'
+    is the policy's, and /health names the policy the node runs with."""
+    repo = Path(__file__).resolve().parents[2]
+    metrics_port = _free_port()
+    args = (
+        f"--retention time:86400;capacity:1000 --tcp-port 0 --ws-port 0 --mailserver-port 0 "
+        f"--metrics-port {metrics_port} --listen-host 127.0.0.1"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    process = subprocess.Popen(
+        ["make", "-s", "run", f"DATA_DIR={tmp_path / 'data'}", f"ARGS={args}"],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "WAKUSTORE_LOG_LEVEL": "WARNING"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for line in process.stdout:
+            if line.startswith(READY_LINE) or time.monotonic() > deadline:
+                break
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/health", timeout=10) as response:
+            config = json.loads(response.read())["config"]
+        assert config["retention"] == "time:86400;capacity:1000"
+        os.killpg(process.pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        assert "not found" not in err and "Error 127" not in err, err[-2000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
