@@ -12,9 +12,9 @@ from pathlib import Path
 
 import trio
 
+from wakustore.cli.logs import configure as configure_logging
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
-from wakustore.cli.logs import configure as configure_logging
 from wakustore.node.process import configure_node_process
 
 log = logging.getLogger("wakustore")
