@@ -37,11 +37,14 @@ from wakustore.clients.store import (
 from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.lightpush import LightpushStatus
-from wakustore.protocols.message import HASH_SIZE, WakuMessage, message_hash
+from wakustore.protocols.message import DEFAULT_MAX_TIME_DRIFT_NS, HASH_SIZE, WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.usage import UsageError, parse_hex
 
 EXIT_REFUSED = 1
+# Pushes a second by default: the node's default lightpush limit per peer
+# (node/rate_limits.py), so that a file of live messages is not refused.
+DEFAULT_PUSH_RATE = 5.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -71,7 +74,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     push.add_argument("--from-jsonl", type=Path, help="one message per line, the shape `db export` writes")
     push.add_argument("--legacy", action="store_true", help="lightpush v2beta1 instead of v3")
     push.add_argument(
-        "--rate", type=float, help="at most N messages a second (the node's default lightpush limit is 5 a second)"
+        "--rate",
+        type=float,
+        default=DEFAULT_PUSH_RATE,
+        help="at most N messages a second, 0: no pacing (default: 5, the node's default lightpush limit)",
     )
     push.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     push.set_defaults(handler=run_push)
@@ -90,6 +96,7 @@ def run_push(args: argparse.Namespace) -> int:
         if not args.from_jsonl.is_file():
             raise UsageError(f"--from-jsonl: no such file {args.from_jsonl}")
         messages = _read_jsonl(args.from_jsonl)
+        _refuse_history(messages, args.from_jsonl)
     else:
         if not (args.pubsub_topic and args.content_topic and args.payload is not None):
             raise UsageError("push needs --pubsub-topic, --content-topic and --payload (or --from-jsonl)")
@@ -107,11 +114,26 @@ def run_push(args: argparse.Namespace) -> int:
                 ),
             )
         ]
-    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
-        raise UsageError("--rate must be a positive number of messages a second")
+    if not (math.isfinite(args.rate) and args.rate >= 0):
+        raise UsageError("--rate must be a number of messages a second, 0 for no pacing")
     parse_peer(args.peer)
     quiet_libp2p()
     return trio.run(_push_main, args, messages)
+
+
+def _refuse_history(messages: list[tuple[str, WakuMessage]], path: Path) -> None:
+    """Lightpush takes live messages only: a node refuses (420) any whose
+    timestamp is outside its drift window. History (what `db export`
+    wrote) is loaded with `db import`."""
+    window = DEFAULT_MAX_TIME_DRIFT_NS
+    now = time.time_ns()
+    old = sum(1 for _, m in messages if m.timestamp and abs(now - m.timestamp) > window)
+    if old:
+        raise UsageError(
+            f"{old} of {len(messages)} messages in {path} are more than {window // 1_000_000_000} s from now: "
+            f"lightpush refuses them (420 timestamp_drift); load history into a node's table with "
+            f"`wakustore db import --data-dir DIR --from-jsonl {path}` (the node stopped)"
+        )
 
 
 def _query_from_args(args: argparse.Namespace) -> HistoryQuery:

@@ -606,3 +606,35 @@ def test_make_run_passes_a_retention_with_a_semicolon_to_the_node(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_push_from_jsonl_points_history_to_db_import_and_paces_live_messages(served, tmp_path):
+    from wakustore.cli.db import message_to_json
+
+    _, _, printed = served
+    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
+    now = time.time_ns()
+    history = tmp_path / "history.jsonl"
+    history.write_text(
+        "".join(
+            json.dumps(
+                message_to_json(topic, WakuMessage(b"old %d" % i, CONTENT_TOPIC, timestamp=now - 3600 * 10**9 - i))
+            )
+            + "\n"
+            for i in range(20)
+        )
+    )
+    refused = wakustore("push", "--peer", printed[0], "--from-jsonl", str(history))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "20 of 20 messages" in refused.stderr and "wakustore db import" in refused.stderr
+    # Live messages: paced at the node's default lightpush limit, none refused, no 429 to wait out.
+    live = tmp_path / "live.jsonl"
+    live.write_text(
+        "".join(
+            json.dumps(message_to_json(topic, WakuMessage(b"live %d" % i, CONTENT_TOPIC, timestamp=now + i))) + "\n"
+            for i in range(8)
+        )
+    )
+    pushed = wakustore("push", "--peer", printed[0], "--from-jsonl", str(live))
+    assert pushed.returncode == 0, pushed.stderr
+    assert pushed.stderr.strip().splitlines()[-1] == "pushed 8 messages, 0 refused"

@@ -224,7 +224,13 @@ def test_query_all_pages_through_a_tight_store_limit(tight_store_node):
 def test_push_from_jsonl_waits_out_the_default_lightpush_limit(default_node, tmp_path):
     messages = fresh_messages(20, "/client-errors/1/backoff/proto")
     result = wakustore(
-        "push", "--peer", default_node.tcp_addr, "--from-jsonl", str(write_jsonl(tmp_path / "m.jsonl", messages))
+        "push",
+        "--peer",
+        default_node.tcp_addr,
+        "--rate",
+        "0",  # not paced: the node's limit refuses some, the client waits them out
+        "--from-jsonl",
+        str(write_jsonl(tmp_path / "m.jsonl", messages)),
     )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -258,8 +264,8 @@ def test_push_rate_stays_under_the_default_lightpush_limit(default_node, tmp_pat
     )
 
 
-@pytest.mark.parametrize("rate", ["0", "-1", "nan", "x"])
-def test_push_rate_must_be_positive(rate):
+@pytest.mark.parametrize("rate", ["-1", "nan", "inf", "x"])
+def test_push_rate_must_be_a_number_not_negative(rate):
     result = wakustore(
         "push",
         "--peer",
