@@ -128,8 +128,14 @@ class Ingest:
             raise Refused(not_stored.reason.value, str(not_stored))
 
     def count(self, source: str, refusal: Refused) -> None:
-        """Count ``refusal`` under ``source`` in the rejection metric."""
-        if self._metrics is not None:
+        """Count ``refusal`` under ``source``: an ephemeral message is valid
+        (relayed, answered with success) and counted apart; anything else
+        in the rejection metric."""
+        if self._metrics is None:
+            return
+        if refusal.reason == Rejection.EPHEMERAL.value:
+            self._metrics.ephemeral.labels(source).inc()
+        else:
             self._metrics.rejected.labels(source, refusal.reason).inc()
 
     async def store(self, messages: list[tuple[str, WakuMessage, int]], source: str):

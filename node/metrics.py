@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,24 @@ class NodeMetrics:
             "wakustore_messages_deduplicated", "Messages dropped as duplicates by MUID", ["source"], registry=r
         )
         self.rejected = Counter("wakustore_messages_rejected", "Messages refused", ["source", "reason"], registry=r)
+        self.ephemeral = Counter(
+            "wakustore_messages_ephemeral",
+            "Valid ephemeral messages: relayed, answered, never stored",
+            ["source"],
+            registry=r,
+        )
+        # The node's own process (CPU, resident memory, open files), as
+        # wakustore_process_*; the engine's is wakustore_engine_rss_bytes.
+        ProcessCollector(namespace="wakustore", registry=r)
+        self.connections = Gauge(
+            "wakustore_libp2p_connections", "libp2p connections open (inbound and outbound), at scrape time", registry=r
+        )
+        self.relay_peers = Gauge(
+            "wakustore_relay_peers",
+            "Relay peers subscribed to each served pubsub topic, at scrape time",
+            ["topic"],
+            registry=r,
+        )
         self.queries = Counter("wakustore_queries", "Queries answered", ["protocol", "status"], registry=r)
         self.query_latency = Histogram(
             "wakustore_query_seconds", "Time to answer a query", ["protocol"], buckets=QUERY_BUCKETS, registry=r

@@ -133,6 +133,7 @@ async def running_node(
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
             service.relay = the_relay
+            _gauges_at_scrape(service.metrics, host, the_relay)
             private_key = key_pair.private_key.to_bytes()
             discv5_node, record = await _discv5(config, private_key, info, the_relay, peer_records, service.metrics)
             peer_tasks.start_soon(syncing.run, host)
@@ -187,6 +188,15 @@ async def running_node(
             finally:
                 peer_tasks.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
+
+
+def _gauges_at_scrape(metrics, host, relay) -> None:
+    """Connection and relay peer counts, read when Prometheus scrapes."""
+    network = host.get_network()
+    metrics.connections.set_function(lambda: sum(len(c) for c in network.get_connections_map().values()))
+    if relay is not None:
+        for topic in relay.topics:
+            metrics.relay_peers.labels(topic).set_function(lambda topic=topic: relay.peer_count(topic))
 
 
 async def _discv5(config, private_key: bytes, info: HostInfo, relay, peer_records, metrics):

@@ -176,6 +176,13 @@ class StoreService:
             self.last_commit = MaintenanceRun(ok=True, at=time.time())
         if committed:
             self.metrics.commit_latency.labels("messages").observe(time.perf_counter() - started)
+            try:
+                _, rows, size = await trio.to_thread.run_sync(self.store.reader.totals, limiter=self.limiter)
+            except Exception as exc:  # the gauges wait for the next commit
+                log.debug("table totals unavailable after a commit: %s", exc)
+            else:
+                self.metrics.table_rows.labels("messages").set(rows)
+                self.metrics.table_bytes.labels("messages").set(size)
         self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
         return committed
 

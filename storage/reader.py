@@ -161,6 +161,10 @@ class _Snapshot:
     # The size in bytes of each file of ``files``, in the same order, and by path.
     sizes: tuple[int, ...] = ()
     size_of: Mapping[str, int] = field(default_factory=dict)
+    # Rows and bytes of the version's files (their add actions' numRecords
+    # and sizes): the table gauges, kept current at each commit.
+    rows: int = 0
+    bytes: int = 0
 
 
 class TableReader:
@@ -275,6 +279,7 @@ class TableReader:
                 paths = actions.column("path").to_pylist()
                 files = tuple(zip(paths, days if days is not None else [None] * len(paths)))
                 sizes = tuple(actions.column("size_bytes").to_pylist())
+                rows = pc.sum(actions.column("num_records")).as_py() if "num_records" in actions.column_names else 0
                 self._snapshot = _Snapshot(
                     version,
                     builder,
@@ -282,6 +287,8 @@ class TableReader:
                     None if days is None else tuple(sorted(set(days))),
                     sizes,
                     dict(zip(paths, sizes)),
+                    rows or 0,
+                    sum(sizes),
                 )
                 self.refreshes += 1
                 deletion_vectors = self._table.metadata().configuration.get("delta.enableDeletionVectors", "false")
@@ -684,6 +691,12 @@ class TableReader:
             indexer.join(INDEXER_JOIN_S)
             if indexer.is_alive():
                 log.warning("the key index pass did not stop within %g s", INDEXER_JOIN_S)
+
+    def totals(self) -> tuple[int, int, int]:
+        """(version, rows, bytes) of the table as of its newest commit (the
+        log is read when a commit may be missing: ~1 ms)."""
+        snapshot = self._current()
+        return snapshot.version, snapshot.rows, snapshot.bytes
 
     def _current(self) -> _Snapshot:
         """The snapshot a page reads: refreshed first when a commit may be

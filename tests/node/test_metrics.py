@@ -89,3 +89,30 @@ def test_engine_and_table_gauges_agree_with_health_from_the_start(engine, tmp_pa
             assert _samples(service.metrics)["wakustore_table_rows/messages"] == 8
 
     trio.run(main)
+
+
+def test_table_gauges_follow_each_commit_and_the_process_is_measured(engine, tmp_path):
+    """`db stats` and the gauges agree right after a commit, not an hour later."""
+    from wakustore.node import config as node_config
+    from wakustore.node.store_service import running_store
+    from wakustore.protocols.message import WakuMessage
+
+    config = node_config.load(None, {"data_dir": tmp_path, "maintenance_interval_s": 3600})
+    now = time.time_ns()
+
+    async def main():
+        async with running_store(config, engine) as service:
+            for batch in range(3):
+                items = [
+                    ("/waku/2/rs/16/32", WakuMessage(b"g%d-%d" % (batch, i), "/m/1/t/proto", timestamp=now - i), now)
+                    for i in range(4)
+                ]
+                await service.put(items)
+                await service.flush()
+                samples = _samples(service.metrics)
+                assert samples["wakustore_table_rows/messages"] == 4 * (batch + 1)
+                assert samples["wakustore_table_bytes/messages"] > 0
+            assert samples["wakustore_process_resident_memory_bytes"] > 0
+            assert samples["wakustore_process_cpu_seconds_total"] > 0
+
+    trio.run(main)
