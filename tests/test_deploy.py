@@ -159,3 +159,16 @@ def test_grafana_dashboard_shows_every_metric_the_node_exports():
     assert families
     assert sorted(name for name in families if name not in shown) == []
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_readme_lists_every_metric_family():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for metric in NodeMetrics().registry.collect():
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        if name.startswith("wakustore_process_"):
+            name = "wakustore_process_*"
+        if f"`{name}`" not in section:
+            missing.append(name)
+    assert missing == []
