@@ -172,3 +172,24 @@ def test_readme_lists_every_metric_family():
         if f"`{name}`" not in section:
             missing.append(name)
     assert missing == []
+
+
+def test_sample_node_toml_names_every_key_with_its_default():
+    """deploy/node.toml, uncommented, is a valid configuration equal to the
+    defaults, and names every key (it cannot drift from NodeConfig)."""
+    import dataclasses
+
+    from wakustore.node.config import NodeConfig
+
+    text = (DEPLOY / "node.toml").read_text()
+    uncommented = "\n".join(
+        line[2:].split("  #", 1)[0] for line in text.splitlines() if re.match(r"# [a-z_0-9]+ = ", line)
+    )
+    values = tomllib.loads(uncommented)
+    defaults = NodeConfig()
+    assert sorted(values) == sorted(f.name for f in dataclasses.fields(NodeConfig))
+    for name, value in values.items():
+        default = getattr(defaults, name)
+        assert (str(default) if isinstance(default, pathlib.Path) else default) == (
+            str(pathlib.Path(value)) if isinstance(default, pathlib.Path) else value
+        ), name
