@@ -91,6 +91,7 @@ class StoreClient:
         exception groups: the body's own first, then a connection failure
         as ClientError; a group holding neither is re-raised as it is."""
         from wakustore.transport.host import new_host, stop_auto_dialing
+        from wakustore.transport.peers import PeerAddressError, connect
 
         info = parse_peer(peer)
         host = new_host(websocket=True)
@@ -99,9 +100,11 @@ class StoreClient:
                 await stop_auto_dialing(host)
                 try:
                     with trio.fail_after(timeout_s):
-                        await host.connect(info)
+                        await connect(host, info)
                 except trio.TooSlowError:
                     raise ClientError(f"no connection to {peer} within {timeout_s:g} s") from None
+                except PeerAddressError as exc:  # a name that does not resolve
+                    raise ClientError(f"cannot connect to {peer}: {exc}") from None
                 except _connection_failures() as exc:
                     raise ClientError(f"cannot connect to {peer}: {describe_failure(exc)}") from None
                 yield cls(host, info.peer_id, timeout_s)

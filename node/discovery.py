@@ -22,7 +22,7 @@ from wakustore.node.peer_exchange import PeerRecords
 from wakustore.node.relay import Relay
 from wakustore.protocols import enr
 from wakustore.transport.dns import DnsLookupError, walk_tree
-from wakustore.transport.peers import PeerAddressError, parse_peer
+from wakustore.transport.peers import PeerAddressError, connect, parse_peer
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ async def _exchange(addr: str, config: NodeConfig, relay: Relay, host, own_peer_
     try:
         info = parse_peer(addr)
         with trio.fail_after(PEER_EXCHANGE_TIMEOUT_S):
-            await host.connect(info)
+            await connect(host, info)
         client = StoreClient(host, info.peer_id, PEER_EXCHANGE_TIMEOUT_S)
         raw = await client.request(
             peer_exchange.PROTOCOL_ID,

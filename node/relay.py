@@ -79,7 +79,7 @@ from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.message_codec import decode_message, encode_message
-from wakustore.transport.peers import PeerAddressError, parse_peer
+from wakustore.transport.peers import PeerAddressError, connect, parse_peer
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class Relay:
             if not self._connected(info.peer_id):
                 try:
                     with trio.fail_after(DIAL_TIMEOUT_S):
-                        await self.host.connect(info)
+                        await connect(self.host, info)
                         await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
                 except Exception as exc:
                     log.warning(
@@ -474,7 +474,7 @@ class Relay:
 
     async def dial(self, info: PeerInfo) -> None:
         """Connect to ``info`` and open the relay stream; raises on failure."""
-        await self.host.connect(info)
+        await connect(self.host, info)
         await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
 
     def _connected(self, peer_id: ID) -> bool:

@@ -211,7 +211,7 @@ def rest_app(node: Any):
 
     async def _peer_store(address: str, peer_addr: str, query) -> store_v3.StoreResponse:
         from wakustore.clients.store import ClientError, StoreClient
-        from wakustore.transport.peers import parse_peer
+        from wakustore.transport.peers import connect, parse_peer
 
         try:
             info = parse_peer(peer_addr)
@@ -221,7 +221,7 @@ def rest_app(node: Any):
             raise RestError(429, "Request rate limit reached")
         try:
             with trio.fail_after(PEER_DIAL_TIMEOUT_S):
-                await node.host.connect(info)
+                await connect(node.host, info)
         except Exception as exc:
             log.info("REST store query: cannot dial %s: %r", peer_addr, exc)
             return store_v3.StoreResponse("", 504, f"PEER_DIAL_FAILURE: {peer_addr}")
@@ -324,7 +324,7 @@ def rest_app(node: Any):
         return JSONResponse(_peer_stats(node))
 
     async def dial(request: Request) -> Response:
-        from wakustore.transport.peers import parse_peer
+        from wakustore.transport.peers import connect, parse_peer
 
         addrs = rest.parse_string_list(await json_body(request), "multiaddrs", rest.MAX_PEERS_PER_REQUEST)
         for index, addr in enumerate(addrs):
@@ -334,7 +334,7 @@ def rest_app(node: Any):
                 raise RestError(400, f"Couldn't parse remote peer info: {exc}") from None
             try:
                 with trio.fail_after(PEER_DIAL_TIMEOUT_S):
-                    await node.host.connect(info)
+                    await connect(node.host, info)
             except Exception as exc:
                 log.info("REST dial of %s failed: %r", addr, exc)
                 raise RestError(400, f"Failed to connect to peer at index: {index} - {addr}") from None

@@ -87,7 +87,7 @@ from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.message_codec import encode_message
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.protocols.topics import shard_pubsub_topic
-from wakustore.transport.peers import parse_peer
+from wakustore.transport.peers import connect, parse_peer
 from wakustore.transport.streams import Frames, close_stream, peer_of, reset_stream, write_frame
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,7 @@ class SyncService:
         upper = now - self.jitter_ns
         lower = upper - int(self.config.sync_range_s * NS)
         with trio.fail_after(DIAL_TIMEOUT_S):
-            await self.host.connect(info)
+            await connect(self.host, info)
         peer_id = str(info.peer_id)
         self._allow_transfers(peer_id)
         session = sync.Session(pubsub_topics=self.pubsub_topics)
@@ -448,7 +448,7 @@ class SyncService:
             stored = 0
             try:
                 with trio.fail_after(DIAL_TIMEOUT_S):
-                    await self.host.connect(info)
+                    await connect(self.host, info)
                 client = StoreClient(self.host, info.peer_id, DIAL_TIMEOUT_S)
                 query = HistoryQuery(time_start=since, time_end=now, forward=True, limit=RESUME_PAGE)
                 seen = 0

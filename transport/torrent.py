@@ -13,7 +13,9 @@ point (a stopping node never waits for a swarm).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
@@ -484,7 +486,27 @@ class Fetch:
     def _dial(self) -> None:
         self._last_dial = time.monotonic()
         for peer in self.peers:
-            self.handle.connect_peer(peer)
+            for address in _endpoints(peer):
+                self.handle.connect_peer(address)
+
+
+def _endpoints(peer: tuple[str, int]) -> list[tuple[str, int]]:
+    """``peer`` as the (IP, port) endpoints libtorrent dials (it takes no
+    host names): a name resolved (the seed peers of a configuration may be
+    DNS names); one that does not resolve is logged and skipped until the
+    next dial."""
+    host, port = peer
+    try:
+        ipaddress.ip_address(host)
+        return [peer]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        log.warning("fetch: seed peer %s:%d does not resolve: %s", host, port, exc.strerror or exc)
+        return []
+    return list(dict.fromkeys((info[4][0], port) for info in found))
 
 
 def _file_pieces(info: lt.torrent_info, file_index: int) -> set[int]:

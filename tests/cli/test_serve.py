@@ -638,3 +638,33 @@ def test_push_from_jsonl_points_history_to_db_import_and_paces_live_messages(ser
     pushed = wakustore("push", "--peer", printed[0], "--from-jsonl", str(live))
     assert pushed.returncode == 0, pushed.stderr
     assert pushed.stderr.strip().splitlines()[-1] == "pushed 8 messages, 0 refused"
+
+
+def test_clients_dial_dns_names(served):
+    """/dns4 and /dns names (what --ext-multiaddr advertises) are resolved
+    before dialing; a name that does not resolve is one line."""
+    _, _, printed = served
+    tcp = next(line for line in printed if line.startswith("/ip4/127.0.0.1/tcp/") and "/ws/" not in line)
+    for name in ("/dns4/localhost", "/dns/localhost"):
+        result = wakustore(
+            "query",
+            "--peer",
+            tcp.replace("/ip4/127.0.0.1", name),
+            "--pubsub-topic",
+            PUBSUB_TOPIC,
+            "--content-topic",
+            "/dns/1/none/proto",
+            "--json",
+        )
+        assert result.returncode == 0, result.stderr
+    unknown = wakustore(
+        "query",
+        "--peer",
+        tcp.replace("/ip4/127.0.0.1", "/dns4/no-such-host.invalid"),
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        "/dns/1/none/proto",
+    )
+    lines = unknown.stderr.strip().splitlines()
+    assert unknown.returncode == 1 and len(lines) == 1 and "cannot resolve no-such-host.invalid" in lines[0], lines
