@@ -506,7 +506,7 @@ def _endpoints(peer: tuple[str, int]) -> list[tuple[str, int]]:
     except OSError as exc:
         log.warning("fetch: seed peer %s:%d does not resolve: %s", host, port, exc.strerror or exc)
         return []
-    return list(dict.fromkeys((info[4][0], port) for info in found))
+    return list(dict.fromkeys((str(info[4][0]), port) for info in found))
 
 
 def _file_pieces(info: lt.torrent_info, file_index: int) -> set[int]:
