@@ -20,26 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import trio
-
 from wakustore.cli.progress import Stages
-from wakustore.clients.archive import magnets_from_peer, verify_archive_set
-from wakustore.node.archive import (
-    DEFAULT_PUBSUB_TOPIC,
-    SEED_POLL_S,
-    ArchiveSettings,
-    Selection,
-    export_community,
-    fetch_archives,
-    magnets_in_store,
-    newest_magnet,
-)
-from wakustore.protocols import archive, topics
-from wakustore.protocols.archive_records import Layout
-from wakustore.protocols.crypto import private_key_from_bytes
+from wakustore.protocols import topics
 from wakustore.protocols.errors import ArchiveError, ProtocolError
-from wakustore.transport import torrent
 from wakustore.usage import UsageError, parse_hex
+
+# protocols.archive_records.Layout, protocols.archive.DEFAULT_LAYOUT and
+# transport.torrent.DEFAULT_STALL_TIMEOUT_S as literals: building the
+# parser loads none of the archive code (a test keeps them equal).
+LAYOUTS = ("status-go", "spec")
+DEFAULT_LAYOUT = "status-go"
+DEFAULT_STALL_TIMEOUT_S = 120.0
 
 
 def _stderr(text: str) -> None:
@@ -50,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add ``wakustore archive export|seed|fetch|verify``."""
     parser = commands.add_parser("archive", help="community history archives over BitTorrent")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=commands._parser_class)
-    layouts = [layout.value for layout in Layout]
+    layouts = list(LAYOUTS)
 
     export = verbs.add_parser("export", help="control node: archive the windows since the last export")
     _store_flags(export)
@@ -63,7 +54,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="channel id inside the community (repeatable; '' = the community's own topic)",
     )
     export.add_argument("--archive-dir", type=Path, required=True)
-    export.add_argument("--layout", choices=layouts, default=archive.DEFAULT_LAYOUT.value)
+    export.add_argument("--layout", choices=layouts, default=DEFAULT_LAYOUT)
     export.add_argument("--now", type=int, help="Unix seconds (default: now)")
     export.add_argument(
         "--tracker",
@@ -92,7 +83,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     fetch.add_argument("--from", type=int, dest="from_s", help="Unix seconds, with --to: windows overlapping the range")
     fetch.add_argument("--to", type=int, dest="to_s", help="Unix seconds, exclusive")
     fetch.add_argument("--seed-peer", action="append", default=[], dest="seed_peers", help="HOST:PORT (repeatable)")
-    fetch.add_argument("--layout", choices=layouts, default=archive.DEFAULT_LAYOUT.value)
+    fetch.add_argument("--layout", choices=layouts, default=DEFAULT_LAYOUT)
     fetch.add_argument(
         "--chat-id",
         action="append",
@@ -104,7 +95,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     fetch.add_argument(
         "--timeout",
         type=float,
-        default=torrent.DEFAULT_STALL_TIMEOUT_S,
+        default=DEFAULT_STALL_TIMEOUT_S,
         help="give up after this many seconds without data",
     )
     _torrent_flags(fetch)
@@ -130,6 +121,12 @@ def _torrent_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from wakustore.node.archive import ArchiveSettings, export_community
+    from wakustore.protocols.archive import MAX_ARCHIVE_PAYLOAD
+    from wakustore.protocols.archive_records import Layout
+    from wakustore.protocols.crypto import private_key_from_bytes
+    from wakustore.transport import torrent
+
     try:
         key = parse_hex(args.community_key.read_text().strip(), "--community-key")
     except OSError as exc:
@@ -157,7 +154,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         stop()
     _stderr(
         f"{len(result.archives)} new archive(s), {result.messages} messages, {result.dropped} dropped "
-        f"(over {archive.MAX_ARCHIVE_PAYLOAD} bytes)"
+        f"(over {MAX_ARCHIVE_PAYLOAD} bytes)"
     )
     if result.magnet:
         print(result.magnet, flush=True)
@@ -165,6 +162,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_seed(args: argparse.Namespace) -> int:
+    import trio
+
     cid = topics.community_id(parse_hex(args.community_pubkey, "--community-pubkey"))
     path = args.archive_dir / f"{cid}.torrent"
     if not path.exists():
@@ -175,6 +174,11 @@ def _cmd_seed(args: argparse.Namespace) -> int:
 
 
 async def _seed_main(args: argparse.Namespace, torrent_bytes: bytes) -> None:
+    import trio
+
+    from wakustore.node.archive import SEED_POLL_S
+    from wakustore.transport import torrent
+
     seeder = torrent.Seeder(torrent.open_session(f"{args.listen_host}:{args.port}", args.isolated))
     await trio.to_thread.run_sync(seeder.seed, torrent_bytes, args.archive_dir)
     _stderr(f"seeding {torrent.info_hash(torrent_bytes)} on port {seeder.port}")
@@ -195,6 +199,13 @@ async def _seed_main(args: argparse.Namespace, torrent_bytes: bytes) -> None:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.clients.archive import magnets_from_peer
+    from wakustore.node.archive import Selection, fetch_archives, magnets_in_store, newest_magnet
+    from wakustore.protocols.archive_records import Layout
+    from wakustore.transport import torrent
+
     public_key = parse_hex(args.community_pubkey, "--community-pubkey")
     cid = topics.community_id(public_key)
     if (args.from_s is None) != (args.to_s is None):
@@ -264,6 +275,9 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from wakustore.clients.archive import verify_archive_set
+    from wakustore.protocols.archive_records import Layout
+
     layout = Layout(args.layout) if args.layout else None
     if (args.dir / "index").exists() or (args.dir / "data").exists():
         dirs = [args.dir]
@@ -323,6 +337,8 @@ def _open_store(args: argparse.Namespace) -> tuple[_OpenStore, Callable[[], None
 
 
 def _pubsub_topic(args: argparse.Namespace, config: _OpenStore) -> str:
+    from wakustore.node.archive import DEFAULT_PUBSUB_TOPIC
+
     if args.pubsub_topic:
         return args.pubsub_topic
     if config.shards:

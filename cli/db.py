@@ -18,12 +18,16 @@ from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
 from wakustore.node import data_dir
 from wakustore.protocols.message import WakuMessage
-from wakustore.storage import maintenance
 from wakustore.usage import UsageError, parse_hex
 
 # Commands that only read the committed table: no lock, they run beside a node.
 READ_ONLY_VERBS = frozenset({"stats", "export"})
 MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
+
+
+# storage.maintenance.DEFAULT_VACUUM_HOURS, a literal so that building the
+# parser loads no storage code (a test keeps them equal).
+DEFAULT_VACUUM_HOURS = 168
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -45,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub.add_argument(
                 "--retention-hours",
                 type=int,
-                default=maintenance.DEFAULT_VACUUM_HOURS,
+                default=DEFAULT_VACUUM_HOURS,
                 help="keep unreferenced files this recent",
             )
         if verb == "retention":
@@ -112,6 +116,8 @@ def _in_log(config: node_config.NodeConfig) -> int:
 
 
 def _stats(args) -> int:
+    from wakustore.storage import maintenance
+
     config, engine, table = _open_read_only(args)
     try:
         s = maintenance.stats(table)
@@ -136,6 +142,8 @@ def _stats(args) -> int:
 
 
 def _compact(args) -> int:
+    from wakustore.storage import maintenance
+
     config, engine, store = _open(args)
     try:
         # The node's maintenance routine without a retention policy.
@@ -148,6 +156,8 @@ def _compact(args) -> int:
 
 
 def _vacuum(args) -> int:
+    from wakustore.storage import maintenance
+
     config, engine, store = _open(args)
     try:
         print(json.dumps({"files_removed": maintenance.vacuum(store.table, args.retention_hours)}))
@@ -158,6 +168,8 @@ def _vacuum(args) -> int:
 
 
 def _retention(args) -> int:
+    from wakustore.storage import maintenance
+
     if args.policy is not None:
         try:
             maintenance.RetentionPolicy.parse(args.policy)  # before the engine starts
@@ -329,6 +341,7 @@ def _staged_lines(path: Path, progress: Progress) -> Iterator[tuple[str, WakuMes
 
 
 def _export(args) -> int:
+    from wakustore.storage import maintenance
     from wakustore.storage.rows import rows_from_arrow
 
     config, engine, table = _open_read_only(args)

@@ -20,33 +20,8 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import trio
-
-from wakustore.clients.backoff import Backoff
-from wakustore.clients.mailserver import (
-    DEFAULT_TIMEOUT_S,
-    POST_TTL_S,
-    RATE_LIMIT_BACKOFF,
-    RATE_LIMIT_ERROR,
-    MailserverClient,
-    MailserverError,
-    RequestAnswer,
-    seal_envelope,
-)
-from wakustore.node.mailserver import DEFAULT_PASSWORD
-from wakustore.protocols import mailserver as wms
-from wakustore.protocols.errors import WakuV1Error
-from wakustore.protocols.waku_v1 import (
-    BLOOM_SIZE,
-    MAX_UINT32,
-    TOPIC_SIZE,
-    Envelope,
-    bloom_for_topics,
-    envelope_hash,
-    full_bloom,
-    key_from_password,
-)
 from wakustore.usage import UsageError, parse_hex
 
 # Default request window: the last day (status-go's limit on the range of
@@ -54,6 +29,19 @@ from wakustore.usage import UsageError, parse_hex
 DEFAULT_WINDOW_S = 24 * 3600
 
 EXIT_REFUSED = 1
+
+
+# node.mailserver.DEFAULT_PASSWORD, clients.mailserver.POST_TTL_S and
+# the request layouts as literals: building the parser loads no devp2p code (a test keeps them equal).
+DEFAULT_PASSWORD = "status-offline-inbox"
+POST_TTL_S = 120
+DEFAULT_TIMEOUT_S = 20.0  # clients.mailserver's
+# protocols.mailserver's LAYOUT_STATUS_GO, LAYOUT_SPEC, LAYOUT_DIRECT.
+LAYOUTS = ("status-go", "spec", "direct")
+
+if TYPE_CHECKING:
+    from wakustore.clients.mailserver import RequestAnswer
+    from wakustore.protocols import mailserver as wms
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -76,8 +64,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     request.add_argument("--all", action="store_true", help="follow cursors to the end")
     request.add_argument(
         "--layout",
-        choices=(wms.LAYOUT_STATUS_GO, wms.LAYOUT_SPEC, wms.LAYOUT_DIRECT),
-        default=wms.LAYOUT_STATUS_GO,
+        choices=LAYOUTS,
+        default=LAYOUTS[0],
         help="request payload layout (default status-go)",
     )
     request.add_argument("--no-sign", action="store_true", help="do not sign the request envelope")
@@ -99,6 +87,8 @@ def _connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _uint32(text: str) -> int:
+    from wakustore.protocols.waku_v1 import MAX_UINT32
+
     try:
         value = int(text, 0)
     except ValueError:
@@ -109,6 +99,8 @@ def _uint32(text: str) -> int:
 
 
 def _topic(text: str) -> bytes:
+    from wakustore.protocols.waku_v1 import TOPIC_SIZE
+
     topic = parse_hex(text, "--topic")
     if len(topic) != TOPIC_SIZE:
         raise UsageError(f"--topic: must be {TOPIC_SIZE} bytes, got {len(topic)}")
@@ -116,6 +108,11 @@ def _topic(text: str) -> bytes:
 
 
 def run_request(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.protocols import mailserver as wms
+    from wakustore.protocols.waku_v1 import BLOOM_SIZE, bloom_for_topics, full_bloom
+
     topics = [_topic(t) for t in args.topics]
     bloom = full_bloom()
     if args.bloom:
@@ -143,6 +140,15 @@ def run_request(args: argparse.Namespace) -> int:
 
 
 async def _request_main(args: argparse.Namespace, request: wms.MessagesRequest) -> int:
+    from wakustore.clients.backoff import Backoff
+    from wakustore.clients.mailserver import (
+        RATE_LIMIT_BACKOFF,
+        RATE_LIMIT_ERROR,
+        MailserverClient,
+        MailserverError,
+    )
+    from wakustore.protocols.waku_v1 import key_from_password
+
     key = key_from_password(args.password)
     sign = not args.no_sign
     answers: list[RequestAnswer] = []
@@ -190,6 +196,10 @@ def _print_envelopes(answer: RequestAnswer, as_json: bool) -> None:
 
 
 def run_post(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.protocols.waku_v1 import key_from_password
+
     topic = _topic(args.topic)
     payload = parse_hex(args.payload, "--payload")
     if args.ttl == 0:
@@ -199,6 +209,10 @@ def run_post(args: argparse.Namespace) -> int:
 
 
 async def _post_main(args: argparse.Namespace, topic: bytes, payload: bytes, key: bytes | None) -> int:
+    from wakustore.clients.mailserver import MailserverClient, MailserverError, seal_envelope
+    from wakustore.protocols.errors import WakuV1Error
+    from wakustore.protocols.waku_v1 import envelope_hash
+
     try:
         async with MailserverClient.connect(args.enode, timeout_s=args.timeout) as client:
             try:
@@ -216,6 +230,8 @@ async def _post_main(args: argparse.Namespace, topic: bytes, payload: bytes, key
 
 def envelope_to_json(raw: bytes) -> dict:
     """The JSON line ``request --json`` prints for one raw envelope."""
+    from wakustore.protocols.waku_v1 import Envelope, envelope_hash
+
     envelope = Envelope.decode(raw)
     return {
         "hash": envelope_hash(raw).hex(),

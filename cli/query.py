@@ -20,20 +20,8 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import trio
-
-from wakustore.cli.db import iter_jsonl, message_to_json
-from wakustore.clients.backoff import Backoff
-from wakustore.clients.store import (
-    DEFAULT_TIMEOUT_S,
-    LIGHTPUSH_BACKOFF,
-    STORE_BACKOFF,
-    ClientError,
-    StoreClient,
-    parse_peer,
-    quiet_libp2p,
-)
 from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.lightpush import LightpushStatus
@@ -41,7 +29,14 @@ from wakustore.protocols.message import DEFAULT_MAX_TIME_DRIFT_NS, HASH_SIZE, Wa
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.usage import UsageError, parse_hex
 
+if TYPE_CHECKING:
+    from wakustore.clients.backoff import Backoff
+    from wakustore.clients.store import StoreClient
+
 EXIT_REFUSED = 1
+# clients.store.DEFAULT_TIMEOUT_S, a literal so that building the parser
+# loads no libp2p (a test keeps them equal).
+DEFAULT_TIMEOUT_S = 20.0
 # Pushes a second by default: the node's default lightpush limit per peer
 # (node/rate_limits.py), so that a file of live messages is not refused.
 DEFAULT_PUSH_RATE = 5.0
@@ -84,12 +79,20 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_query(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.clients.store import quiet_libp2p
+
     query = _query_from_args(args)
     quiet_libp2p()
     return trio.run(_query_main, args, query)
 
 
 def run_push(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.clients.store import parse_peer, quiet_libp2p
+
     if args.from_jsonl is not None:
         if args.payload is not None or args.content_topic or args.pubsub_topic:
             raise UsageError("--from-jsonl excludes --pubsub-topic, --content-topic and --payload")
@@ -137,6 +140,8 @@ def _refuse_history(messages: list[tuple[str, WakuMessage]], path: Path) -> None
 
 
 def _query_from_args(args: argparse.Namespace) -> HistoryQuery:
+    from wakustore.clients.store import parse_peer
+
     hashes = tuple(parse_hex(h, "--hashes") for h in args.hashes)
     if any(len(h) != HASH_SIZE for h in hashes):
         raise UsageError(f"--hashes: each hash must be {HASH_SIZE} bytes")
@@ -159,6 +164,9 @@ def _query_from_args(args: argparse.Namespace) -> HistoryQuery:
 
 
 async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
+    from wakustore.clients.backoff import Backoff
+    from wakustore.clients.store import STORE_BACKOFF, ClientError, StoreClient
+
     total = pages = 0
     backoff = Backoff(STORE_BACKOFF)
     try:
@@ -190,6 +198,11 @@ async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
 
 
 async def _push_main(args: argparse.Namespace, messages: list[tuple[str, WakuMessage]]) -> int:
+    import trio
+
+    from wakustore.clients.backoff import Backoff
+    from wakustore.clients.store import LIGHTPUSH_BACKOFF, ClientError, StoreClient
+
     refused = pushed = 0
     backoff = Backoff(LIGHTPUSH_BACKOFF)
     interval = 1.0 / args.rate if args.rate else 0.0
@@ -264,6 +277,8 @@ def _gave_up(limited: bool, backoff: Backoff) -> str:
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, WakuMessage]]:
+    from wakustore.cli.db import iter_jsonl
+
     messages = list(iter_jsonl(path))
     if not messages:
         raise UsageError(f"--from-jsonl: {path} holds no messages")
@@ -271,6 +286,8 @@ def _read_jsonl(path: Path) -> list[tuple[str, WakuMessage]]:
 
 
 def _format_entry(entry: store_v3.ResponseEntry, as_json: bool) -> str:
+    from wakustore.cli.db import message_to_json
+
     if entry.message is None:
         if as_json:
             return json.dumps({"hash": entry.message_hash.hex(), "pubsub_topic": entry.pubsub_topic})

@@ -10,12 +10,10 @@ import sys
 import threading
 from pathlib import Path
 
-import trio
-
-from wakustore.cli.logs import configure as configure_logging
 from wakustore.node import config as node_config
-from wakustore.node import data_dir
-from wakustore.node.process import configure_node_process
+
+# trio, the node and its libraries load when serve runs, not when the
+# parser is built (--help, --version and the clients stay quick).
 
 log = logging.getLogger("wakustore")
 
@@ -195,7 +193,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from wakustore.cli.logs import configure as configure_logging
+    from wakustore.node import data_dir
     from wakustore.node.host import HostError
+    from wakustore.node.process import configure_node_process
     from wakustore.node.rate_limits import RateLimits
 
     overrides = {
@@ -283,6 +286,8 @@ def _exit_if_not_stopped_by(deadline_s: float) -> None:
 
 
 async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: list[str]) -> None:
+    import trio
+
     """Run the node (:func:`~wakustore.node.running.running_node`) until
     SIGINT or SIGTERM: then the host stops first (no new requests), then
     the store commits and stops."""
@@ -368,6 +373,8 @@ async def _serve(config: node_config.NodeConfig, rate_limits, process_settings: 
 
 def _single_failure(group: BaseExceptionGroup) -> Exception | None:
     """The one Exception in ``group`` and the groups nested in it, else None."""
+    import trio
+
     leaves: list[BaseException] = []
 
     def collect(error: BaseException) -> None:

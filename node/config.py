@@ -9,18 +9,21 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wakustore.node.rate_limits import RateLimits
-from wakustore.protocols import enr, topics
-from wakustore.protocols.dns_discovery import parse_url
-from wakustore.protocols.dos_protection import ProtectedTopic
 from wakustore.protocols.errors import ProtocolError
-from wakustore.storage.maintenance import DEFAULT_RETENTION, RetentionPolicy
-from wakustore.transport.dns import parse_name_server
-from wakustore.transport.peers import parse_peer
+
+if TYPE_CHECKING:
+    from wakustore.protocols.dos_protection import ProtectedTopic
+
+# What validate() checks with is imported there: the command line builds
+# its parser (and --help, --version) from this module's defaults without
+# loading the storage, transport and crypto code.
 
 ENV_PREFIX = "WAKUSTORE_"
+# storage.maintenance.DEFAULT_RETENTION (30 days), as a literal here so
+# that reading the defaults loads no storage code (a test keeps them equal).
+DEFAULT_RETENTION = "time:2592000"
 
 # Caps on what peers may hold open (enforced by wakustore.node.limits, whose
 # docstring says where each is checked). nwaku's --max-connections and
@@ -205,6 +208,13 @@ class NodeConfig:
         return self.tables.rstrip("/") + "/envelopes"
 
     def validate(self) -> NodeConfig:
+        from wakustore.node.rate_limits import RateLimits
+        from wakustore.protocols import enr, topics
+        from wakustore.protocols.dns_discovery import parse_url
+        from wakustore.storage.maintenance import RetentionPolicy
+        from wakustore.transport.dns import parse_name_server
+        from wakustore.transport.peers import parse_peer
+
         try:
             RetentionPolicy.parse(self.retention)
         except ValueError as exc:
@@ -317,6 +327,8 @@ def parse_protected_topics(value: Any) -> list[ProtectedTopic]:
     ``"topic:key"`` strings (or ProtectedTopic values), or one string of
     such entries separated by commas or spaces (the environment's form).
     Keys are 33- or 65-byte secp256k1 public keys in hex, ``0x`` optional."""
+    from wakustore.protocols.dos_protection import ProtectedTopic
+
     if isinstance(value, str):
         value = value.replace(",", " ").split()
     entries: list[tuple[str, Any]]
