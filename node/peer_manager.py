@@ -5,9 +5,11 @@ relay candidates, each with the shards its record names. Every
 :data:`ROUND_S` the manager looks at each served shard: while it has fewer
 relay peers than :data:`TARGET_PER_SHARD` (gossipsub's mesh degree, as
 nwaku aims its relay connections), it dials candidates of that shard, a
-few at a time (:data:`DIALS_AT_ONCE`), never past ``max_relay_peers``
-peers in all (the node's ``max_connections``: dialing stays within the
-connection caps). A failed dial backs the candidate off (doubling from
+few at a time (:data:`DIALS_AT_ONCE`), within nwaku's shares of the
+node's ``max_connections``: relay peers at most :data:`RELAY_SHARE` of it
+(nwaku's ``--relay-service-ratio`` 60:40), and of those a third dialed by
+this node (nwaku's outRelayPeersTarget; the rest are left to peers that
+dial in), so that dialing stays within the connection caps. A failed dial backs the candidate off (doubling from
 :data:`BACKOFF_FIRST_S` to :data:`BACKOFF_MAX_S`); after
 :data:`MAX_FAILURES` failures in a row it is forgotten, which makes room
 for others: a dead peer is replaced by the next candidate. A peer that
@@ -41,6 +43,8 @@ BACKOFF_FIRST_S = 5.0
 BACKOFF_MAX_S = 600.0
 MAX_FAILURES = 5
 MAX_CANDIDATES = 200
+RELAY_SHARE = 0.6
+OUT_SHARE = 1 / 3
 
 CONNECTED = "connected"
 CANDIDATE = "candidate"
@@ -54,6 +58,7 @@ class Candidate:
     shards: frozenset[int]  # empty: not known (counts for every shard)
     failures: int = 0
     next_dial: float = 0.0
+    dialed: bool = False  # connected by a dial of ours (an outbound relay peer)
 
 
 class PeerManager:
@@ -69,14 +74,15 @@ class PeerManager:
         relay: Any,
         shards: Iterable[int],
         *,
-        max_relay_peers: int,
+        max_connections: int,
         target_per_shard: int = TARGET_PER_SHARD,
         clock: Callable[[], float] = time.monotonic,
         metrics: Any = None,
     ):
         self.relay = relay
         self.shards = sorted(set(shards))
-        self.max_relay_peers = max_relay_peers
+        self.max_relay_peers = max(1, int(max_connections * RELAY_SHARE))
+        self.max_outbound = max(1, int(self.max_relay_peers * OUT_SHARE))
         self.target_per_shard = target_per_shard
         self.clock = clock
         self.metrics = metrics
@@ -125,8 +131,15 @@ class PeerManager:
                     nursery.start_soon(self._dial, candidate)
         self._report()
 
+    def outbound(self) -> int:
+        """Relay peers connected by a dial of ours."""
+        return sum(1 for c in self.candidates.values() if c.dialed and self.relay.connected(c.info.peer_id))
+
     def _to_dial(self) -> list[Candidate]:
-        room = self.max_relay_peers - self.relay.relay_peer_count() - len(self._dialing)
+        room = min(
+            self.max_relay_peers - self.relay.relay_peer_count(),
+            self.max_outbound - self.outbound(),
+        ) - len(self._dialing)
         now = self.clock()
         chosen: list[Candidate] = []
         for shard in self.shards:
@@ -163,6 +176,7 @@ class PeerManager:
             log.debug("relay candidate %s: dial failed (%r), next in %.0f s", peer, exc, delay)
         else:
             candidate.failures = 0
+            candidate.dialed = True
             self._count(candidate.origin, "connected")
         finally:
             self._dialing.discard(peer)

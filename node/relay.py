@@ -122,7 +122,7 @@ REDIAL_MAX_S = 60.0
 # Relay nodes found by discovery are dialed by the peer manager
 # (node/peer_manager.py): a target per shard, within max_connections
 # (nwaku's default of 50 when that cap is off).
-DEFAULT_MAX_RELAY_PEERS = 50
+DEFAULT_MAX_CONNECTIONS = 50
 
 # Rejection reasons the relay adds to the ingest ones.
 UNDECODABLE = "undecodable"
@@ -321,7 +321,7 @@ class Relay:
         self.manager = PeerManager(
             self,
             config.shards,
-            max_relay_peers=config.max_connections or DEFAULT_MAX_RELAY_PEERS,
+            max_connections=config.max_connections or DEFAULT_MAX_CONNECTIONS,
             metrics=getattr(ingest.service, "metrics", None),
         )
 
