@@ -53,7 +53,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         dest="chat_ids",
         help="channel id inside the community (repeatable; '' = the community's own topic)",
     )
-    export.add_argument("--archive-dir", type=Path, required=True)
+    export.add_argument("--archive-dir", type=Path, required=True, help="where the community's archives go (required)")
     export.add_argument("--layout", choices=layouts, default=DEFAULT_LAYOUT)
     export.add_argument("--now", type=int, help="Unix seconds (default: now)")
     export.add_argument(
@@ -62,11 +62,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         dest="trackers",
         help="announce URL (repeatable; default: status-go's two UDP trackers)",
     )
-    export.add_argument("--no-trackers", action="store_true")
+    export.add_argument("--no-trackers", action="store_true", help="announce to no tracker (DHT and peers by address)")
     export.set_defaults(handler=_cmd_export)
 
     seed = verbs.add_parser("seed", help="seed a community's latest torrent until SIGINT/SIGTERM")
-    seed.add_argument("--archive-dir", type=Path, required=True)
+    seed.add_argument("--archive-dir", type=Path, required=True, help="where export wrote the archives (required)")
     seed.add_argument("--community-pubkey", required=True, help="33- or 65-byte public key, hex")
     _torrent_flags(seed)
     seed.set_defaults(handler=_cmd_seed)
@@ -78,8 +78,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--peer", help="store node to ask for magnet-link messages (multiaddr with /p2p/)")
     source.add_argument("--magnet", help="magnet link to fetch (default: newest signed link in the local store)")
     which = fetch.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_const", const="all", dest="mode")
-    which.add_argument("--latest", action="store_const", const="latest", dest="mode")
+    which.add_argument(
+        "--all", action="store_const", const="all", dest="mode", help="every archive of the torrent (the default)"
+    )
+    which.add_argument(
+        "--latest", action="store_const", const="latest", dest="mode", help="only the newest archive (a 7-day window)"
+    )
     fetch.add_argument("--from", type=int, dest="from_s", help="Unix seconds, with --to: windows overlapping the range")
     fetch.add_argument("--to", type=int, dest="to_s", help="Unix seconds, exclusive")
     fetch.add_argument("--seed-peer", action="append", default=[], dest="seed_peers", help="HOST:PORT (repeatable)")
@@ -108,7 +112,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _store_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
     parser.add_argument("--config", type=Path, help="node TOML configuration (engine, shards)")
     parser.add_argument("--engine", help="'embedded' or sc://host:port")
     parser.add_argument("--pubsub-topic", help="the community's shard (default: the node's first shard)")

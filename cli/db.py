@@ -42,7 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("export", _export, "write messages to a JSONL file"),
     ):
         sub = verbs.add_parser(verb, help=summary)
-        sub.add_argument("--data-dir", type=Path, required=True)
+        sub.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
         sub.add_argument("--config", type=Path, help="node TOML configuration")
         sub.add_argument("--engine", help="'embedded' or sc://host:port (default: from the configuration)")
         if verb == "vacuum":
@@ -55,11 +55,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         if verb == "retention":
             sub.add_argument("--policy", help="default: the node's configured policy")
         if verb == "import":
-            sub.add_argument("--from-jsonl", type=Path, required=True)
+            sub.add_argument(
+                "--from-jsonl", type=Path, required=True, help="one message per line, as db export writes (required)"
+            )
         if verb == "export":
-            sub.add_argument("--to-jsonl", type=Path, required=True)
-            sub.add_argument("--pubsub-topic")
-            sub.add_argument("--content-topic", action="append", dest="content_topics")
+            sub.add_argument(
+                "--to-jsonl", type=Path, required=True, help="file to write, one message per line (required)"
+            )
+            sub.add_argument("--pubsub-topic", help="only this pubsub topic (default: all)")
+            sub.add_argument(
+                "--content-topic", action="append", dest="content_topics", help="only this content topic; repeatable"
+            )
             sub.add_argument("--start", type=int, help="Unix ns, inclusive")
             sub.add_argument("--end", type=int, help="Unix ns, exclusive")
         sub.set_defaults(handler=handler if verb in READ_ONLY_VERBS else _writing(handler))
@@ -237,8 +243,10 @@ def message_from_json(obj: dict, where: str) -> tuple[str, WakuMessage]:
             timestamp=int(obj.get("timestamp") or 0),
             version=int(obj.get("version") or 0),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{where}: not a message object ({exc})") from None
+    except KeyError as exc:
+        raise UsageError(f"{where}: no {exc.args[0]} field") from None
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: timestamp and version must be integers") from None
     if not isinstance(pubsub, str) or not message.content_topic:
         raise UsageError(f"{where}: pubsub_topic and content_topic must be strings")
     return pubsub, message
@@ -343,6 +351,11 @@ def _staged_lines(path: Path, progress: Progress) -> Iterator[tuple[str, WakuMes
 def _export(args) -> int:
     from wakustore.storage import maintenance
     from wakustore.storage.rows import rows_from_arrow
+
+    if args.start is not None and args.end is not None and args.start >= args.end:
+        raise UsageError(
+            f"--start {args.start} is not before --end {args.end} (the range is start inclusive, end exclusive)"
+        )
 
     config, engine, table = _open_read_only(args)
     written = 0

@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "muid": "the Waku Message UID (waku-message-uid-adr), the table's key, hex",
             }[verb],
         )
-        sub.add_argument("--pubsub-topic", required=True)
-        sub.add_argument("--content-topic", required=True)
+        sub.add_argument("--pubsub-topic", required=True, help="e.g. /waku/2/rs/16/32")
+        sub.add_argument("--content-topic", required=True, help="e.g. /app/1/chat/proto")
         sub.add_argument("--payload", required=True, help="hex")
         sub.add_argument("--meta", help="hex")
         if with_timestamp:
@@ -148,11 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub = topic_verbs.add_parser(verb, help=f"a community's {verb} content topic")
         sub.add_argument("--pubkey", required=True, help="33- or 65-byte public key, hex")
         if verb == "channel":
-            sub.add_argument("--chat-id", required=True)
+            sub.add_argument("--chat-id", required=True, help="the channel's id inside the community")
         sub.set_defaults(handler=handler)
     shard = topic_verbs.add_parser("shard", help="the pubsub topic of a static shard")
-    shard.add_argument("--cluster", type=_nonnegative_int, required=True)
-    shard.add_argument("--index", type=_nonnegative_int, required=True)
+    shard.add_argument("--cluster", type=_nonnegative_int, required=True, help="cluster id, 0-65535 (Status: 16)")
+    shard.add_argument("--index", type=_nonnegative_int, required=True, help="shard index in the cluster, 0-1023")
     shard.set_defaults(handler=_cmd_topic_shard)
 
     record = commands.add_parser("enr", help="Ethereum Node Records (EIP-778) with Waku's fields")

@@ -45,8 +45,10 @@ DEFAULT_PUSH_RATE = 5.0
 def register(commands: argparse._SubParsersAction) -> None:
     query = commands.add_parser("query", help="query a store node (Store v3)")
     query.add_argument("--peer", required=True, help="multiaddr ending in /p2p/<peer id>")
-    query.add_argument("--pubsub-topic")
-    query.add_argument("--content-topic", action="append", dest="content_topics", default=[])
+    query.add_argument("--pubsub-topic", help="/waku/2/rs/<cluster>/<shard>; with --content-topic (default: any)")
+    query.add_argument(
+        "--content-topic", action="append", dest="content_topics", default=[], help="repeatable, at most 10"
+    )
     query.add_argument("--start", type=int, help="Unix ns, inclusive")
     query.add_argument("--end", type=int, help="Unix ns, exclusive")
     query.add_argument("--forward", action="store_true", help="oldest first (default: newest page first)")
@@ -60,12 +62,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     push = commands.add_parser("push", help="push messages to a node by lightpush")
     push.add_argument("--peer", required=True, help="multiaddr ending in /p2p/<peer id>")
-    push.add_argument("--pubsub-topic")
-    push.add_argument("--content-topic")
+    push.add_argument("--pubsub-topic", help="/waku/2/rs/<cluster>/<shard> to push on (required without --from-jsonl)")
+    push.add_argument("--content-topic", help="the message's content topic (required without --from-jsonl)")
     push.add_argument("--payload", help="hex")
     push.add_argument("--meta", help="hex")
     push.add_argument("--timestamp", type=int, help="Unix ns (default: now)")
-    push.add_argument("--ephemeral", action="store_true")
+    push.add_argument("--ephemeral", action="store_true", help="relayed, never stored")
     push.add_argument("--from-jsonl", type=Path, help="one message per line, the shape `db export` writes")
     push.add_argument("--legacy", action="store_true", help="lightpush v2beta1 instead of v3")
     push.add_argument(
@@ -193,7 +195,7 @@ async def _query_main(args: argparse.Namespace, query: HistoryQuery) -> int:
     except (ClientError, ProtocolError) as exc:
         _fail(str(exc))
         return EXIT_REFUSED
-    print(f"{total} messages in {pages} pages{_retried(backoff)}", file=sys.stderr, flush=True)
+    print(f"{_count(total, 'message')} in {_count(pages, 'page')}{_retried(backoff)}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -260,6 +262,10 @@ async def _push_one(
     }
     ok = response.status_code == LightpushStatus.SUCCESS
     return ok, response.status_code == LightpushStatus.TOO_MANY_REQUESTS, line
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _legacy_limited(answer: lightpush.PushResponseV2) -> bool:

@@ -419,7 +419,15 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
             return [int(v) for v in value]
         return str(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}: cannot use {value!r}") from None
+        raise ConfigError(f"{name}: {value!r} is not {_KIND.get(type(default), 'valid')}") from None
+
+
+_KIND = {
+    int: "an integer",
+    float: "a number",
+    list: "a list of integers (commas or spaces between them)",
+    bool: "true or false",
+}
 
 
 def parse_peers(values: list[str]) -> tuple[tuple[str, int], ...]:

@@ -114,7 +114,8 @@ def test_stats_compact_vacuum_retention(loaded):
     [
         ('{"pubsub_topic": "/p", "content_topic": "/c", "payload": "zz"}\n', ":1: payload"),
         ("not json\n", ":1: invalid JSON"),
-        ('{"content_topic": "/c"}\n', ":1: not a message object"),
+        ('{"content_topic": "/c"}\n', ":1: no pubsub_topic field"),
+        ('{"pubsub_topic": "/p", "content_topic": "/c", "timestamp": "soon"}\n', ":1: timestamp and version must be"),
         ('\n{"pubsub_topic": "/p", "content_topic": "/c", "meta": "' + "ab" * 65 + '"}\n', ":2: meta_too_large"),
     ],
 )
@@ -302,3 +303,12 @@ def test_db_retention_keeps_history_a_control_node_has_not_archived_and_compact_
     assert result["rows_before"] == 40
     assert result["rows_after"] == sum(2 for day in range(20) if now - day * DAY - 1 >= keep_from) == 26
     assert _table_rows(data) == 26
+
+
+def test_export_of_an_empty_range_is_refused(tmp_path):
+    out = str(tmp_path / "out.jsonl")
+    result = wakustore("db", "export", "--data-dir", str(tmp_path), "--to-jsonl", out, "--start", "5", "--end", "1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "wakustore: error: --start 5 is not before --end 1 (the range is start inclusive, end exclusive)"
+    )

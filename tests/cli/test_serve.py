@@ -231,6 +231,7 @@ def test_cli_errors_are_one_line(served, args, status, message):
         (("--metrics-host", "999.1.1.1"), {}, "cannot listen:"),
         (("--rest", "--rest-address", "192.0.2.1", "--rest-port", "0"), {}, "cannot listen:"),
         ((), {"WAKUSTORE_LOG_LEVEL": "loud"}, "log_level 'loud': one of debug"),
+        ((), {"WAKUSTORE_TCP_PORT": "abc"}, "tcp_port: 'abc' is not an integer"),
         (("--log-level", "chatty"), {}, "log_level 'chatty'"),
         (("--log-format", "xml"), {}, "invalid choice: 'xml'"),
     ],
@@ -657,6 +658,7 @@ def test_clients_dial_dns_names(served):
             "--json",
         )
         assert result.returncode == 0, result.stderr
+        assert result.stderr.strip().splitlines()[-1] == "0 messages in 1 page"
     unknown = wakustore(
         "query",
         "--peer",

@@ -53,3 +53,19 @@ def test_version_and_help_load_no_engine_arrow_or_libp2p():
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_flag_of_every_command_says_what_it_is():
+    import argparse
+
+    from wakustore.cli.main import build_parser
+
+    def silent(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from silent(sub, [*path, name])
+            elif action.option_strings and not isinstance(action, argparse._HelpAction) and not action.help:
+                yield " ".join([*path, "/".join(action.option_strings)])
+
+    assert list(silent(build_parser(), ["wakustore"])) == []
