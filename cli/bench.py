@@ -22,15 +22,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     bench.set_defaults(handler=_run, parser_class=commands._parser_class)
 
 
-def _run(args: argparse.Namespace) -> int:
+def bench_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """The parser of ``wakustore bench``'s verbs (loads the benchmarks)."""
     from wakustore.bench import archive as bench_archive
     from wakustore.bench import mailserver as bench_mailserver
     from wakustore.bench import store as bench_store
     from wakustore.bench import wire as bench_wire
 
-    parser = args.parser_class(prog="wakustore bench", description="Benchmarks; each prints its figures.")
-    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=args.parser_class)
+    parser = parser_class(prog="wakustore bench", description="Benchmarks; each prints its figures.")
+    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
     for module in (bench_store, bench_wire, bench_mailserver, bench_archive):
         module.register_verb(verbs)
-    chosen = parser.parse_args(args.rest)
+    from wakustore.cli.main import document
+
+    document(parser)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    chosen = bench_parser(args.parser_class).parse_args(args.rest)
     return int(chosen.handler(chosen))

@@ -165,11 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(commands)
-    _document(parser)
+    document(parser)
     return parser
 
 
-def _document(parser: argparse.ArgumentParser) -> None:
+def document(parser: argparse.ArgumentParser) -> None:
     """Every command's one-line help (shown in its parent's list) is also
     its own description (shown by its ``--help``), and a flag without help
     still shows its default (argparse prints nothing for it otherwise)."""
@@ -183,7 +183,7 @@ def _document(parser: argparse.ArgumentParser) -> None:
             help_text = helps.get(name)
             if sub.description is None and help_text:
                 sub.description = help_text[:1].upper() + help_text[1:] + "."
-            _document(sub)
+            document(sub)
 
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:

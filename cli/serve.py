@@ -48,7 +48,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--mailserver-port", type=int, help=f"Waku v1 mailserver (devp2p RLPx), 0: any (default: {d.mailserver_port})"
     )
-    serve.add_argument("--cluster-id", type=int, help=f"Waku cluster, 0-65535 (default: {d.cluster_id}, Status's)")
+    serve.add_argument(
+        "--cluster-id", type=int, help=f"Waku cluster, 0-65535, Status's is 16 (default: {d.cluster_id})"
+    )
     serve.add_argument(
         "--shard",
         type=int,

@@ -16,11 +16,16 @@ def run(*args):
 
 
 def _commands(parser, path=()):
-    """(path, parser, one-line help) of every command and verb, depth first."""
+    """(path, parser, one-line help) of every command and verb, depth first;
+    ``bench``'s verbs from the parser it builds when it runs."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help for choice in action._choices_actions}
             for name, sub in action.choices.items():
+                if path == () and name == "bench":
+                    from wakustore.cli.bench import bench_parser
+
+                    sub = bench_parser(type(parser))
                 yield (*path, name), sub, helps.get(name)
                 yield from _commands(sub, (*path, name))
 
@@ -92,7 +97,7 @@ def _readme_synopsis():
                 break
             names.append(word.split("|"))
         for path in itertools.product(*names):
-            flags.setdefault(path, set()).update(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line))
+            flags.setdefault(path, set()).update(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line))
     return flags
 
 
