@@ -28,6 +28,10 @@ MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
 # storage.maintenance.DEFAULT_VACUUM_HOURS, a literal so that building the
 # parser loads no storage code (a test keeps them equal).
 DEFAULT_VACUUM_HOURS = 168
+# db sql: rows printed by default and at most.
+SQL_ROW_LIMIT = 1000
+SQL_MAX_ROWS = 1_000_000
+_QUERY_WORDS = ("select", "with", "show", "describe", "desc", "explain", "values", "table")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,6 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("retention", _retention, "delete messages outside the retention policy"),
         ("import", _import, "load messages from a JSONL file (duplicates are skipped)"),
         ("export", _export, "write messages to a JSONL file"),
+        ("sql", _sql, "run a read-only SQL query over the messages table (Spark SQL), beside a running node"),
     ):
         sub = verbs.add_parser(verb, help=summary)
         sub.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
@@ -51,6 +56,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                 type=int,
                 default=DEFAULT_VACUUM_HOURS,
                 help="keep unreferenced files this recent",
+            )
+        if verb == "sql":
+            sub.add_argument("query", help="SELECT ... FROM messages ... (or WITH ...); one JSON object a row")
+            sub.add_argument(
+                "--limit", type=int, default=SQL_ROW_LIMIT, help=f"rows printed at most, 1 to {SQL_MAX_ROWS}"
             )
         if verb == "retention":
             sub.add_argument("--policy", help="default: the node's configured policy")
@@ -346,6 +356,29 @@ def _staged_lines(path: Path, progress: Progress) -> Iterator[tuple[str, WakuMes
     for pubsub, message in iter_jsonl(path, _storable):
         yield pubsub, message, message.timestamp or time.time_ns()
         progress.advance()
+
+
+def _sql(args) -> int:
+    """Rows as JSON lines (bytes as hex); a statement that is not a query,
+    or one the engine refuses, is one line and exit 2."""
+    words = args.query.lstrip("( \n\t").split(None, 1)
+    if not words or words[0].lower() not in _QUERY_WORDS:
+        raise UsageError("db sql runs queries only: SELECT ... FROM messages (or WITH, SHOW, DESCRIBE, EXPLAIN)")
+    if not 1 <= args.limit <= SQL_MAX_ROWS:
+        raise UsageError(f"--limit must be 1 to {SQL_MAX_ROWS}")
+    config, engine, table = _open_read_only(args)
+    try:
+        try:
+            result = table.query_sql(args.query, args.limit)
+        except Exception as exc:  # the engine's message, first line: what is wrong with the query
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"query failed: {text[:500]}") from None
+    finally:
+        engine.close()
+    for row in result.to_pylist():
+        print(json.dumps({k: v.hex() if isinstance(v, bytes) else v for k, v in row.items()}, default=str))
+    print(f"{result.num_rows} row{'' if result.num_rows == 1 else 's'}", file=sys.stderr)
+    return 0
 
 
 def _export(args) -> int:

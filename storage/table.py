@@ -150,6 +150,20 @@ class DeltaTableRef:
                 self.engine.run(run)
             version += 1
 
+    # --- ad hoc reads ----------------------------------------------------------
+
+    def query_sql(self, statement: str, limit: int) -> pa.Table:
+        """At most ``limit`` rows of a SQL query (Spark SQL, through the
+        engine) over the committed table, named ``messages``. The caller
+        lets through queries only (the view is read-only anyway: a path
+        table behind a temporary view)."""
+
+        def run(spark):
+            spark.read.format("delta").load(self.uri).createOrReplaceTempView("messages")
+            return spark.sql(statement).limit(limit).toArrow()
+
+        return self.engine.run(run)
+
     # --- writes ------------------------------------------------------------
 
     def merge_new(self, batch: pa.Table, key: str, partition: str, partition_values: Sequence[Any]) -> None:

@@ -312,3 +312,58 @@ def test_export_of_an_empty_range_is_refused(tmp_path):
     assert result.stderr.strip() == (
         "wakustore: error: --start 5 is not before --end 1 (the range is start inclusive, end exclusive)"
     )
+
+
+def test_db_sql_answers_queries_over_the_table_and_refuses_anything_else(loaded):
+    base, messages, _ = loaded
+    data = str(base / "data")
+    by_topic: dict[str, int] = {}
+    for m in messages:
+        by_topic[m["content_topic"]] = by_topic.get(m["content_topic"], 0) + 1
+    result = wakustore(
+        "db",
+        "sql",
+        "--data-dir",
+        data,
+        "SELECT content_topic, count(*) AS n FROM messages GROUP BY content_topic ORDER BY content_topic",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {r["content_topic"]: r["n"] for r in rows} == by_topic
+    assert result.stderr.strip().splitlines()[-1] == f"{len(by_topic)} rows"
+    limited = wakustore("db", "sql", "--data-dir", data, "--limit", "3", "SELECT message_hash FROM messages")
+    hashes = [json.loads(line)["message_hash"] for line in limited.stdout.splitlines()]
+    assert len(hashes) == 3 and all(len(h) == 64 for h in hashes)  # bytes as hex
+    for query, reason in (
+        ("DELETE FROM messages", "queries only"),
+        ("DROP TABLE messages", "queries only"),
+        ("SELECT nope FROM messages", "query failed:"),
+    ):
+        refused = wakustore("db", "sql", "--data-dir", data, query)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and reason in lines[0], lines
+
+
+def test_the_readme_reads_the_table_with_polars_duckdb_and_pyspark(loaded):
+    """The README's "open dataset" block, run as written on a node's table."""
+    import pathlib
+
+    base, messages, _ = loaded
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## The history as an open dataset", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    table = str(base / "data" / "tables" / "messages")
+    assert '"./data/tables/messages"' in code
+    scope: dict = {}
+    exec(code.replace('"./data/tables/messages"', repr(table)), scope)  # noqa: S102 (the README's own code)
+    by_topic: dict[str, int] = {}
+    payload: dict[str, int] = {}
+    for m in messages:
+        by_topic[m["content_topic"]] = by_topic.get(m["content_topic"], 0) + 1
+        payload[m["pubsub_topic"]] = payload.get(m["pubsub_topic"], 0) + len(bytes.fromhex(m["payload"]))
+    totals = scope["per_day"].group_by("content_topic").sum().select("content_topic", "len").rows()
+    assert dict(totals) == by_topic
+    assert dict(scope["payload_bytes"]) == payload
+    assert {row["pubsub_topic"]: row["count"] for row in scope["per_shard"]} == {
+        t: sum(1 for m in messages if m["pubsub_topic"] == t) for t in payload
+    }
