@@ -149,6 +149,7 @@ async def run_mailserver(
     *,
     settings: MailserverSettings | None = None,
     flush: bool = True,
+    metrics=None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``envelope_store`` (opened) on ``config.listen_host``:``config.mailserver_port``
@@ -161,18 +162,22 @@ async def run_mailserver(
     settings = settings or MailserverSettings.from_config(config)
     key = await trio.to_thread.run_sync(load_or_create_node_key, Path(config.data_dir))
     server = Mailserver(envelope_store, key, settings)
+    if metrics is not None:
+        metrics.mailserver_stats = server.stats
     await server.serve(config.listen_host, config.mailserver_port, flush=flush, task_status=task_status)
 
 
 @asynccontextmanager
-async def running_mailserver(config, engine, *, settings: MailserverSettings | None = None):
+async def running_mailserver(config, engine, *, settings: MailserverSettings | None = None, metrics=None):
     """Open the envelope table on ``engine`` (started), serve it as
     :func:`run_mailserver` does and yield the :class:`MailserverInfo`; on
     exit stop serving, then commit the buffer and close the table."""
     store = await trio.to_thread.run_sync(open_envelope_store, config, engine)
     try:
         async with trio.open_nursery() as nursery:
-            info = await nursery.start(functools.partial(run_mailserver, config, store, settings=settings))
+            info = await nursery.start(
+                functools.partial(run_mailserver, config, store, settings=settings, metrics=metrics)
+            )
             try:
                 yield info
             finally:

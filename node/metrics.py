@@ -126,6 +126,11 @@ class NodeMetrics:
             registry=r,
         )
 
+        # The mailserver's counters (node/mailserver.py MailserverStats),
+        # read at scrape time once it runs.
+        self.mailserver_stats: object | None = None
+        r.register(_MailserverCollector(self))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -167,3 +172,41 @@ async def serve_http(
     from wakustore.node.http import serve_app
 
     await serve_app(metrics_app(metrics, health), host, port, task_status=task_status)
+
+
+class _MailserverCollector:
+    """wakustore_mailserver_* from the running mailserver's counters."""
+
+    def __init__(self, metrics: NodeMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        return list(self.collect())
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.metrics.mailserver_stats
+        get = (lambda name: getattr(stats, name)) if stats is not None else (lambda name: 0)
+        envelopes = CounterMetricFamily(
+            "wakustore_mailserver_envelopes", "Envelopes received by the mailserver, by outcome", labels=["outcome"]
+        )
+        for outcome in ("accepted", "duplicates", "rejected"):
+            envelopes.add_metric([outcome], get(outcome))
+        yield envelopes
+        requests = CounterMetricFamily(
+            "wakustore_mailserver_requests",
+            "History requests answered by the mailserver, by outcome",
+            labels=["outcome"],
+        )
+        requests.add_metric(["answered"], get("requests") - get("request_errors"))
+        requests.add_metric(["refused"], get("request_errors"))
+        yield requests
+        yield CounterMetricFamily(
+            "wakustore_mailserver_invalid_packets",
+            "devp2p packets the mailserver could not use",
+            value=get("invalid_packets"),
+        )
+        yield GaugeMetricFamily(
+            "wakustore_mailserver_sessions", "devp2p sessions open with the mailserver", value=get("connections")
+        )

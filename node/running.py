@@ -119,7 +119,9 @@ async def running_node(
         peer_records = PeerRecords()
         exchange = PeerExchangeService(peer_records) if config.peer_exchange else None
         async with (
-            running_mailserver(config, service.engine) if mailserver else nullcontext() as mailserver_info,
+            running_mailserver(config, service.engine, metrics=service.metrics)
+            if mailserver
+            else nullcontext() as mailserver_info,
             running_host(
                 config,
                 {**protocols.handlers(), **syncing.handlers(), **(exchange.handlers() if exchange else {})},

@@ -413,16 +413,24 @@ def test_cursor_and_node_key_survive_a_restart(engine, tmp_path):
 
 
 def test_running_mailserver_commits_what_it_archived_on_exit(engine, tmp_path):
+    from wakustore.node.metrics import NodeMetrics
+
     config = NodeConfig(data_dir=tmp_path, mailserver_port=0, listen_host="127.0.0.1", flush_interval_s=3600)
     raw = seal_envelope(b"kept", TOPICS[1]).encode()
+    metrics = NodeMetrics()
 
     async def main():
-        async with running_mailserver(config, engine) as info:
+        async with running_mailserver(config, engine, metrics=metrics) as info:
             assert info.port and info.enode.endswith(f"@127.0.0.1:{info.port}")
             async with MailserverClient.connect(info.enode) as client:
-                await client.post([raw])
+                await client.post([raw, raw])
 
     run(main)
+    # The mailserver's counters are the node's metrics.
+    sample = metrics.registry.get_sample_value
+    assert sample("wakustore_mailserver_envelopes_total", {"outcome": "accepted"}) == 1
+    assert sample("wakustore_mailserver_envelopes_total", {"outcome": "duplicates"}) == 1
+    assert sample("wakustore_mailserver_sessions") == 0  # the client has gone
     store = EnvelopeStore(DeltaTableRef(engine, config.envelopes_uri), tmp_path / "wal" / "envelopes")
     assert store.open() == 0  # nothing left in the log: the buffer was committed
     try:
