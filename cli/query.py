@@ -64,7 +64,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     push.add_argument("--peer", required=True, help="multiaddr ending in /p2p/<peer id>")
     push.add_argument("--pubsub-topic", help="/waku/2/rs/<cluster>/<shard> to push on (required without --from-jsonl)")
     push.add_argument("--content-topic", help="the message's content topic (required without --from-jsonl)")
-    push.add_argument("--payload", help="hex")
+    payload = push.add_mutually_exclusive_group()
+    payload.add_argument("--payload", help="hex")
+    payload.add_argument("--payload-file", type=Path, help="the payload's bytes, read from this file as they are")
     push.add_argument("--meta", help="hex")
     push.add_argument("--timestamp", type=int, help="Unix ns (default: now)")
     push.add_argument("--ephemeral", action="store_true", help="relayed, never stored")
@@ -96,15 +98,22 @@ def run_push(args: argparse.Namespace) -> int:
     from wakustore.clients.store import parse_peer, quiet_libp2p
 
     if args.from_jsonl is not None:
-        if args.payload is not None or args.content_topic or args.pubsub_topic:
+        if args.payload is not None or args.payload_file is not None or args.content_topic or args.pubsub_topic:
             raise UsageError("--from-jsonl excludes --pubsub-topic, --content-topic and --payload")
         if not args.from_jsonl.is_file():
             raise UsageError(f"--from-jsonl: no such file {args.from_jsonl}")
         messages = _read_jsonl(args.from_jsonl)
         _refuse_history(messages, args.from_jsonl)
     else:
+        if args.payload_file is not None:
+            try:
+                args.payload = args.payload_file.read_bytes().hex()
+            except OSError as exc:
+                raise UsageError(f"--payload-file: {exc.strerror or exc}: {args.payload_file}") from None
         if not (args.pubsub_topic and args.content_topic and args.payload is not None):
-            raise UsageError("push needs --pubsub-topic, --content-topic and --payload (or --from-jsonl)")
+            raise UsageError(
+                "push needs --pubsub-topic, --content-topic and --payload or --payload-file (or --from-jsonl)"
+            )
         if args.timestamp is not None and args.timestamp < 0:
             raise UsageError("--timestamp must not be negative")
         messages = [

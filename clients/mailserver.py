@@ -132,7 +132,12 @@ class MailserverClient:
                     read_timeout_s=timeout_s,
                 )
             except (SessionClosed, RLPxError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
-                raise MailserverError(f"handshake with {host}:{port} failed: {describe_failure(exc)}") from None
+                reason = describe_failure(exc)
+                if "closed during the handshake" in reason:
+                    # A node that cannot decrypt our auth message (sealed to
+                    # the enode's key) just closes: say what that usually means.
+                    reason += " (is the enode's node id this node's key? is it a Waku v1 node?)"
+                raise MailserverError(f"handshake with {host}:{port} failed: {reason}") from None
             try:
                 yield cls(session, key, timeout_s, max_message_size)
             finally:

@@ -670,3 +670,38 @@ def test_clients_dial_dns_names(served):
     )
     lines = unknown.stderr.strip().splitlines()
     assert unknown.returncode == 1 and len(lines) == 1 and "cannot resolve no-such-host.invalid" in lines[0], lines
+
+
+def test_push_takes_its_payload_from_a_file(served, tmp_path):
+    _, _, printed = served
+    blob = tmp_path / "payload.bin"
+    blob.write_bytes(bytes(range(256)) * 4)
+    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
+    pushed = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        topic,
+        "--content-topic",
+        "/file/1/p/proto",
+        "--payload-file",
+        str(blob),
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    queried = wakustore(
+        "query", "--peer", printed[0], "--pubsub-topic", topic, "--content-topic", "/file/1/p/proto", "--json"
+    )
+    assert [json.loads(line)["payload"] for line in queried.stdout.splitlines()] == [blob.read_bytes().hex()]
+    missing = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        topic,
+        "--content-topic",
+        "/file/1/p/proto",
+        "--payload-file",
+        str(tmp_path / "nope"),
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("wakustore: error: --payload-file: No such file")

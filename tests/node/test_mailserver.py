@@ -587,3 +587,23 @@ def test_bench_mailserver_reports_envelopes_per_second(engine, tmp_path, capsys)
     assert set(report["per_shape"]) == {"bloom", "topics"}
     assert "envelopes/s at p50" in capsys.readouterr().out
     assert engine.run(lambda spark: spark.sql("SELECT 1").collect())  # the shared engine still answers
+
+
+def test_an_enode_with_another_node_id_says_what_is_likely_wrong(seeded):
+    """The node cannot read an auth message sealed to another key and
+    closes: the one line says the enode's node id may be wrong."""
+    import subprocess
+    import sys
+
+    server, _ = seeded
+    other = coincurve.PrivateKey().public_key.format(compressed=False)[1:].hex()
+    enode = f"enode://{other}@" + server.enode.split("@", 1)[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "wakustore", "mailserver", "request", "--enode", enode, "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, lines
+    assert "handshake with" in lines[0] and "is the enode's node id this node's key?" in lines[0], lines
