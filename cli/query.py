@@ -247,6 +247,13 @@ async def _push_main(args: argparse.Namespace, messages: list[tuple[str, WakuMes
         return EXIT_REFUSED
     if len(messages) > 1:
         print(f"pushed {len(messages)} messages, {refused} refused{_retried(backoff)}", file=sys.stderr, flush=True)
+    elif not refused:
+        print(
+            "accepted; a store node keeps one message per MUID (payload, content topic, meta and pubsub topic): "
+            "if it held one already, it kept that one and this hash is not stored",
+            file=sys.stderr,
+            flush=True,
+        )
     return EXIT_REFUSED if refused else 0
 
 

@@ -264,6 +264,7 @@ def export_community(
         data.flush()
         os.fsync(data.fileno())
     result.archives = list(writer.new_entries)
+    _forget_empty_data(community_dir)
     if windows:
         state.last_end_s = windows[-1].end_s
     if result.archives:
@@ -283,6 +284,18 @@ def export_community(
         signers.forget_before(schema.day_of_seconds(windows[-1].end_s))
     result.magnet = state.magnet or None
     return result
+
+
+def _forget_empty_data(community_dir: Path) -> None:
+    """A first export that found no message leaves nothing behind: an
+    empty ``data`` without an ``index`` would read as a broken archive set."""
+    data = community_dir / "data"
+    if data.stat().st_size == 0 and not (community_dir / "index").exists():
+        data.unlink()
+        try:
+            community_dir.rmdir()
+        except OSError:  # something else is in it
+            pass
 
 
 def _export_windows(

@@ -367,3 +367,27 @@ def test_the_readme_reads_the_table_with_polars_duckdb_and_pyspark(loaded):
     assert {row["pubsub_topic"]: row["count"] for row in scope["per_shard"]} == {
         t: sum(1 for m in messages if m["pubsub_topic"] == t) for t in payload
     }
+
+
+def test_an_export_that_finds_no_message_leaves_no_broken_archive_set(loaded, tmp_path):
+    base, _, _ = loaded
+    key = tmp_path / "community.key"
+    key.write_text("11" * 32)
+    archives = tmp_path / "archives"
+    result = wakustore(
+        "archive",
+        "export",
+        "--data-dir",
+        str(base / "data"),
+        "--community-key",
+        str(key),
+        "--chat-id",
+        "general",
+        "--archive-dir",
+        str(archives),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "0 new archive(s), 0 messages" in result.stderr
+    assert not list(archives.glob("*/data"))  # no empty data file without an index
+    verified = wakustore("archive", "verify", str(archives))
+    assert verified.stdout.strip() == f"{archives}: no archive set found"

@@ -281,6 +281,120 @@ def test_lowercase_log_level_and_plain_format_are_taken(tmp_path):
     assert " DEBUG " in logged and " INFO    wakustore: node stopped" in logged and '{"' not in logged
 
 
+@pytest.fixture(scope="module")
+def other_node(tmp_path_factory):
+    """A second node for the client tests that store messages (the first
+    one's table is counted by the SIGTERM test)."""
+    data_dir = tmp_path_factory.mktemp("serve-clients")
+    server = ServeProcess(data_dir)
+    printed = server.wait_ready()
+    yield server, data_dir, printed
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def test_push_from_jsonl_points_history_to_db_import_and_paces_live_messages(other_node, tmp_path):
+    from wakustore.cli.db import message_to_json
+
+    _, _, printed = other_node
+    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
+    now = time.time_ns()
+    history = tmp_path / "history.jsonl"
+    history.write_text(
+        "".join(
+            json.dumps(
+                message_to_json(
+                    topic, WakuMessage(b"old %d" % i, "/serve/1/jsonl/proto", timestamp=now - 3600 * 10**9 - i)
+                )
+            )
+            + "\n"
+            for i in range(20)
+        )
+    )
+    refused = wakustore("push", "--peer", printed[0], "--from-jsonl", str(history))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "20 of 20 messages" in refused.stderr and "wakustore db import" in refused.stderr
+    # Live messages: paced at the node's default lightpush limit, none refused, no 429 to wait out.
+    live = tmp_path / "live.jsonl"
+    live.write_text(
+        "".join(
+            json.dumps(message_to_json(topic, WakuMessage(b"live %d" % i, "/serve/1/jsonl/proto", timestamp=now + i)))
+            + "\n"
+            for i in range(8)
+        )
+    )
+    pushed = wakustore("push", "--peer", printed[0], "--from-jsonl", str(live))
+    assert pushed.returncode == 0, pushed.stderr
+    assert pushed.stderr.strip().splitlines()[-1] == "pushed 8 messages, 0 refused"
+
+
+def test_clients_dial_dns_names(other_node):
+    """/dns4 and /dns names (what --ext-multiaddr advertises) are resolved
+    before dialing; a name that does not resolve is one line."""
+    _, _, printed = other_node
+    tcp = next(line for line in printed if line.startswith("/ip4/127.0.0.1/tcp/") and "/ws/" not in line)
+    for name in ("/dns4/localhost", "/dns/localhost"):
+        result = wakustore(
+            "query",
+            "--peer",
+            tcp.replace("/ip4/127.0.0.1", name),
+            "--pubsub-topic",
+            PUBSUB_TOPIC,
+            "--content-topic",
+            "/dns/1/none/proto",
+            "--json",
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.strip().splitlines()[-1] == "0 messages in 1 page"
+    unknown = wakustore(
+        "query",
+        "--peer",
+        tcp.replace("/ip4/127.0.0.1", "/dns4/no-such-host.invalid"),
+        "--pubsub-topic",
+        PUBSUB_TOPIC,
+        "--content-topic",
+        "/dns/1/none/proto",
+    )
+    lines = unknown.stderr.strip().splitlines()
+    assert unknown.returncode == 1 and len(lines) == 1 and "cannot resolve no-such-host.invalid" in lines[0], lines
+
+
+def test_push_takes_its_payload_from_a_file(other_node, tmp_path):
+    _, _, printed = other_node
+    blob = tmp_path / "payload.bin"
+    blob.write_bytes(bytes(range(256)) * 4)
+    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
+    pushed = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        topic,
+        "--content-topic",
+        "/file/1/p/proto",
+        "--payload-file",
+        str(blob),
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    queried = wakustore(
+        "query", "--peer", printed[0], "--pubsub-topic", topic, "--content-topic", "/file/1/p/proto", "--json"
+    )
+    assert [json.loads(line)["payload"] for line in queried.stdout.splitlines()] == [blob.read_bytes().hex()]
+    missing = wakustore(
+        "push",
+        "--peer",
+        printed[0],
+        "--pubsub-topic",
+        topic,
+        "--content-topic",
+        "/file/1/p/proto",
+        "--payload-file",
+        str(tmp_path / "nope"),
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("wakustore: error: --payload-file: No such file")
+
+
 def test_push_and_query_commands_round_trip_then_sigterm_commits(served, tmp_path):
     server, data_dir, printed = served
     peer = printed[0]
@@ -607,101 +721,3 @@ def test_make_run_passes_a_retention_with_a_semicolon_to_the_node(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def test_push_from_jsonl_points_history_to_db_import_and_paces_live_messages(served, tmp_path):
-    from wakustore.cli.db import message_to_json
-
-    _, _, printed = served
-    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
-    now = time.time_ns()
-    history = tmp_path / "history.jsonl"
-    history.write_text(
-        "".join(
-            json.dumps(
-                message_to_json(topic, WakuMessage(b"old %d" % i, CONTENT_TOPIC, timestamp=now - 3600 * 10**9 - i))
-            )
-            + "\n"
-            for i in range(20)
-        )
-    )
-    refused = wakustore("push", "--peer", printed[0], "--from-jsonl", str(history))
-    assert refused.returncode == 2 and refused.stdout == ""
-    assert "20 of 20 messages" in refused.stderr and "wakustore db import" in refused.stderr
-    # Live messages: paced at the node's default lightpush limit, none refused, no 429 to wait out.
-    live = tmp_path / "live.jsonl"
-    live.write_text(
-        "".join(
-            json.dumps(message_to_json(topic, WakuMessage(b"live %d" % i, CONTENT_TOPIC, timestamp=now + i))) + "\n"
-            for i in range(8)
-        )
-    )
-    pushed = wakustore("push", "--peer", printed[0], "--from-jsonl", str(live))
-    assert pushed.returncode == 0, pushed.stderr
-    assert pushed.stderr.strip().splitlines()[-1] == "pushed 8 messages, 0 refused"
-
-
-def test_clients_dial_dns_names(served):
-    """/dns4 and /dns names (what --ext-multiaddr advertises) are resolved
-    before dialing; a name that does not resolve is one line."""
-    _, _, printed = served
-    tcp = next(line for line in printed if line.startswith("/ip4/127.0.0.1/tcp/") and "/ws/" not in line)
-    for name in ("/dns4/localhost", "/dns/localhost"):
-        result = wakustore(
-            "query",
-            "--peer",
-            tcp.replace("/ip4/127.0.0.1", name),
-            "--pubsub-topic",
-            PUBSUB_TOPIC,
-            "--content-topic",
-            "/dns/1/none/proto",
-            "--json",
-        )
-        assert result.returncode == 0, result.stderr
-        assert result.stderr.strip().splitlines()[-1] == "0 messages in 1 page"
-    unknown = wakustore(
-        "query",
-        "--peer",
-        tcp.replace("/ip4/127.0.0.1", "/dns4/no-such-host.invalid"),
-        "--pubsub-topic",
-        PUBSUB_TOPIC,
-        "--content-topic",
-        "/dns/1/none/proto",
-    )
-    lines = unknown.stderr.strip().splitlines()
-    assert unknown.returncode == 1 and len(lines) == 1 and "cannot resolve no-such-host.invalid" in lines[0], lines
-
-
-def test_push_takes_its_payload_from_a_file(served, tmp_path):
-    _, _, printed = served
-    blob = tmp_path / "payload.bin"
-    blob.write_bytes(bytes(range(256)) * 4)
-    topic = f"/waku/2/rs/{CLUSTER_ID}/3"
-    pushed = wakustore(
-        "push",
-        "--peer",
-        printed[0],
-        "--pubsub-topic",
-        topic,
-        "--content-topic",
-        "/file/1/p/proto",
-        "--payload-file",
-        str(blob),
-    )
-    assert pushed.returncode == 0, pushed.stderr
-    queried = wakustore(
-        "query", "--peer", printed[0], "--pubsub-topic", topic, "--content-topic", "/file/1/p/proto", "--json"
-    )
-    assert [json.loads(line)["payload"] for line in queried.stdout.splitlines()] == [blob.read_bytes().hex()]
-    missing = wakustore(
-        "push",
-        "--peer",
-        printed[0],
-        "--pubsub-topic",
-        topic,
-        "--content-topic",
-        "/file/1/p/proto",
-        "--payload-file",
-        str(tmp_path / "nope"),
-    )
-    assert missing.returncode == 2 and missing.stderr.startswith("wakustore: error: --payload-file: No such file")
