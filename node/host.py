@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import multiaddr
+import trio
 from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.secp256k1 import create_new_key_pair
@@ -160,7 +161,17 @@ async def running_host(
         host.set_stream_handler(TProtocol(protocol), gatekeeper.guard(protocol, handler))
     async with host.run(listen_addrs=addrs):
         await stop_auto_dialing(host)
-        yield host, host_info(host, config.ext_multiaddrs)
+        try:
+            yield host, host_info(host, config.ext_multiaddrs)
+        finally:
+            # Close every connection on the way out: peers see the node go
+            # at once (a FIN), not when a keepalive or a write fails.
+            with trio.move_on_after(CLOSE_CONNECTIONS_S, shield=True):
+                await host.get_network().close()
+
+
+# How long a stopping node waits for its connections to close.
+CLOSE_CONNECTIONS_S = 2.0
 
 
 def service_connection_config(limits: ConnectionLimits = ConnectionLimits()) -> ConnectionConfig:

@@ -13,7 +13,8 @@ dial in), so that dialing stays within the connection caps. A failed dial backs 
 :data:`BACKOFF_FIRST_S` to :data:`BACKOFF_MAX_S`); after
 :data:`MAX_FAILURES` failures in a row it is forgotten, which makes room
 for others: a dead peer is replaced by the next candidate. A peer that
-gossipsub's scoring graylisted is forgotten at once. The configured relay
+gossipsub's scoring graylisted is forgotten at once. A forgotten peer is
+not taken back from discovery for :data:`FORGET_FOR_S`. The configured relay
 peers (``--relay-peer``) are not the manager's: the relay keeps them
 connected whatever happens (pinned).
 
@@ -43,6 +44,9 @@ BACKOFF_FIRST_S = 5.0
 BACKOFF_MAX_S = 600.0
 MAX_FAILURES = 5
 MAX_CANDIDATES = 200
+# A forgotten peer is not taken back from discovery for this long (its
+# record keeps coming back in other nodes' answers while they still hold it).
+FORGET_FOR_S = 600.0
 RELAY_SHARE = 0.6
 OUT_SHARE = 1 / 3
 
@@ -91,10 +95,15 @@ class PeerManager:
         self.max_failures = MAX_FAILURES
         self.candidates: collections.OrderedDict[Any, Candidate] = collections.OrderedDict()
         self.forgotten: collections.Counter[str] = collections.Counter()
+        self._forgotten_at: collections.OrderedDict[Any, float] = collections.OrderedDict()
         self._dialing: set[Any] = set()
 
     def add(self, info: Any, origin: str, shards: Iterable[int] = ()) -> bool:
-        """Take a discovered relay node; False when it is known already."""
+        """Take a discovered relay node; False when it is known already, or
+        was forgotten less than :data:`FORGET_FOR_S` ago."""
+        forgotten = self._forgotten_at.get(info.peer_id)
+        if forgotten is not None and self.clock() - forgotten < FORGET_FOR_S:
+            return False
         known = self.candidates.get(info.peer_id)
         if known is not None:
             known.info, known.shards = info, frozenset(shards) or known.shards
@@ -184,6 +193,10 @@ class PeerManager:
     def _forget(self, candidate: Candidate, why: str) -> None:
         self.candidates.pop(candidate.info.peer_id, None)
         self.forgotten[why] += 1
+        self._forgotten_at[candidate.info.peer_id] = self.clock()
+        self._forgotten_at.move_to_end(candidate.info.peer_id)
+        while len(self._forgotten_at) > MAX_CANDIDATES:
+            self._forgotten_at.popitem(last=False)
         if self.metrics is not None:
             self.metrics.relay_forgotten.labels(why).inc()
 

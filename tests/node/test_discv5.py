@@ -152,7 +152,7 @@ def test_a_killed_node_is_forgotten_and_a_new_one_takes_its_place(network, engin
     killed.stop()
     survivors = [n for n in nodes if n is not killed]
     _wait(
-        lambda: all(killed.peer_id not in n.relay.manager.candidates for n in survivors),
+        lambda: all(killed.peer_id not in {str(p) for p in n.relay.manager.candidates} for n in survivors),
         "the killed node was never forgotten",
     )
     newcomer = _start(tmp_path_factory, engine, "d5-new", [nodes[0].enr.text], shards=[0, 5])

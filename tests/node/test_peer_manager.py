@@ -95,6 +95,10 @@ def test_dead_peers_back_off_are_forgotten_and_replaced():
         clock.now += 3600
         trio.run(manager.round)
     assert "dead" not in manager.candidates and manager.forgotten["unreachable"] == 1
+    # Discovery hands it back (other nodes still list it): not taken for a while.
+    assert not manager.add(Info("dead"), "Discv5", {1})
+    clock.now += 601
+    assert manager.add(Info("dead"), "Discv5", {1})
     _add(manager, relay, "alive", {1})
     trio.run(manager.round)
     assert relay.connected("alive")
