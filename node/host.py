@@ -166,7 +166,8 @@ async def running_host(
         finally:
             # Close every connection on the way out: peers see the node go
             # at once (a FIN), not when a keepalive or a write fails.
-            with trio.move_on_after(CLOSE_CONNECTIONS_S, shield=True):
+            with trio.move_on_after(CLOSE_CONNECTIONS_S) as closing:
+                closing.shield = True
                 await host.get_network().close()
 
 
