@@ -132,6 +132,9 @@ class NodeConfig:
     max_message_size: int = 150 * 1024
     engine_memory_ceiling_mb: int = 2048
     maintenance_interval_s: float = 3600.0
+    # Free space the data dir keeps: under it the node takes no message in
+    # (node/disk.py), long before the file system is full; 0: no floor.
+    min_free_bytes: int = 256 * 1024 * 1024
     # 11/WAKU2-RELAY on the configured shards (gossipsub, /vac/waku/relay/2.0.0).
     relay: bool = True
     # Multiaddrs (ending in /p2p/<peer id>) dialed at start and kept connected.

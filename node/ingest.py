@@ -48,6 +48,9 @@ UNSUPPORTED_TOPIC = "unsupported_pubsub_topic"
 
 # Reasons that keep a valid message out of the store but not off the network.
 _NOT_STORED = frozenset({Rejection.EPHEMERAL.value, Rejection.TIMESTAMP_DRIFT.value})
+# A valid message not stored because the data dir is under its free-space
+# floor (node/disk.py): relayed, refused to lightpush with 503.
+DISK_FULL = "disk_full"
 
 
 class Refused(Exception):

@@ -73,7 +73,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from wakustore.node.config import NodeConfig
 from wakustore.node.host import HostError
-from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.ingest import DISK_FULL, Ingest, Refused
 from wakustore.node.peer_manager import PeerManager
 from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
@@ -373,6 +373,10 @@ class Relay:
             return refusal.relayable
         if self.on_message is not None:
             self.on_message(topic, message)
+        disk = getattr(self.ingest.service, "disk", None)
+        if disk is not None and disk.full():
+            self._count(DISK_FULL)  # relayed, not stored: space comes first
+            return True
         try:
             self._store_send.send_nowait((topic, message, now))
         except trio.WouldBlock:

@@ -57,7 +57,8 @@ import trio
 from libp2p.io.exceptions import IOException
 
 from wakustore.node.config import NodeConfig
-from wakustore.node.ingest import Ingest, Refused
+from wakustore.node.disk import DiskFull
+from wakustore.node.ingest import DISK_FULL, Ingest, Refused
 
 # RateLimits is still imported from here by its users (running, tests)
 from wakustore.node.rate_limits import PeerAndAddressBuckets, RateLimit, RateLimits  # noqa: F401
@@ -328,6 +329,9 @@ class StoreProtocols:
         if store:
             try:
                 await self.ingest.store([(topic, request.message, now)], source="lightpush")
+            except DiskFull as exc:
+                self.ingest.count("lightpush", Refused(DISK_FULL, str(exc)))
+                raise LightpushError(LightpushStatus.SERVICE_NOT_AVAILABLE, str(exc), rid) from None
             except Exception as exc:
                 log.warning("storing a pushed message failed: %s", exc)
                 raise LightpushError(LightpushStatus.SERVICE_NOT_AVAILABLE, "the store is unavailable", rid) from None

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from wakustore.node.config import NodeConfig
+from wakustore.node.disk import DiskFull, DiskGuard
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
 from wakustore.protocols.message import WakuMessage
@@ -110,10 +111,18 @@ class StoreService:
         # The flush policy (interval and size) lives in StoreConfig; this
         # loop only sleeps until it says a commit is due.
         self.flusher = FlushLoop(lambda: self.store.flush_deadline(), self.flush, "message")
+        self.disk = DiskGuard(self.config.data_dir, self.config.min_free_bytes)
+        # Set when the disk runs full with a size: retention configured: the
+        # maintenance loop runs at once instead of at its next interval.
+        self._maintain_now = trio.Event()
+        self._full_since: float | None = None
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         """Durably store ``messages``; concurrent callers share one log write
-        (group commit: one fsync for all the pushes that arrived meanwhile)."""
+        (group commit: one fsync for all the pushes that arrived meanwhile).
+        Raises :class:`~wakustore.node.disk.DiskFull` under the data dir's
+        free-space floor."""
+        self._check_disk()
         pending = PendingPut(messages)
         await self._puts_send.send(pending)
         await pending.done.wait()
@@ -125,6 +134,26 @@ class StoreService:
         self.metrics.deduplicated.labels(source).inc(result.duplicates)
         self.metrics.wal_depth.labels("messages").set(self.store.wal_depth)
         return result
+
+    def _check_disk(self) -> None:
+        if not self.disk.full():
+            if self._full_since is not None:
+                log.warning("disk space is back over min_free_bytes: taking messages again")
+                self._full_since = None
+            return
+        if self._full_since is None:
+            self._full_since = time.monotonic()
+            log.error("%s: refusing messages until space returns", self._disk_reason())
+            if maintenance.RetentionPolicy.parse(self.config.retention).max_bytes is not None:
+                self._maintain_now.set()
+        self.disk.check()
+
+    def _disk_reason(self) -> str:
+        try:
+            self.disk.check()
+        except DiskFull as exc:
+            return str(exc)
+        return "disk space over min_free_bytes"
 
     async def query(self, query: HistoryQuery) -> Page:
         """One page. A page memory answers (the hot tier: ~0.1 ms) is answered
@@ -199,7 +228,9 @@ class StoreService:
         return {
             # A failed maintenance run (retention, compaction) is the
             # operator's to see: the node answers, but is not well.
-            "ok": bool(engine.healthy) and all(run is None or run.ok for run in (self.last_maintenance, commit)),
+            "ok": bool(engine.healthy)
+            and all(run is None or run.ok for run in (self.last_maintenance, commit))
+            and not self.disk.full(),
             "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
             "commit": {} if commit is None else asdict(commit),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
@@ -215,6 +246,7 @@ class StoreService:
                 "key_filter_ready": self.store.writes.filter_ready.is_set(),
             },
             **self._relay_health(),
+            "disk": self.disk.report(),
             "config": self.effective_config(),
         }
 
@@ -281,7 +313,11 @@ class StoreService:
     async def _maintenance_loop(self) -> None:
         policy = maintenance.RetentionPolicy.parse(self.config.retention)
         while True:
-            await trio.sleep(self.config.maintenance_interval_s)
+            with trio.move_on_after(self.config.maintenance_interval_s):
+                await self._maintain_now.wait()
+            if self._maintain_now.is_set():
+                log.warning("the disk is full and a size retention is set: running maintenance now")
+                self._maintain_now = trio.Event()
             await self.maintain_once(policy)
 
     async def maintain_once(self, policy: maintenance.RetentionPolicy) -> None:
