@@ -60,8 +60,9 @@ class DiskGuard:
     def check(self) -> None:
         """Raise :class:`DiskFull` when under the floor."""
         if self.full():
+            free = self._free or 0
             raise DiskFull(
-                f"the disk is full: {self._free / _MB:.0f} MiB free in {self.path}, "
+                f"the disk is full: {free / _MB:.0f} MiB free in {self.path}, "
                 f"under min_free_bytes ({self.min_free_bytes / _MB:.0f} MiB)"
             )
 
