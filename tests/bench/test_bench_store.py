@@ -8,13 +8,20 @@ import pytest
 from wakustore.bench import dataset as bench_dataset
 from wakustore.bench import sql as bench_sql
 from wakustore.bench import store as bench_store
-from wakustore.cli.main import build_parser
 from wakustore.protocols.message import message_hash, muid
 from wakustore.usage import UsageError
 
 
+def bench_args(argv):
+    """``wakustore bench ...``'s arguments (the bench parser is built when bench runs)."""
+    from wakustore.cli.bench import bench_parser
+    from wakustore.cli.main import _Parser
+
+    return bench_parser(_Parser).parse_args(argv)
+
+
 def parse(*argv):
-    return build_parser().parse_args(["bench", "store", *argv])
+    return bench_args(["store", *argv])
 
 
 def test_dataset_is_deterministic_with_a_tenth_resent():

@@ -6,16 +6,23 @@ import os
 import pytest
 
 from wakustore.bench import wire as bench_wire
-from wakustore.cli.main import build_parser
 from wakustore.usage import UsageError
 
 
+def bench_args(argv):
+    """``wakustore bench ...``'s arguments (the bench parser is built when bench runs)."""
+    from wakustore.cli.bench import bench_parser
+    from wakustore.cli.main import _Parser
+
+    return bench_parser(_Parser).parse_args(argv)
+
+
 def parse(*argv):
-    return build_parser().parse_args(["bench", "wire", *argv])
+    return bench_args(["wire", *argv])
 
 
 def test_wire_is_a_verb_of_the_cli_bench_command():
-    args = build_parser().parse_args(["bench", "wire", "--clients", "1,4,4", "--messages", "10"])
+    args = bench_args(["wire", "--clients", "1,4,4", "--messages", "10"])
     assert args.handler is bench_wire.run_wire_bench
     assert args.clients == (1, 4)
     assert args.messages == 10
@@ -118,8 +125,8 @@ def test_the_table_bench_store_filled_is_queried_as_it_is(engine, tmp_path):
     from wakustore.bench import store as bench_store
 
     kept = tmp_path / "kept"
-    store_args = build_parser().parse_args(
-        ["bench", "store", "--messages", "1500", "--queries", "10", "--lookups", "1", "--data-dir", str(kept)]
+    store_args = bench_args(
+        ["store", "--messages", "1500", "--queries", "10", "--lookups", "1", "--data-dir", str(kept)]
     )
     assert bench_store.run_store_bench(store_args) == 0
     rows = sorted(os.listdir(kept / "tables" / "messages"))

@@ -45,6 +45,14 @@ TOPICS = [topics.channel_content_topic(PUB, c) for c in CHATS]
 LOOPBACK = "127.0.0.1:0"
 
 
+def bench_args(argv):
+    """``wakustore bench ...``'s arguments (the bench parser is built when bench runs)."""
+    from wakustore.cli.bench import bench_parser
+    from wakustore.cli.main import _Parser
+
+    return bench_parser(_Parser).parse_args(argv)
+
+
 @pytest.fixture
 def make_store(engine, tmp_path):
     opened = []
@@ -781,10 +789,8 @@ def test_fetch_cli_finds_the_magnet_link_on_a_store_node(tmp_path, engine, cli_s
 @pytest.mark.slow
 def test_bench_archive_reports_export_memory_and_hydrate_rate(tmp_path, capsys):
 
-    from wakustore.cli.main import build_parser
-
     out = tmp_path / "bench.json"
-    args = build_parser().parse_args(["bench", "archive", "--messages", "400", "--days", "14", "--json", str(out)])
+    args = bench_args(["archive", "--messages", "400", "--days", "14", "--json", str(out)])
     assert args.handler(args) == 0
     report = json.loads(out.read_text())
     assert report["member_matches_control"] and report["export"]["messages"] == report["fetch"]["messages"] == 400

@@ -60,6 +60,14 @@ KEY = key_from_password(DEFAULT_PASSWORD)
 NO_POW = MailserverSettings(minimum_pow=0.0)
 
 
+def bench_args(argv):
+    """``wakustore bench ...``'s arguments (the bench parser is built when bench runs)."""
+    from wakustore.cli.bench import bench_parser
+    from wakustore.cli.main import _Parser
+
+    return bench_parser(_Parser).parse_args(argv)
+
+
 def make_envelope(i: int, topic: bytes = TOPICS[0], sent: int | None = None, ttl: int = 50) -> bytes:
     sent = T0 + i // 2 if sent is None else sent  # two envelopes a second: order falls to the hash
     return Envelope(expiry=sent + ttl, ttl=ttl, topic=topic, data=b"envelope-%d" % i + bytes(i % 7), nonce=i).encode()
@@ -576,9 +584,7 @@ def test_bench_mailserver_reports_envelopes_per_second(engine, tmp_path, capsys)
     from wakustore.bench import mailserver as bench_mailserver
 
     out = tmp_path / "bench.json"
-    args = cli.build_parser().parse_args(
-        ["bench", "mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)]
-    )
+    args = bench_args(["mailserver", "--envelopes", "2000", "--requests", "4", "--json", str(out)])
     assert bench_mailserver.run_mailserver_bench(args, engine=engine) == 0
     report = json.loads(out.read_text())
     assert report["envelopes"] == 2000 and report["page"] == 1000
