@@ -309,3 +309,9 @@ def test_largest_messages_fit_their_frames():
     assert len(decode_response(frame).enrs) == MAX_PEERS
     nwaku_request = field(1, varint_field(1, 2**64 - 1)) + field(2, varint_field(10, 0))
     assert len(nwaku_request) == 17 <= PEER_EXCHANGE_MAX_REQUEST_SIZE
+
+
+def test_the_record_bound_is_eip_778s():
+    from wakustore.protocols import enr, peer_exchange
+
+    assert peer_exchange.MAX_RECORD_SIZE == enr.MAX_RECORD_SIZE
