@@ -373,12 +373,14 @@ def rest_app(node: Any):
         cache.pubsub_topics.difference_update(rest.parse_string_list(await json_body(request), "pubsub topics"))
         return ok()
 
+    def drained(matches: Callable[[str, WakuMessage], bool]) -> Response:
+        return JSONResponse([rest.message_json(m, relay=True) for m in cache.take(matches)])
+
     async def relay_messages(request: Request) -> Response:
         topic = request.path_params["topic"]
         if topic not in cache.pubsub_topics:
             return text(404, "")
-        taken = cache.take(lambda t, m: t == topic)
-        return JSONResponse([rest.message_json(m, relay=True) for m in taken])
+        return drained(lambda t, m: t == topic)
 
     async def relay_publish(request: Request) -> Response:
         topic = request.path_params["topic"]
@@ -407,8 +409,7 @@ def rest_app(node: Any):
         content_topic = request.path_params["content_topic"]
         if content_topic not in cache.content_topics:
             return text(404, content_topic[:200])
-        taken = cache.take(lambda t, m: m.content_topic == content_topic)
-        return JSONResponse([rest.message_json(m, relay=True) for m in taken])
+        return drained(lambda t, m: m.content_topic == content_topic)
 
     async def auto_publish(request: Request) -> Response:
         message = rest.parse_message(await json_body(request), time.time_ns())

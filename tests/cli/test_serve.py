@@ -104,15 +104,19 @@ class ServeProcess:
         raise AssertionError(f"serve did not start: {printed}\n{stderr}")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("serve")
+def _serving(data_dir):
+    """A started ServeProcess: (server, data dir, lines printed before ready); killed after."""
     server = ServeProcess(data_dir)
     printed = server.wait_ready()
     yield server, data_dir, printed
     if server.proc.poll() is None:
         server.proc.kill()
         server.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from _serving(tmp_path_factory.mktemp("serve"))
 
 
 def test_serve_prints_multiaddrs_and_writes_node_info(served):
@@ -285,13 +289,7 @@ def test_lowercase_log_level_and_plain_format_are_taken(tmp_path):
 def other_node(tmp_path_factory):
     """A second node for the client tests that store messages (the first
     one's table is counted by the SIGTERM test)."""
-    data_dir = tmp_path_factory.mktemp("serve-clients")
-    server = ServeProcess(data_dir)
-    printed = server.wait_ready()
-    yield server, data_dir, printed
-    if server.proc.poll() is None:
-        server.proc.kill()
-        server.proc.wait()
+    yield from _serving(tmp_path_factory.mktemp("serve-clients"))
 
 
 def test_push_from_jsonl_points_history_to_db_import_and_paces_live_messages(other_node, tmp_path):
@@ -365,33 +363,12 @@ def test_push_takes_its_payload_from_a_file(other_node, tmp_path):
     blob = tmp_path / "payload.bin"
     blob.write_bytes(bytes(range(256)) * 4)
     topic = f"/waku/2/rs/{CLUSTER_ID}/3"
-    pushed = wakustore(
-        "push",
-        "--peer",
-        printed[0],
-        "--pubsub-topic",
-        topic,
-        "--content-topic",
-        "/file/1/p/proto",
-        "--payload-file",
-        str(blob),
-    )
+    where = ("--peer", printed[0], "--pubsub-topic", topic, "--content-topic", "/file/1/p/proto")
+    pushed = wakustore("push", *where, "--payload-file", str(blob))
     assert pushed.returncode == 0, pushed.stderr
-    queried = wakustore(
-        "query", "--peer", printed[0], "--pubsub-topic", topic, "--content-topic", "/file/1/p/proto", "--json"
-    )
+    queried = wakustore("query", *where, "--json")
     assert [json.loads(line)["payload"] for line in queried.stdout.splitlines()] == [blob.read_bytes().hex()]
-    missing = wakustore(
-        "push",
-        "--peer",
-        printed[0],
-        "--pubsub-topic",
-        topic,
-        "--content-topic",
-        "/file/1/p/proto",
-        "--payload-file",
-        str(tmp_path / "nope"),
-    )
+    missing = wakustore("push", *where, "--payload-file", str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.startswith("wakustore: error: --payload-file: No such file")
 
 
