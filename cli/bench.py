@@ -33,7 +33,7 @@ def bench_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
     for module in (bench_store, bench_wire, bench_mailserver, bench_archive):
         module.register_verb(verbs)
-    from wakustore.cli.main import document
+    from wakustore.cli.parser import document
 
     document(parser)
     return parser
