@@ -19,7 +19,7 @@ from wakustore.node.store_protocols import RateLimits
 from wakustore.protocols import enr
 from wakustore.protocols.dns_discovery import build_tree
 from wakustore.protocols.message import WakuMessage, message_hash
-from wakustore.protocols.store_query import validate_v3
+from wakustore.protocols.store_query import HistoryQuery
 from wakustore.transport.dns import parse_name_server, resolve_txt, walk_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -113,17 +113,7 @@ def test_a_node_given_only_a_tree_finds_its_relay_peer_and_stores_what_it_relays
             pushed = await client.push(PUBSUB_TOPIC, message)
             assert pushed.status_code == 200, pushed
         digest = message_hash(PUBSUB_TOPIC, message)
-        query = validate_v3(
-            pubsub_topic=None,
-            content_topics=[],
-            time_start=None,
-            time_end=None,
-            message_hashes=[digest],
-            cursor=None,
-            forward=False,
-            limit=20,
-            include_data=True,
-        )
+        query = HistoryQuery(message_hashes=(digest,))
         with trio.move_on_after(TIMEOUT_S):
             while True:
                 async with StoreClient.connect(b.tcp_addr) as client:

@@ -21,6 +21,7 @@ from wakustore.protocols.framing import (
     PEER_EXCHANGE_MAX_RESPONSE_SIZE,
     FrameReader,
     encode_frame,
+    encode_uvarint,
 )
 from wakustore.protocols.peer_exchange import (
     MAX_ENR_SIZE,
@@ -45,12 +46,7 @@ enr_bytes = st.binary(min_size=1, max_size=MAX_ENR_SIZE)
 
 
 def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+    return encode_uvarint(value)
 
 
 def field(number: int, payload: bytes) -> bytes:
