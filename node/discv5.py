@@ -26,6 +26,7 @@ most 16 records; the table is at most 256 x 16 records.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import secrets
 import time
@@ -147,7 +148,6 @@ class Discv5Node:
         metrics: Any = None,
     ):
         self.sessions = discv5.Sessions(private_key, record, protocol_id)
-        self.record = record
         self.local_id = self.sessions.local_id
         self.table = RoutingTable(self.local_id)
         self.bootstrap = list(bootstrap)
@@ -161,6 +161,10 @@ class Discv5Node:
         self._waiting: dict[bytes, _Waiter] = {}
         self._votes: collections.OrderedDict[bytes, tuple[str, int]] = collections.OrderedDict()
         self.dropped: collections.Counter[str] = collections.Counter()
+
+    def record(self) -> enr.Enr:
+        """The node's current record (the one its sessions hand out)."""
+        return self.sessions.record()
 
     # --- the socket -------------------------------------------------------------
 
@@ -265,10 +269,7 @@ class Discv5Node:
             if kind == discv5.PONG:
                 self._vote(node, message)
             total = message.fields[0] if kind == discv5.NODES else 1
-            if (
-                len(waiter.messages) >= min(total, discv5.MAX_NODES_MESSAGES)
-                or len(waiter.messages) >= discv5.MAX_NODES_MESSAGES
-            ):
+            if len(waiter.messages) >= min(total, discv5.MAX_NODES_MESSAGES):
                 waiter.send.send_nowait(None)
 
     # --- requests ---------------------------------------------------------------
@@ -321,8 +322,6 @@ class Discv5Node:
     def _vote(self, node: bytes, pong: Message) -> None:
         if self.on_external is None:
             return
-        import ipaddress
-
         _, raw_ip, port = pong.fields
         self._votes[node] = (str(ipaddress.ip_address(raw_ip)), port)
         self._votes.move_to_end(node)

@@ -57,14 +57,17 @@ class DiskGuard:
         free = self.free_bytes()
         return free is not None and self.min_free_bytes > 0 and free < self.min_free_bytes
 
+    def reason(self) -> str:
+        free = self._free or 0
+        return (
+            f"the disk is full: {free / _MB:.0f} MiB free in {self.path}, "
+            f"under min_free_bytes ({self.min_free_bytes / _MB:.0f} MiB)"
+        )
+
     def check(self) -> None:
         """Raise :class:`DiskFull` when under the floor."""
         if self.full():
-            free = self._free or 0
-            raise DiskFull(
-                f"the disk is full: {free / _MB:.0f} MiB free in {self.path}, "
-                f"under min_free_bytes ({self.min_free_bytes / _MB:.0f} MiB)"
-            )
+            raise DiskFull(self.reason())
 
     def report(self) -> dict:
         return {"free_bytes": self.free_bytes(), "min_free_bytes": self.min_free_bytes, "full": self.full()}

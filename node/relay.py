@@ -79,6 +79,7 @@ from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
 from wakustore.protocols.errors import MessageError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.message_codec import decode_message, encode_message
+from wakustore.protocols.topics import parse_shard_topic
 from wakustore.transport.peers import PeerAddressError, connect, parse_peer
 
 log = logging.getLogger(__name__)
@@ -468,7 +469,7 @@ class Relay:
         return peer_id in self.pubsub.peers and self._connected(peer_id)
 
     def shard_peer_count(self, shard: int) -> int:
-        return sum(self.peer_count(t) for t in self.topics if t.endswith(f"/{shard}"))
+        return sum(self.peer_count(t) for t in self.topics if parse_shard_topic(t).index == shard)
 
     def relay_peer_count(self) -> int:
         return len(self.pubsub.peers)

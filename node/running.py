@@ -178,7 +178,6 @@ async def running_node(
 
                 if config.discv5_enr_auto_update:
                     discv5_node.on_external = external
-                discv5_node.record = lambda: node.enr
                 discv5_node.sessions.record = lambda: node.enr
                 await peer_tasks.start(discv5_node.run)
             if config.rest:

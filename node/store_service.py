@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from wakustore.node.config import NodeConfig
-from wakustore.node.disk import DiskFull, DiskGuard
+from wakustore.node.disk import DiskGuard
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
 from wakustore.protocols.message import WakuMessage
@@ -143,17 +143,10 @@ class StoreService:
             return
         if self._full_since is None:
             self._full_since = time.monotonic()
-            log.error("%s: refusing messages until space returns", self._disk_reason())
+            log.error("%s: refusing messages until space returns", self.disk.reason())
             if maintenance.RetentionPolicy.parse(self.config.retention).max_bytes is not None:
                 self._maintain_now.set()
         self.disk.check()
-
-    def _disk_reason(self) -> str:
-        try:
-            self.disk.check()
-        except DiskFull as exc:
-            return str(exc)
-        return "disk space over min_free_bytes"
 
     async def query(self, query: HistoryQuery) -> Page:
         """One page. A page memory answers (the hot tier: ~0.1 ms) is answered

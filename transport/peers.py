@@ -3,6 +3,7 @@ as every flag and client of the project takes them."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 
@@ -24,7 +25,7 @@ def parse_peer(addr: str) -> Any:
 
 
 # Multiaddr protocols that name a host, and the address family each asks for.
-_DNS_FAMILIES = {"dns": 0, "dns4": 2, "dns6": 10}  # socket.AF_UNSPEC, AF_INET, AF_INET6
+_DNS_FAMILIES = {"dns": socket.AF_UNSPEC, "dns4": socket.AF_INET, "dns6": socket.AF_INET6}
 
 
 async def resolved(info: Any) -> Any:
@@ -44,12 +45,12 @@ async def resolved(info: Any) -> Any:
             continue
         name, rest = parts[1], "/".join(parts[2:])
         try:
-            found = await trio.socket.getaddrinfo(name, None, family=_DNS_FAMILIES[parts[0]], type=1)
+            found = await trio.socket.getaddrinfo(name, None, family=_DNS_FAMILIES[parts[0]], type=socket.SOCK_STREAM)
         except OSError as exc:
             raise PeerAddressError(f"cannot resolve {name}: {exc.strerror or exc}") from None
         for family, _, _, _, sockaddr in found:
             ip = sockaddr[0]
-            addrs.append(multiaddr.Multiaddr(f"/{'ip6' if family == 10 else 'ip4'}/{ip}/{rest}"))
+            addrs.append(multiaddr.Multiaddr(f"/{'ip6' if family == socket.AF_INET6 else 'ip4'}/{ip}/{rest}"))
     return PeerInfo(info.peer_id, list(dict.fromkeys(addrs)))
 
 
