@@ -153,11 +153,11 @@ class StoreService:
         here on the event loop, with no thread hop and no queue; the others
         read the table in a reader thread, never waiting for engine work."""
         reads = self.store.reads
-        page = reads.from_memory(query)
-        if page is not None:
-            return page
+        answer = reads.from_memory(query)
+        if isinstance(answer, Page):
+            return answer
         return await trio.to_thread.run_sync(
-            functools.partial(reads.page, query, memory_tried=True), limiter=self.read_limiter
+            functools.partial(reads.page, query, memory_tried=True, part=answer), limiter=self.read_limiter
         )
 
     async def _writer_loop(self) -> None:

@@ -95,6 +95,7 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
         target_bytes=TARGET_FILE_BYTES,
         durable=True,
         bloom_columns=("muid", "message_hash"),
+        paged=True,
     )
     try:
         runs, pairs, stamps = _write_runs(uri, files, str(staging))

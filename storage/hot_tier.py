@@ -70,6 +70,12 @@ REBUILD_SHARE = 0.5
 EVICT_TO = 0.9
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+# What a lookup without data answers from (store_query.matcher's and the order's columns).
+_KEY_COLUMNS = ("message_hash", "pubsub_topic", "content_topic", "timestamp", "digest")
+
+
+def _columns(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
+    return batch if columns is None else batch.select(list(columns))
 
 
 class _Chunk:
@@ -136,15 +142,15 @@ class _Chunk:
         self.batches = table.to_batches()
         self.batch_starts = np.cumsum([0] + [b.num_rows for b in self.batches])
 
-    def take(self, rows: np.ndarray) -> pa.Table:
-        """The rows at ``rows`` (any order; grouped by batch)."""
+    def take(self, rows: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows at ``rows`` (any order; grouped by batch), of ``columns`` (None: all)."""
         if len(self.batches) == 1:
-            return pa.Table.from_batches([self.batches[0].take(pa.array(rows, pa.int64()))])
+            return pa.Table.from_batches([_columns(self.batches[0], columns).take(pa.array(rows, pa.int64()))])
         which = np.searchsorted(self.batch_starts, rows, "right") - 1
         parts = []
         for batch in np.unique(which).tolist():
             local = rows[which == batch] - self.batch_starts[batch]
-            parts.append(self.batches[batch].take(pa.array(local, pa.int64())))
+            parts.append(_columns(self.batches[batch], columns).take(pa.array(local, pa.int64())))
         return pa.Table.from_batches(parts)
 
     def visible_from(self, floor: int) -> int:
@@ -334,7 +340,8 @@ class HotTier:
             if self.start_ns is None:
                 return None
             if query.message_hashes:
-                return self._by_hashes(query, key)
+                found, missing = self._by_hashes(query, key)
+                return None if missing else found
             if not query.content_topics or query.pubsub_topic is None:
                 return None
             fetch = query.limit + 1
@@ -542,6 +549,18 @@ class HotTier:
                     found[row.message_hash] = row
         return found
 
+    def _keys_by_hash(self, hashes: Sequence[bytes]) -> dict[bytes, tuple[StoredMessage, str]]:
+        """The visible rows with one of ``hashes`` as (stored message
+        without data, content topic): their key columns alone."""
+        wanted = set(hashes)
+        found: dict[bytes, tuple[StoredMessage, str]] = {}
+        for chunk, rows in self._matches(wanted, "hash_prefix", "hash_row"):
+            columns = chunk.take(rows, _KEY_COLUMNS).to_pydict()
+            for h, p, c, t, d in zip(*(columns[name] for name in _KEY_COLUMNS)):
+                if h in wanted:
+                    found[h] = (StoredMessage(h, p, None, t, d), c)
+        return found
+
     def _held_muids(self, muids: Sequence[bytes]) -> set[bytes]:
         """Those of ``muids`` that a visible row of the tier has."""
         wanted = set(muids)
@@ -560,24 +579,47 @@ class HotTier:
             at = matching(getattr(chunk, prefixes_of), prefixes)
             if not len(at):
                 continue
-            rows = getattr(chunk, rows_of)[at]
-            rows = rows[chunk.visible(self._floor)[rows]].astype(np.int64)
+            rows = getattr(chunk, rows_of)[at].astype(np.int64)
+            keep = chunk.ts[rows] >= self._floor  # visible (see _Chunk.visible), for these rows alone
+            if chunk.dead is not None:
+                keep &= ~chunk.dead[rows]
+            rows = rows[keep]
             if len(rows):
                 yield chunk, rows
 
-    def _by_hashes(self, query: HistoryQuery, key: Key | None) -> list[StoredMessage] | None:
-        found = self._by_hash(query.message_hashes)
-        if any(h not in found for h in query.message_hashes):
+    def lookup(self, query: HistoryQuery, key: Key | None) -> tuple[list[StoredMessage], tuple[bytes, ...]] | None:
+        """A lookup by hash as far as the tier holds it: (the page's rows
+        among the hashes it holds, in query order, at most limit + 1; the
+        hashes it does not hold, which only the table may), or None when
+        the tier cannot say (not filled yet, or another order)."""
+        if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH or not query.message_hashes:
             return None
-        rows = [found[h] for h in dict.fromkeys(query.message_hashes)]
+        with self._lock:
+            if self.start_ns is None:
+                return None
+            return self._by_hashes(query, key)
+
+    def _by_hashes(self, query: HistoryQuery, key: Key | None) -> tuple[list[StoredMessage], tuple[bytes, ...]]:
+        wanted = tuple(dict.fromkeys(query.message_hashes))
         match = store_query.matcher(query, key)
-        matched = [
+        if not query.include_data:
+            # status-go's presence checks: the key columns alone, no message built.
+            keys = self._keys_by_hash(wanted)
+            matched = [
+                stored
+                for stored, content_topic in (keys[h] for h in wanted if h in keys)
+                if match(stored.pubsub_topic, content_topic, stored.message_hash, stored.timestamp, stored.digest)
+            ]
+            matched.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
+            return matched[: query.limit + 1], tuple(h for h in wanted if h not in keys)
+        found = self._by_hash(wanted)
+        rows = [
             row
-            for row in rows
+            for row in (found[h] for h in wanted if h in found)
             if match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
         ]
-        matched.sort(key=_row_key(query.ordering), reverse=not query.forward)
-        return [r.stored(query.include_data) for r in matched[: query.limit + 1]]
+        rows.sort(key=_row_key(query.ordering), reverse=not query.forward)
+        return [r.stored(True) for r in rows[: query.limit + 1]], tuple(h for h in wanted if h not in found)
 
 
 def _row_key(ordering: Ordering) -> Callable[[Row], Key]:

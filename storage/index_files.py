@@ -30,8 +30,10 @@ Format (little-endian), version :data:`FORMAT`:
   bytes each, sorted), ``hash_pos`` (int32: each hash's position in
   ``ts``), ``muids`` (the MUIDs, 32 bytes each, sorted; absent without a
   MUID column), ``footer``, ``footer_bounds`` (int64: the row groups' byte
-  ranges in it; see parquet_footer) and ``group_starts`` (int64: each row
-  group's first row).
+  ranges in it; see parquet_footer), ``group_starts`` (int64: each row
+  group's first row) and ``pages`` (int64 per row group and column: its
+  dictionary page and data page offsets, see parquet_pages; absent when
+  the file's pages are not aligned across its columns).
 
 ~80 bytes a message on disk (18 GB at 225M messages, 7% of the data).
 
@@ -94,6 +96,7 @@ SECTIONS: dict[str, str | None] = {
     "footer": None,
     "footer_bounds": "<i8",
     "group_starts": "<i8",
+    "pages": "<i8",
 }
 KEY_BYTES = 32
 

@@ -36,6 +36,7 @@ tests' oracle).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -77,6 +78,16 @@ class CursorCache:
             self._items.clear()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryPart:
+    """What the hot tier answers of a lookup by hash: the page's rows among
+    the hashes it holds (query order, at most limit + 1), and the hashes
+    it does not hold."""
+
+    found: list[StoredMessage]
+    missing: tuple[bytes, ...]
+
+
 class ReadPath:
     """Store pages over a message store's hot tier, write path and reader."""
 
@@ -86,11 +97,12 @@ class ReadPath:
         self.reader = reader
         self.cursors = CursorCache(cursor_capacity)
 
-    def from_memory(self, query: HistoryQuery) -> Page | None:
+    def from_memory(self, query: HistoryQuery) -> Page | MemoryPart | None:
         """The page :meth:`page` would return when the hot tier alone answers
         it and its cursor is known without the table or the pending rows;
-        None otherwise. For the event loop: no file, no engine, no lock a
-        put holds for long."""
+        for a lookup by hash that the tier answers in part, that part
+        (:meth:`page` completes it); None otherwise. For the event loop: no
+        file, no engine, no lock a put holds for long."""
         key: Key | None
         if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
             timestamp = self.cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
@@ -99,15 +111,37 @@ class ReadPath:
             key = (timestamp, query.cursor)
         else:
             key = self._cursor_key(query)
+        if query.message_hashes:
+            part = self.hot.lookup(query, key)
+            if part is None:
+                return None
+            found, missing = part
+            return MemoryPart(found, missing) if missing else self._finish(query, found)
         found = self.hot.page(query, key)
         return None if found is None else self._finish(query, found)
 
-    def page(self, query: HistoryQuery, *, memory_tried: bool = False) -> Page:
+    def page(self, query: HistoryQuery, *, memory_tried: bool = False, part: MemoryPart | None = None) -> Page:
         """One page with Store semantics; raises StoreError for an unknown
         cursor. ``memory_tried``: :meth:`from_memory` just returned None for
-        this query, so the hot tier is not asked again."""
+        this query, so the hot tier is not asked again; ``part``: what it
+        returned of a lookup by hash, so that only the hashes the tier does
+        not hold are looked up."""
         key = self._cursor_key(query)
-        found = None if memory_tried else self.hot.page(query, key)
+        if query.message_hashes and part is None and not memory_tried:
+            held = self.hot.lookup(query, key)
+            part = None if held is None else MemoryPart(*held)
+        if part is not None:
+            if part.missing:
+                # The hot tier's rows, and those of the other hashes (a
+                # hash is one row: the two sets share none).
+                rest = dataclasses.replace(query, message_hashes=part.missing)
+                pending = self._pending_matches(rest, key)
+                found = from_arrow(self.reader.page(rest, key, query.limit + 1), query.include_data)
+                found = _merge_pending(query, found + part.found, pending)
+            else:
+                found = part.found
+            return self._finish(query, found)
+        found = None if memory_tried or query.message_hashes else self.hot.page(query, key)
         if found is None:
             pending = self._pending_matches(query, key)
             found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)

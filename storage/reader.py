@@ -73,7 +73,7 @@ import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import index_files, row_index, schema
+from wakustore.storage import index_files, parquet_pages, row_index, schema
 from wakustore.storage.staging import is_local
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ ROW_GROUP_CACHE_BYTES = 64 * 1024 * 1024
 # opened) costs ~0.1 ms beside the 0.5-0.8 ms a 256-row row group takes to
 # read; a page read again mostly comes from the row group cache instead.
 OPEN_FILES = 256
+# The key of a file read by page in the open readers (not a row group).
+WHOLE_FILE = -1
 
 # Row groups a lookup by hash with data reads side by side (2 cores).
 LOOKUP_THREADS = 2
@@ -656,18 +658,56 @@ class TableReader:
         fetch: int,
     ) -> pa.Table:
         wanted = list(dict.fromkeys([*columns, *row_index.MATCH_COLUMNS]))
-        if query.message_hashes:
+        pieces = []
+        by_page = [(f, r) for f, r in zip(candidates.files, candidates.rows) if f.pages is not None]
+        if by_page and query.message_hashes:
+            # Bodies by hash in files written by page (compacted days): the
+            # pages of the rows alone, one decoding call a file
+            # (parquet_pages). Pages by time keep reading whole row groups
+            # through the cache: their next page mostly reads the same ones.
+            map_ = self._lookup_pool().map if len(by_page) > 1 else map
+            pieces += [p for p in map_(lambda task: self._read_pages(*task, wanted), by_page) if p.num_rows]
+        kept = [i for i, f in enumerate(candidates.files) if f.pages is None or not query.message_hashes]
+        rest = row_index.Candidates([candidates.files[i] for i in kept], [candidates.rows[i] for i in kept])
+        if query.message_hashes and rest.files:
             # Bodies by hash: a row group each, anywhere in the history, no
             # locality for a cache (which cost a quarter of the time), read
             # side by side (pyarrow decodes without the GIL): bench store,
             # 50 hashes with data, 45 -> 30 ms.
-            table = row_index.read_rows(
-                candidates, wanted, functools.partial(self._read_group, cache=False), self._lookup_pool().map
+            read = row_index.read_rows(
+                rest, wanted, functools.partial(self._read_group, cache=False), self._lookup_pool().map
             )
         else:
-            table = row_index.read_rows(candidates, wanted, self._read_group)
+            read = row_index.read_rows(rest, wanted, self._read_group)
+        if read is not None:
+            pieces.append(read)
+        table = pa.concat_tables(pieces, promote_options="permissive") if len(pieces) > 1 else next(iter(pieces), None)
         found = row_index.finish(table, query, key, fetch)
         return _result_schema(columns).empty_table() if found is None else found
+
+    def _read_pages(self, index: row_index.FileIndex, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """``columns`` of ``rows`` (sorted file rows) of a file written by page."""
+        assert index.pages is not None  # the caller's choice
+        starts = index.group_starts
+        groups = np.searchsorted(starts, rows, "right") - 1
+        wanted = []
+        for group in np.unique(groups).tolist():
+            first = int(starts[group])
+            wanted.append((group, int(starts[group + 1]) - first, rows[groups == group] - first))
+        opened = (index.path, WHOLE_FILE)
+        source = self._open.take(opened)
+        if source is None:
+            location, filesystem = self._location(index.path)
+            source = (filesystem or _local_files()).open_input_file(location)
+        try:
+            found = parquet_pages.read_rows(
+                index.template(), index.pages, lambda offset, size: source.read_at(size, offset), wanted, columns
+            )
+        except BaseException:
+            source.close()
+            raise
+        self._open.give(opened, source)
+        return found
 
     def _lookup_pool(self) -> ThreadPoolExecutor:
         with self._index_lock:
@@ -981,7 +1021,8 @@ def _local_files():
 
 class _OpenFiles:
     """Open readers of row groups for reuse, by (data file, row group): a
-    reader holds the footer of its row group alone. A reader serves one
+    reader holds the footer of its row group alone (or, for a file read by
+    page, by (data file, :data:`WHOLE_FILE`), the file itself). A reader serves one
     thread at a time: a thread takes one (or opens its own) and gives it
     back, so concurrent pages of one row group read through readers of
     their own. At most ``capacity`` are kept (an open file each); those
@@ -1015,7 +1056,7 @@ class _OpenFiles:
                 if not readers:
                     del self._free[oldest]
         for old in closed:
-            old.close(force=True)  # with the input file it was opened on
+            _close(old)
 
     def keep_only(self, live: set[str]) -> None:
         """Close the readers of files not in ``live``."""
@@ -1024,10 +1065,19 @@ class _OpenFiles:
             closed = [reader for key in gone for reader in self._free.pop(key)]
             self._kept -= len(closed)
         for old in closed:
-            old.close(force=True)  # with the input file it was opened on
+            _close(old)
 
     def __len__(self) -> int:
         return self._kept
+
+
+def _close(reader) -> None:
+    """Close a kept reader: a row group's (with the input file it was
+    opened on) or a file's own (:data:`WHOLE_FILE`)."""
+    if isinstance(reader, pa.NativeFile):
+        reader.close()
+    else:
+        reader.close(force=True)
 
 
 def _has_deletion_vectors(actions: pa.Table) -> bool:

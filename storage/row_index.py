@@ -41,13 +41,14 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import wakustore._native as _native
 from wakustore.protocols import store_query
 from wakustore.protocols.store_query import HistoryQuery
-from wakustore.storage import index_files
-from wakustore.storage.parquet_footer import GroupFooters
+from wakustore.storage import index_files, parquet_pages
+from wakustore.storage.parquet_footer import FooterError, GroupFooters
 
 # Columns the exact test of a row needs (store_query.matcher).
 MATCH_COLUMNS = ("pubsub_topic", "content_topic", "message_hash", "timestamp", "digest")
@@ -116,6 +117,8 @@ class FileIndex:
         "muids",
         "footers",
         "group_starts",
+        "pages",
+        "_template",
         "mapped",
     )
 
@@ -152,6 +155,18 @@ class FileIndex:
         # parquet_footer); a read parses its row group's alone.
         self.footers = GroupFooters.presplit(sections["footer"], footer_head, sections["footer_bounds"])
         self.group_starts = sections["group_starts"]
+        # Per row group and column its pages (parquet_pages); None: the
+        # file's row groups are read whole.
+        pages = sections.get("pages")
+        groups = len(self.group_starts) - 1
+        self.pages = None if pages is None or not groups else pages.reshape(groups, -1, parquet_pages.SLOTS)
+        self._template: parquet_pages.Template | None = None
+
+    def template(self) -> parquet_pages.Template:
+        """What a read by page takes from the file's footer (made once)."""
+        if self._template is None:
+            self._template = parquet_pages.Template(self.footers)
+        return self._template
 
     def pairs(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
         """(start, end, first row) of each of ``ids`` present in the file."""
@@ -221,6 +236,13 @@ def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str
     position_of_row = np.empty(n, dtype=np.int64)
     position_of_row[order] = np.arange(n)
     footers = GroupFooters.of(file.metadata)
+    source = (filesystem or pafs.LocalFileSystem()).open_input_file(path)
+    try:
+        pages = parquet_pages.page_section(footers, lambda offset, size: source.read_at(size, offset))
+    except (FooterError, IndexError):  # an offset index not as written here: read by row group
+        pages = None
+    finally:
+        source.close()
     sections = {
         "pair_bounds": pair_bounds.astype(np.int32),
         "ts": np.ascontiguousarray(ts[order]),
@@ -233,6 +255,7 @@ def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str
         "group_starts": np.cumsum(
             [0] + [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
         ).astype(np.int64),
+        "pages": None if pages is None else pages.reshape(-1),
     }
     if "muid" in table.column_names:
         muids = _fixed_keys(table.column("muid"))

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wakustore.durable import fsync_dir
-from wakustore.storage import schema
+from wakustore.storage import parquet_pages, schema
 from wakustore.storage.engine import CommitConflict, commit_conflict
 
 # A new file is closed once it holds this many bytes of rows (Arrow size,
@@ -83,6 +83,9 @@ class FileLayout:
     # key (the node's own lookups use the key index).
     bloom_columns: tuple[str, ...] = ()
     bloom_fpp: float = 0.01
+    # Data pages of parquet_pages.PAGE_ROWS rows in every column and the
+    # page index: a lookup reads the pages of its rows, not their row groups.
+    paged: bool = False
 
 
 WINDOW_LAYOUT = FileLayout()
@@ -320,6 +323,7 @@ class _File:
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=list(_STATS_COLUMNS),
             bloom_filter_options=blooms or None,
+            **(parquet_pages.write_options() if layout.paged else {}),
         )
         self.rows = 0
         self.bytes = 0

@@ -106,8 +106,13 @@ def test_hot_and_table_answers_are_identical_for_random_queries(pair, monkeypatc
 def test_hash_lookups_match(pair):
     hot, cold, _, messages = pair
     wanted = [message_hash(PUBSUB, m) for m in messages[::7]][:100]
-    query = _query(pubsub_topic=PUBSUB, content_topics=[], message_hashes=wanted, limit=100)
-    assert _walk(hot, query) == _walk(cold, query)
+    for include_data in (True, False):  # bodies, and status-go's presence checks
+        query = _query(
+            pubsub_topic=PUBSUB, content_topics=[], message_hashes=wanted, limit=100, include_data=include_data
+        )
+        assert _walk(hot, query) == _walk(cold, query)
+        answered = hot.query(query).messages
+        assert len(answered) == len(wanted) and all((m.message is None) != include_data for m in answered)
 
 
 def test_queries_reaching_before_the_tier_go_to_the_table(pair):
@@ -259,3 +264,28 @@ def test_pages_from_many_chunks_are_the_table_pages_whenever_the_tier_answers(se
     page = tier.page(query, None)
     if page is not None:
         assert [m.message_hash for m in page] == _reference_page(rows, query, None)
+
+
+def test_a_lookup_partly_in_the_tier_asks_the_table_for_the_other_hashes_alone(pair, monkeypatch):
+    hot, cold, now, messages = pair
+    old = WakuMessage(payload=b"older than the tier", content_topic=TOPICS[1], timestamp=now - 4 * 86_400 * SECOND)
+    for store in (hot, cold):
+        store.put([(PUBSUB, old, now)])
+        store.flush()
+    recent = [message_hash(PUBSUB, m) for m in messages[::11]][:30]
+    unknown = bytes(32)
+    asked = []
+    original = hot.reader.page
+    monkeypatch.setattr(hot.reader, "page", lambda q, *a, **k: asked.append(q.message_hashes) or original(q, *a, **k))
+    for include_data in (True, False):
+        query = _query(
+            pubsub_topic=None,
+            content_topics=[],
+            message_hashes=[*recent[:15], message_hash(PUBSUB, old), unknown, *recent[15:]],
+            limit=10,
+            include_data=include_data,
+        )
+        walked = _walk(hot, query)
+        assert walked == _walk(cold, query) and sum(len(p) for p in walked) == 31
+    # Each page asked the table for the two hashes the tier does not hold.
+    assert asked and all(set(hashes) == {message_hash(PUBSUB, old), unknown} for hashes in asked)

@@ -269,7 +269,7 @@ def test_data_files_stay_open_for_reading_until_they_leave_the_table(store):
     assert not old & _open_paths()  # the compacted-away files are closed (their space can be freed)
     assert reader.page(query, None, 201).to_pylist() == first
     new = {os.path.join(store.table.uri, path) for path, _ in reader._snapshot.files}
-    assert len(reader._open) == len(new) == 2 and new <= _open_paths()  # one file (and row group) a day
+    assert len(reader._open) == len(new) == 2 and new <= _open_paths()  # one file a day, read by page
 
 
 def test_compacted_days_are_written_in_row_groups_of_snappy_pages(store):
