@@ -660,14 +660,14 @@ class TableReader:
         wanted = list(dict.fromkeys([*columns, *row_index.MATCH_COLUMNS]))
         pieces = []
         by_page = [(f, r) for f, r in zip(candidates.files, candidates.rows) if f.pages is not None]
-        if by_page and query.message_hashes:
-            # Bodies by hash in files written by page (compacted days): the
-            # pages of the rows alone, one decoding call a file
-            # (parquet_pages). Pages by time keep reading whole row groups
-            # through the cache: their next page mostly reads the same ones.
-            map_ = self._lookup_pool().map if len(by_page) > 1 else map
+        if by_page:
+            # Files written by page (compacted days): the pages of the rows
+            # alone, one decoding call a file (parquet_pages). On a 3M table,
+            # status-go's 24-hour pages of 50 over up to 10 topics: 3.6 ms
+            # by row group (6.5 through the row group cache), 1.2 by page.
+            map_ = self._lookup_pool().map if query.message_hashes and len(by_page) > 1 else map
             pieces += [p for p in map_(lambda task: self._read_pages(*task, wanted), by_page) if p.num_rows]
-        kept = [i for i, f in enumerate(candidates.files) if f.pages is None or not query.message_hashes]
+        kept = [i for i, f in enumerate(candidates.files) if f.pages is None]
         rest = row_index.Candidates([candidates.files[i] for i in kept], [candidates.rows[i] for i in kept])
         if query.message_hashes and rest.files:
             # Bodies by hash: a row group each, anywhere in the history, no
