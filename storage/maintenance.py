@@ -460,6 +460,7 @@ def run_maintenance(
             if retention.cutoff_ns is not None:
                 store.forget_before(retention.cutoff_ns)
         compaction = compact(store.table, today=schema.day_of_ns(now_ns))
+        store.table.sync_commits()
     # Pages read the compacted files at once, and their key index starts
     # building now rather than at the next look at the log.
     store.reader.committed()

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wakustore.storage import schema, window_files
+from wakustore.storage.commit_sync import CommitSync
 from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.staging import is_local, staging_dir
 
@@ -91,6 +92,13 @@ class DeltaTableRef:
         # the store of a table it owns on this machine with the embedded
         # engine; a fleet's shared table and a remote engine keep the engine.
         self.bulk_in_process = False
+        self._commits = CommitSync(uri.removeprefix("file://")) if is_local(uri) else None
+
+    def sync_commits(self) -> int:
+        """Make the commits since the last call durable (a table on this
+        machine's disk; see :mod:`commit_sync`); the newest version synced
+        (-1 on object storage, where a commit is durable when it returns)."""
+        return -1 if self._commits is None else self._commits.sync()
 
     # --- creation ----------------------------------------------------------
 
@@ -309,6 +317,7 @@ class DeltaTableRef:
         (:mod:`window_files`)."""
         if self.bulk_in_process:
             window_files.replace_window(self.uri, batch, start_ns, end_ns, content_topics)
+            self.sync_commits()
             return
         topics = ", ".join(sql_string(t) for t in content_topics)
         first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
@@ -334,6 +343,7 @@ class DeltaTableRef:
             )
 
         self.engine.run(run)
+        self.sync_commits()
 
     def insert_missing(self, batch: pa.Table | str, key: str) -> int:
         """One transaction: insert the rows of ``batch`` (an Arrow table, or

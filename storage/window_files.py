@@ -88,7 +88,8 @@ class FileLayout:
     paged: bool = False
 
 
-WINDOW_LAYOUT = FileLayout()
+# fsynced: a window's files (an import's) are named by the commit that follows.
+WINDOW_LAYOUT = FileLayout(durable=True)
 
 
 class StagedFiles:

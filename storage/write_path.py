@@ -729,6 +729,8 @@ class WritePath(Generic[R]):
                 self.on_commit()
             with self._lock:
                 self._inflight = _Pending(self.codec)
+            # The log forgets the rows only once the commit is on the disk.
+            self.table.sync_commits()
             self._trim(upto)
             self.last_commit_seconds = time.monotonic() - started
             self._last_flush = time.monotonic()

@@ -45,3 +45,12 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Make a file's bytes durable (a file written by another process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
