@@ -21,7 +21,7 @@ from wakustore.protocols.message import WakuMessage
 from wakustore.usage import UsageError, parse_hex
 
 # Commands that only read the committed table: no lock, they run beside a node.
-READ_ONLY_VERBS = frozenset({"stats", "export"})
+READ_ONLY_VERBS = frozenset({"stats", "export", "check"})
 MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
 
 
@@ -45,6 +45,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("import", _import, "load messages from a JSONL file (duplicates are skipped)"),
         ("export", _export, "write messages to a JSONL file"),
         ("sql", _sql, "run a read-only SQL query over the messages table (Spark SQL), beside a running node"),
+        (
+            "check",
+            _check,
+            "read back and verify the table's data files, the key index and the write-ahead log; "
+            "exit 1 when something is wrong",
+        ),
     ):
         sub = verbs.add_parser(verb, help=summary)
         sub.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
@@ -155,6 +161,42 @@ def _stats(args) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _check(args) -> int:
+    """Read every file of the data dir back (storage/check.py); one line a
+    problem on stdout, the totals last; exit 1 when one is found."""
+    from wakustore.storage import check
+
+    config = _config(args)
+    data_dir.check_readable(config.data_dir)
+    uri = config.messages_uri
+    if "://" in uri:
+        raise UsageError("db check reads a table on this machine's disk (the table is at " + uri + ")")
+    if not (Path(uri) / "_delta_log").is_dir():
+        raise UsageError(f"no message table at {uri} (nothing was stored with data dir {config.data_dir})")
+    totals = check.Totals()
+    findings = []
+    with Progress("checking the data files", unit="B") as progress:
+        for finding in check.check_table(uri, totals, progress.advance):
+            findings.append(finding)
+            print(finding.line(), flush=True)
+    for finding in check.check_indexes(config.data_dir / "index" / "messages", uri, totals):
+        findings.append(finding)
+        print(finding.line(), flush=True)
+    wal_root = config.data_dir / "wal"
+    for log in sorted(p for p in wal_root.iterdir() if p.is_dir()) if wal_root.is_dir() else []:
+        for finding in check.check_wal(log, totals):
+            findings.append(finding)
+            print(finding.line(), flush=True)
+    damage = [f for f in findings if f.damage]
+    print(
+        f"checked {totals.data_files:,} data files ({totals.rows:,} rows, {totals.bytes:,} bytes), "
+        f"{totals.index_files:,} key index files, {totals.wal_segments:,} write-ahead log segments "
+        f"({totals.wal_records:,} records): "
+        + (f"{len(damage)} problem{'s' if len(damage) != 1 else ''}" if damage else "no problem found")
+    )
+    return 1 if damage else 0
 
 
 def _compact(args) -> int:

@@ -324,6 +324,7 @@ class _File:
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=list(_STATS_COLUMNS),
             bloom_filter_options=blooms or None,
+            write_page_checksum=True,  # db check verifies each page (storage/check.py)
             **(parquet_pages.write_options() if layout.paged else {}),
         )
         self.rows = 0

@@ -1,0 +1,186 @@
+"""Everything a data dir holds read back and verified (``wakustore db check``).
+
+What is checked, reading without writing (beside a running node):
+
+- **the table's log** (delta-rs): it loads, at its newest version;
+- **every data file the version names**: present, of the size the log
+  says, its footer readable, every page of every row group decoded (with
+  its CRC checked where the file has one: the files the node writes
+  itself), and as many rows as the log says. A bad file is reported with
+  the rows and the time range the log says it held: what is gone unless
+  an archive or another node still has it;
+- **the key index files**: whole (header, body CRC) and of a live data
+  file; a damaged or missing one is rebuilt by the node from its data file;
+- **the write-ahead log**: every record's CRC; a torn tail of the newest
+  segment is what a crash mid-write leaves (cut on the next start), a bad
+  record anywhere else is damage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+from wakustore.storage import index_files, wal
+
+# Rows decoded at a time while a data file is read through.
+_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong (or to be repaired) in the data dir."""
+
+    part: str  # "table log", "data file", "key index", "write-ahead log"
+    path: str
+    problem: str
+    lost: str | None = None  # what the damage takes: rows and time range
+    repaired_by_node: bool = False
+    damage: bool = True  # False: expected after a crash or a removal, handled at the next start
+
+    def line(self) -> str:
+        text = f"{self.part} {self.path}: {self.problem}"
+        if self.lost:
+            text += f"; {self.lost}"
+        if self.repaired_by_node:
+            text += " (the node rebuilds it)"
+        return text
+
+
+@dataclass(slots=True)
+class Totals:
+    data_files: int = 0
+    rows: int = 0
+    bytes: int = 0
+    index_files: int = 0
+    wal_segments: int = 0
+    wal_records: int = 0
+
+
+def check_table(uri: str, totals: Totals, progress: Callable[[int], None] | None = None) -> Iterator[Finding]:
+    """The table's log and every data file of its newest version."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    try:
+        table = DeltaTable(uri)
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    except Exception as exc:  # noqa: BLE001  (any failure to load is the finding)
+        yield Finding("table log", os.path.join(uri, "_delta_log"), f"cannot be read: {_one_line(exc)}")
+        return
+    count = len(actions.get("path", []))
+    mins = actions.get("min.timestamp", [None] * count)
+    maxs = actions.get("max.timestamp", [None] * count)
+    for path, size, rows, low, high in zip(actions["path"], actions["size_bytes"], actions["num_records"], mins, maxs):
+        totals.data_files += 1
+        totals.rows += int(rows or 0)
+        totals.bytes += int(size or 0)
+        local = os.path.join(uri.removeprefix("file://"), unquote(path))
+        problem = _check_data_file(local, int(size), None if rows is None else int(rows))
+        if problem is not None:
+            lost = f"{rows} rows" + (f", timestamps {low} to {high}" if low is not None else "")
+            yield Finding("data file", local, problem, lost)
+        if progress is not None:
+            progress(int(size or 0))
+
+
+def _check_data_file(path: str, size: int, rows: int | None) -> str | None:
+    """What is wrong with one data file, or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        actual = os.stat(path).st_size
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot be read: {_one_line(exc)}"
+    if actual != size:
+        return f"{actual} bytes where the log says {size}"
+    try:
+        file = pq.ParquetFile(path, page_checksum_verification=True)
+        read = 0
+        for batch in file.iter_batches(batch_size=_BATCH_ROWS, use_threads=False):
+            read += batch.num_rows
+        file.close()
+    except Exception as exc:  # noqa: BLE001  (pyarrow raises several kinds for damage)
+        return f"unreadable: {_one_line(exc)}"
+    if rows is not None and read != rows:
+        return f"{read} rows where the log says {rows}"
+    return None
+
+
+def check_indexes(directory: Path, uri: str, totals: Totals) -> Iterator[Finding]:
+    """The key index files: each whole and of a live data file."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    if not directory.is_dir():
+        return
+    try:
+        actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pydict()
+    except Exception:  # noqa: BLE001  (reported by check_table)
+        return
+    live = dict(zip(actions["path"], actions["size_bytes"]))
+    indexes = index_files.IndexDirectory(directory)
+    named = {os.path.basename(indexes.path_of(path)): path for path in live}
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(index_files.SUFFIX):
+            continue
+        totals.index_files += 1
+        where = str(directory / name)
+        if name not in named:
+            yield Finding(
+                "key index",
+                where,
+                "of a data file no longer in the table (removed at the node's next start)",
+                damage=False,
+            )
+            continue
+        try:
+            mapped = indexes.open(named[name], int(live[named[name]]))
+        except index_files.IndexDamaged as exc:
+            yield Finding("key index", where, f"damaged: {exc}", repaired_by_node=True)
+            continue
+        if mapped is not None and not mapped.verify():
+            yield Finding("key index", where, "damaged: its body does not match its CRC", repaired_by_node=True)
+
+
+def check_wal(directory: Path, totals: Totals) -> Iterator[Finding]:
+    """Every record of the write-ahead log."""
+    if not directory.is_dir():
+        return
+    segments = sorted((int(p.stem), p) for p in directory.iterdir() if p.suffix == wal._SUFFIX and p.stem.isdigit())
+    for index, (_, path) in enumerate(segments):
+        totals.wal_segments += 1
+        count = good = 0
+        try:
+            for count, good, _ in wal._scan_frames(path):  # noqa: B007  (the last frame's counts)
+                pass
+            size = path.stat().st_size
+        except FileNotFoundError:  # trimmed by the node meanwhile
+            continue
+        totals.wal_records += count
+        if good == size:
+            continue
+        if index == len(segments) - 1:
+            yield Finding(
+                "write-ahead log",
+                str(path),
+                f"torn tail: {size - good} bytes after record {count} (a crash mid-write, or a write in "
+                "progress; cut at the next start)",
+                damage=False,
+            )
+        else:
+            yield Finding(
+                "write-ahead log",
+                str(path),
+                f"damaged after record {count} (byte {good} of {size}): the records after it cannot be replayed",
+            )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
