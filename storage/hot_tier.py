@@ -352,8 +352,8 @@ class HotTier:
             if self.start_ns is None:
                 return None
             if query.message_hashes:
-                found, missing = self._by_hashes(query, key)
-                return None if missing else found
+                held, missing = self._by_hashes(query, key)
+                return None if missing else held
             if not query.content_topics or query.pubsub_topic is None:
                 return None
             fetch = query.limit + 1

@@ -73,7 +73,7 @@ def decode_struct(buf, at: int = 0, depth: int = 0) -> tuple[list, int]:
     """([[field id, type, value], ...], position after) of the struct at ``at``."""
     if depth > 32:
         raise FooterError("nested too deep")
-    fields = []
+    fields: list[list] = []
     field = 0
     while True:
         field, kind, at = parquet_footer._field_header(buf, at, field)
@@ -216,7 +216,7 @@ def page_section(footers: GroupFooters, read_at) -> np.ndarray | None:
     for group in range(groups):
         start, end = int(footers.bounds[group]), int(footers.bounds[group + 1])
         row_group, _ = decode_struct(memoryview(footers.buffer)[start:end])
-        chunks = (_get(row_group, _RG_COLUMNS) or (None, []))[1]
+        chunks: list = (_get(row_group, _RG_COLUMNS) or (None, []))[1]
         rows = _get(row_group, _RG_NUM_ROWS)
         if not chunks or rows is None or rows > PAGE_ROWS * MAX_PAGES:
             return None

@@ -117,8 +117,8 @@ class ReadPath:
                 return None
             found, missing = part
             return MemoryPart(found, missing) if missing else self._finish(query, found)
-        found = self.hot.page(query, key)
-        return None if found is None else self._finish(query, found)
+        held = self.hot.page(query, key)
+        return None if held is None else self._finish(query, held)
 
     def page(self, query: HistoryQuery, *, memory_tried: bool = False, part: MemoryPart | None = None) -> Page:
         """One page with Store semantics; raises StoreError for an unknown
@@ -128,8 +128,8 @@ class ReadPath:
         not hold are looked up."""
         key = self._cursor_key(query)
         if query.message_hashes and part is None and not memory_tried:
-            held = self.hot.lookup(query, key)
-            part = None if held is None else MemoryPart(*held)
+            looked = self.hot.lookup(query, key)
+            part = None if looked is None else MemoryPart(*looked)
         if part is not None:
             if part.missing:
                 # The hot tier's rows, and those of the other hashes (a
@@ -141,12 +141,13 @@ class ReadPath:
             else:
                 found = part.found
             return self._finish(query, found)
-        found = None if memory_tried or query.message_hashes else self.hot.page(query, key)
-        if found is None:
+        held = None if memory_tried or query.message_hashes else self.hot.page(query, key)
+        if held is None:
             pending = self._pending_matches(query, key)
-            found = from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data)
-            found = _merge_pending(query, found, pending)
-        return self._finish(query, found)
+            held = _merge_pending(
+                query, from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data), pending
+            )
+        return self._finish(query, held)
 
     def forget_cursors(self) -> None:
         """Rows left the table (retention): a removed hash is no longer a cursor."""

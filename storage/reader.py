@@ -666,7 +666,7 @@ class TableReader:
             # status-go's 24-hour pages of 50 over up to 10 topics: 3.6 ms
             # by row group (6.5 through the row group cache), 1.2 by page.
             map_ = self._lookup_pool().map if query.message_hashes and len(by_page) > 1 else map
-            pieces += [p for p in map_(lambda task: self._read_pages(*task, wanted), by_page) if p.num_rows]
+            pieces += [p for p in map_(lambda task: self._read_pages(task[0], task[1], wanted), by_page) if p.num_rows]
         kept = [i for i, f in enumerate(candidates.files) if f.pages is None]
         rest = row_index.Candidates([candidates.files[i] for i in kept], [candidates.rows[i] for i in kept])
         if query.message_hashes and rest.files:
