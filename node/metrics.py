@@ -61,6 +61,9 @@ class NodeMetrics:
         )
         self.table_bytes = Gauge("wakustore_table_bytes", "Bytes of live files in the table", ["table"], registry=r)
         self.table_rows = Gauge("wakustore_table_rows", "Rows in the table", ["table"], registry=r)
+        self.table_bad_files = Gauge(
+            "wakustore_table_bad_files", "Data files of the table a read failed on (see /health)", ["table"], registry=r
+        )
         self.engine_rss = Gauge("wakustore_engine_rss_bytes", "Resident memory of the embedded engine", registry=r)
         self.refused = Counter(
             "wakustore_peer_limits_refused",

@@ -116,6 +116,7 @@ class StoreService:
         # maintenance loop runs at once instead of at its next interval.
         self._maintain_now = trio.Event()
         self._full_since: float | None = None
+        self.metrics.table_bad_files.labels("messages").set_function(lambda: len(self.store.reader.bad_files()))
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         """Durably store ``messages``; concurrent callers share one log write
@@ -211,6 +212,7 @@ class StoreService:
     def health(self) -> dict:
         """For /health: the engine answers and the write path is not stuck."""
         engine = self.engine.health()
+        bad_files = self.store.reader.bad_files()
         commit = self.last_commit
         since = self.commit_since
         if since is not None and (running := time.monotonic() - since) >= COMMIT_STUCK_S:
@@ -223,7 +225,8 @@ class StoreService:
             # operator's to see: the node answers, but is not well.
             "ok": bool(engine.healthy)
             and all(run is None or run.ok for run in (self.last_maintenance, commit))
-            and not self.disk.full(),
+            and not self.disk.full()
+            and not bad_files,
             "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
             "commit": {} if commit is None else asdict(commit),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
@@ -240,6 +243,9 @@ class StoreService:
             },
             **self._relay_health(),
             "disk": self.disk.report(),
+            # Data files a read failed on (damaged, truncated, unreadable):
+            # pages over them answer 503 until the file is replaced.
+            "bad_files": bad_files,
             "config": self.effective_config(),
         }
 

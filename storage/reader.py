@@ -104,6 +104,9 @@ OPEN_FILES = 256
 # The key of a file read by page in the open readers (not a row group).
 WHOLE_FILE = -1
 
+# Bad data files remembered (each reported once): more is a broken disk.
+MAX_BAD_FILES = 1000
+
 # Row groups a lookup by hash with data reads side by side (2 cores).
 LOOKUP_THREADS = 2
 
@@ -227,6 +230,9 @@ class TableReader:
         self._open = _OpenFiles(OPEN_FILES)
         self._pool: ThreadPoolExecutor | None = None  # lookups' row group reads (_lookup_pool)
         self._closed = False
+        # Data files a read failed on (path -> the error), until they leave
+        # the table: reported once in the log, in /health and the metrics.
+        self._bad: dict[str, str] = {}
 
     # --- versions -----------------------------------------------------------
 
@@ -329,6 +335,8 @@ class TableReader:
         check the mapped ones, in the background."""
         live_set = set(live)
         gone = []
+        if self._bad:
+            self._bad = {path: error for path, error in self._bad.items() if path in live_set}
         with self._index_lock:
             if any(path not in live_set for path in self._indexes):
                 gone = [p for p in self._indexes if p not in live_set]
@@ -635,8 +643,9 @@ class TableReader:
                 raise
         try:
             table = file.read_row_group(0, columns=list(columns), use_threads=False)
-        except BaseException:
+        except BaseException as exc:
             file.close(force=True)
+            self._failed(index.path, exc)
             raise
         self._open.give(opened, file)
         if cacheable:
@@ -703,11 +712,28 @@ class TableReader:
             found = parquet_pages.read_rows(
                 index.template(), index.pages, lambda offset, size: source.read_at(size, offset), wanted, columns
             )
-        except BaseException:
+        except BaseException as exc:
             source.close()
+            self._failed(index.path, exc)
             raise
         self._open.give(opened, source)
         return found
+
+    def _failed(self, path: str, exc: BaseException) -> None:
+        """A read of the data file ``path`` failed: a bad file unless it is
+        gone (another node's vacuum: the next version does not name it) or
+        the read was interrupted."""
+        if not isinstance(exc, Exception) or isinstance(exc, FileNotFoundError):
+            return
+        if path in self._bad or len(self._bad) >= MAX_BAD_FILES:
+            return
+        self._bad[path] = _one_line(exc)
+        log.error("data file %s of the message table cannot be read: %s", self._location(path)[0], self._bad[path])
+
+    def bad_files(self) -> dict[str, str]:
+        """Data files of the table a read failed on: where each is (a local
+        path, or its key in the object store) -> the error."""
+        return {self._location(path)[0]: error for path, error in self._bad.items()}
 
     def _lookup_pool(self) -> ThreadPoolExecutor:
         with self._index_lock:

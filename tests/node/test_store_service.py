@@ -340,3 +340,70 @@ def test_the_node_process_settings_are_made_once_in_one_place(monkeypatch, tmp_p
     )
     other = logging.LogRecord("libp2p.host.basic_host", logging.ERROR, __file__, 1, "something else", None, None)
     assert [libp2p_log.filters[0].filter(r) for r in (refused, other)] == [False, True]
+
+
+def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics(engine, tmp_path):
+    """Bytes of a compacted day overwritten under the node: a page over that
+    day fails (the wire answers 503), never a short page; the file is named
+    in /health and counted in the metrics; the other day still serves."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from wakustore.protocols.store_query import HistoryQuery
+    from wakustore.storage import maintenance
+
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=3600)
+    day = 86_400 * 10**9
+    base = 10**18 - 10**18 % day  # a day's start, long past: the hot tier does not hold it
+    topic = "/bad/1/file/proto"
+    messages = [
+        (PUBSUB, WakuMessage(os.urandom(300), topic, timestamp=base + (i % 2) * day + i), base) for i in range(600)
+    ]
+    seen = {}
+
+    def page(first: int):
+        query = HistoryQuery(
+            pubsub_topic=PUBSUB,
+            content_topics=(topic,),
+            time_start=first,
+            time_end=first + day,
+            limit=100,
+            forward=True,
+        )
+        return query
+
+    async def main():
+        async with running_store(config, engine) as service:
+            for start in range(0, len(messages), 150):
+                await service.put(messages[start : start + 150])
+                await service.flush()
+            await trio.to_thread.run_sync(maintenance.run_maintenance, service.store, None, base + 5 * day)
+            await trio.to_thread.run_sync(service.store.reader.index_now)
+            uri = service.store.table.uri
+            files = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pydict()
+            assert len(files["path"]) == 2  # one compacted file a day
+            ((path, size),) = [
+                (p, s)
+                for p, s, d in zip(files["path"], files["size_bytes"], files["partition.day"])
+                if str(d) == "2001-09-09"
+            ]
+            bad = os.path.join(uri, path)
+            with open(bad, "r+b") as handle:  # its pages zeroed, its size kept
+                handle.seek(size // 4)
+                handle.write(b"\0" * (size // 2))
+            try:
+                await service.query(page(base))
+                seen["bad_day"] = "answered"
+            except Exception as exc:  # noqa: BLE001  (the protocol layer answers 503 for it)
+                seen["bad_day"] = str(exc)
+            seen["good_day"] = len((await service.query(page(base + day))).messages)
+            seen["health"] = service.health()
+            seen["metrics"] = service.metrics.registry
+            seen["path"] = bad
+
+    trio.run(main)
+    assert seen["bad_day"] != "answered" and "cannot be read" in seen["bad_day"]
+    assert seen["good_day"] == 100
+    health = seen["health"]
+    assert health["ok"] is False and list(health["bad_files"]) == [seen["path"]]
+    assert seen["metrics"].get_sample_value("wakustore_table_bad_files", {"table": "messages"}) == 1
