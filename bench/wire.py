@@ -44,7 +44,8 @@ What it measures:
 
 The JSON report (``--json``) holds ``messages``, ``unique_messages``,
 ``ingest_msgs_per_s``, ``load_s``, ``client_mode``, ``direct_p50_ms``,
-``direct_p99_ms`` and ``levels``: per client count ``clients``,
+``direct_p99_ms``, ``direct_per_shape`` (``{n, p50_ms, cpu_ms}`` of the
+mix's first pages on the store service, one at a time) and ``levels``: per client count ``clients``,
 ``queries``, ``errors`` (answers other than 200), ``qps`` (timed queries
 over the level's wall time), ``node_cpu_ms_per_query`` (user + system CPU
 of the node's process, every thread, over the timed interval, divided by
@@ -91,8 +92,8 @@ DEFAULT_QUERIES = 400
 # Untimed first pages per client before a level's clock starts: the first
 # queries pay for connection set-up and the engine's cold caches.
 WARMUP_PAGES = 3
-# Direct (no wire) first pages timed on the store service.
-DIRECT_PAGES = 100
+# Direct (no wire) first pages timed on the store service (~20 of each status-go shape).
+DIRECT_PAGES = 300
 # One level's client process: interpreter start, dials, every query.
 CLIENT_TIMEOUT_S = 1800
 MIB = 1024 * 1024
@@ -322,7 +323,6 @@ def _load(config, engine, spec: bench_dataset.DatasetSpec, report: dict) -> None
 async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
     from libp2p.crypto.secp256k1 import create_new_key_pair
 
-    from wakustore.bench.store import page_specs
     from wakustore.node.running import running_node
     from wakustore.node.store_protocols import RateLimits
 
@@ -339,18 +339,10 @@ async def _serve_and_query(config, engine, spec, args, report: dict) -> None:
         archives=False,
     ) as node:
         peer = next(a for a in node.info.multiaddrs if "/ws/" not in a)
-        report.update(await _direct(node.service, spec, args.seed))
+        report.update(await _direct(node.service, _specs(args, spec, args.seed)))
         report["levels"] = []
         for index, clients in enumerate(args.clients):
-            specs: Iterator[PageSpec | MixQuery] = page_specs(spec, args.seed + 100 * (index + 1))
-            if getattr(args, "mix", "pages") == "status-go":
-                from wakustore.bench.status_go_mix import mix_specs
-
-                specs = mix_specs(spec, args.seed + 100 * (index + 1))
-            shapes = getattr(args, "shapes", None)
-            if shapes is not None:
-                specs = (page for page in specs if page.range_name in shapes)
-            plans = _plans(specs, clients, args.queries)
+            plans = _plans(_specs(args, spec, args.seed + 100 * (index + 1)), clients, args.queries)
             _say(f"wire bench: {clients} client(s), {args.queries} queries")
             timing, samples = await trio.to_thread.run_sync(_run_client_process, peer, plans)
             level = _level_summary(clients, timing, samples)
@@ -395,16 +387,47 @@ async def _with_hostile(node, peer: str, plans, hosts: int, spec, seed: int):
     return timing, samples, seen
 
 
-async def _direct(service, spec, seed: int) -> dict:
-    """First pages straight on the store service (no libp2p)."""
-    from wakustore.bench.store import page_specs, percentile
+def _specs(args, spec, seed: int) -> Iterator[PageSpec | MixQuery]:
+    """The queries of the chosen mix (and shapes), endless."""
+    from wakustore.bench.store import page_specs
 
-    times = []
-    for page_spec in _take(page_specs(spec, seed), DIRECT_PAGES):
-        started = time.perf_counter()
+    specs: Iterator[PageSpec | MixQuery] = page_specs(spec, seed)
+    if getattr(args, "mix", "pages") == "status-go":
+        from wakustore.bench.status_go_mix import mix_specs
+
+        specs = mix_specs(spec, seed)
+    shapes = getattr(args, "shapes", None)
+    if shapes is not None:
+        specs = (page for page in specs if page.range_name in shapes)
+    return specs
+
+
+async def _direct(service, specs: Iterator[PageSpec | MixQuery]) -> dict:
+    """First pages of the mix straight on the store service (no libp2p), one
+    at a time: per shape their time and the process's CPU (every thread's;
+    nothing else runs meanwhile), what a query costs the node before the wire."""
+    from wakustore.bench.store import percentile
+
+    times: list[float] = []
+    by_shape: dict[str, list[tuple[float, float]]] = {}
+    for page_spec in _take(specs, DIRECT_PAGES):
+        cpu, started = time.process_time(), time.perf_counter()
         await service.query(page_spec.query())
-        times.append((time.perf_counter() - started) * 1000)
-    return {"direct_p50_ms": _round(percentile(times, 50)), "direct_p99_ms": _round(percentile(times, 99))}
+        ms = (time.perf_counter() - started) * 1000
+        times.append(ms)
+        by_shape.setdefault(page_spec.range_name, []).append((ms, (time.process_time() - cpu) * 1000))
+    return {
+        "direct_p50_ms": _round(percentile(times, 50)),
+        "direct_p99_ms": _round(percentile(times, 99)),
+        "direct_per_shape": {
+            shape: {
+                "n": len(samples),
+                "p50_ms": _round(percentile([ms for ms, _ in samples], 50)),
+                "cpu_ms": _round(sum(cpu for _, cpu in samples) / len(samples)),
+            }
+            for shape, samples in sorted(by_shape.items())
+        },
+    }
 
 
 def _plans(specs, clients: int, queries: int) -> list[tuple[list, int]]:
@@ -543,6 +566,8 @@ def _print_report(report: dict) -> None:
     )
     print(f"\nwire benchmark: {loaded}, {report['machine']['cpus']} CPUs; {report['client_mode']}")
     print(f"  store service, no wire: p50 {report['direct_p50_ms']} ms, p99 {report['direct_p99_ms']} ms")
+    for shape, figures in report.get("direct_per_shape", {}).items():
+        print(f"        {shape:<14} p50 {figures['p50_ms']:>7} ms   CPU {figures['cpu_ms']:>7} ms   ({figures['n']})")
     for level in report["levels"]:
         print(
             f"  {level['clients']:>3} client(s): {level['qps']:>8,.1f} queries/s   "

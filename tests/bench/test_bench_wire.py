@@ -93,6 +93,10 @@ def test_status_go_mix_replays_every_shape_of_its_traffic_without_errors(engine,
     assert set(firsts) == {name for name, _ in SHARES}
     assert firsts["presence/50"] > firsts["community/31d"]
     assert all(shape["qps"] > 0 for shape in level["per_shape"].values())
+    # Before the wire: each shape of the mix alone on the store service, its time and CPU.
+    direct = report["direct_per_shape"]
+    assert set(direct) == {name for name, _ in SHARES}
+    assert all(shape["n"] > 0 and shape["p50_ms"] > 0 and shape["cpu_ms"] >= 0 for shape in direct.values())
 
 
 def test_status_go_mix_queries_are_the_shapes_status_go_sends():
