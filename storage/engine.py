@@ -207,6 +207,11 @@ class Engine:
         self.memory_ceiling_bytes = memory_ceiling_bytes
         self.wait_timeout_s = wait_timeout_s
         self.probe_timeout_s = probe_timeout_s
+        # A probe thread still waiting on a session that never answered (see
+        # _probe), when it started, and the session: while it waits, that
+        # session is not probed again, so a hung engine holds one thread,
+        # not one per health check (a new session, a repair's, is probed).
+        self._waiting_probe: tuple[threading.Thread, float, SparkSession] | None = None
         self.start_timeout_s = start_timeout_s
         self._sail_env = dict(sail_env or {})
         self._session_conf = dict(DEFAULT_SESSION_CONF if session_conf is None else session_conf)
@@ -578,6 +583,14 @@ class Engine:
         deadline on a call, so a server that accepts and never answers
         would otherwise block the caller for good. A stuck probe thread
         ends when its session is discarded (the channel closes)."""
+        waiting = self._waiting_probe
+        if waiting is not None:
+            if waiting[0].is_alive() and waiting[2] is session:
+                raise EngineUnavailable(
+                    f"a SELECT 1 sent {time.monotonic() - waiting[1]:.0f} s ago has not been answered yet"
+                )
+            if not waiting[0].is_alive():
+                self._waiting_probe = None
         outcome: list[BaseException | None] = []
 
         def probe() -> None:
@@ -593,6 +606,7 @@ class Engine:
         thread.start()
         thread.join(self.probe_timeout_s)
         if not outcome:
+            self._waiting_probe = (thread, started, session)
             raise EngineUnavailable(f"SELECT 1 got no answer within {self.probe_timeout_s:g} s")
         if outcome[0] is not None:
             raise EngineUnavailable(f"SELECT 1 failed: {_describe(outcome[0])}") from outcome[0]

@@ -276,3 +276,31 @@ def test_unreachable_remote_fails_fast_with_engine_unavailable():
 def test_unknown_target_is_rejected():
     with pytest.raises(ValueError):
         Engine("local[2]")
+
+
+def test_an_engine_that_stops_answering_holds_one_probe_thread_not_one_a_check():
+    """The engine's process stopped (SIGSTOP): each health check reports it
+    unavailable, and only the first probe's thread waits on it; the others
+    answer at once."""
+    import signal
+    import threading
+
+    engine = Engine(probe_timeout_s=1.0)
+    engine.start()
+    os.kill(engine.pid, signal.SIGSTOP)
+    try:
+        first = engine.health()
+        assert not first.healthy and "no answer" in first.problem
+        started = time.monotonic()
+        for _ in range(4):
+            health = engine.health()
+            assert not health.healthy and "not been answered yet" in health.problem
+        assert time.monotonic() - started < 2 * engine.probe_timeout_s
+        assert len([t for t in threading.enumerate() if t.name == "engine-probe"]) == 1
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while not engine.health().healthy and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine.health().healthy  # answered again: the waiting probe ended, new ones run
+    engine.close()
