@@ -256,11 +256,14 @@ class HotTier:
             keep &= table.column("timestamp").to_numpy() >= start_ns
             if not keep.all():  # (a copy of up to the whole tier otherwise)
                 table = table.filter(pa.array(keep))
+        # Indexed before the lock is taken: pages on the event loop wait for
+        # the lock, not for the sorting of up to the whole tier.
+        chunk = _Chunk(table, self._pairs) if table.num_rows else None
         with self._lock:
             self._chunks = []
             self.start_ns = start_ns
             self._floor = start_ns
-            self._append(table)
+            self._append(chunk)
             self._count()
             self._evict(now_ns)
 
@@ -284,20 +287,31 @@ class HotTier:
         kept, and the tier is complete only above it from now on."""
         if self.start_ns is None or not table.num_rows:
             return
+        # Indexed before the lock is taken (see start); again under it in
+        # the rare case the tier was restarted from another time meanwhile.
+        start_ns = self.start_ns
+        late, chunk = self._kept(table, start_ns, now_ns)
         with self._lock:
             if self.start_ns is None:
                 return
-            ts = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
-            horizon = now_ns - self.window_ns
-            claimed = ts >= self.start_ns
-            late = claimed & (ts < horizon)
-            if late.any():
-                self._forget_through(int(ts[late].max()))
-            keep = claimed & (ts >= horizon)
-            if not keep.all():
-                table = table.filter(pa.array(keep))
-            self._append(table)
+            if self.start_ns != start_ns:
+                late, chunk = self._kept(table, self.start_ns, now_ns)
+            if late is not None:
+                self._forget_through(late)
+            self._append(chunk)
             self._evict(now_ns)
+
+    def _kept(self, table: pa.Table, start_ns: int, now_ns: int) -> tuple[int | None, _Chunk | None]:
+        """(the newest row too old for the window, or None; the chunk of the
+        rows the tier keeps) of new rows ``table``."""
+        ts = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
+        horizon = now_ns - self.window_ns
+        claimed = ts >= start_ns
+        late = claimed & (ts < horizon)
+        keep = claimed & (ts >= horizon)
+        if not keep.all():
+            table = table.filter(pa.array(keep))
+        return (int(ts[late].max()) if late.any() else None), (_Chunk(table, self._pairs) if table.num_rows else None)
 
     def clear(self) -> None:
         """Cover nothing from now on: every query goes to the table."""
@@ -332,7 +346,8 @@ class HotTier:
                 mask = (chunk.ts >= start_ns) & (chunk.ts < end_ns) & np.isin(pairs, doomed_pairs)
                 if mask.any():
                     chunk.kill(mask)
-            self._append(to_arrow([r for r in rows if r.timestamp >= self.start_ns]))
+            kept = to_arrow([r for r in rows if r.timestamp >= self.start_ns])
+            self._append(_Chunk(kept, self._pairs) if kept.num_rows else None)
             self._tidy()
 
     # --- reading ----------------------------------------------------------
@@ -375,10 +390,10 @@ class HotTier:
 
     # --- private ----------------------------------------------------------
 
-    def _append(self, table: pa.Table) -> None:
-        if not table.num_rows:
+    def _append(self, chunk: _Chunk | None) -> None:
+        if chunk is None:
             return
-        self._chunks.append(_Chunk(table, self._pairs))
+        self._chunks.append(chunk)
         small = [c for c in self._chunks if c.rows < SMALL_CHUNK_ROWS]
         if len(small) > MAX_SMALL_CHUNKS:
             group: list[_Chunk] = []
