@@ -120,15 +120,6 @@ def _decode_value(buf, at: int, kind: int, depth: int):
     raise FooterError(f"unknown compact protocol type {kind}")
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _zig(value: int) -> int:
     return (value << 1) ^ (value >> 63)
 
@@ -143,7 +134,7 @@ def encode_struct(fields: list, out: bytearray) -> None:
             out.append((delta << 4) | header_kind)
         else:
             out.append(header_kind)
-            out += _varint(_zig(field))
+            out += _uvarint(_zig(field))
         last = field
         if kind not in (_TRUE, _FALSE):
             _encode_value(kind, value, out)
@@ -154,9 +145,9 @@ def _encode_value(kind: int, value, out: bytearray) -> None:
     if kind == _BYTE:
         out.append(value & 0xFF)
     elif kind in _INTS:
-        out += _varint(_zig(value))
+        out += _uvarint(_zig(value))
     elif kind == _BINARY:
-        out += _varint(len(value))
+        out += _uvarint(len(value))
         out += value
     elif kind == _STRUCT:
         encode_struct(value, out)
@@ -166,7 +157,7 @@ def _encode_value(kind: int, value, out: bytearray) -> None:
             out.append((len(items) << 4) | element)
         else:
             out.append(0xF0 | element)
-            out += _varint(len(items))
+            out += _uvarint(len(items))
         for item in items:
             if element in (_TRUE, _FALSE):
                 out.append(1 if item else 0)
@@ -353,7 +344,7 @@ def read_rows(
 def _list_header(count: int, element: int) -> bytes:
     if count < 15:
         return bytes(((count << 4) | element,))
-    return bytes((0xF0 | element,)) + _varint(count)
+    return bytes((0xF0 | element,)) + _uvarint(count)
 
 
 def _pages_group(

@@ -40,15 +40,12 @@ def replace_durably(path: str | os.PathLike, chunks: bytes | Iterable[bytes | me
 
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make the entries of ``directory`` (a rename, a new or removed file) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(directory)
 
 
 def fsync_file(path: str | os.PathLike) -> None:
-    """Make a file's bytes durable (a file written by another process)."""
+    """Make a file's bytes (a directory's entries) durable: a file written
+    by another process, or closed before it was synced."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
