@@ -721,6 +721,201 @@ static PyObject *find_keys(PyObject *self, PyObject *args)
     return out;
 }
 
+
+/* --- Parquet offset indexes (storage/parquet_pages.py) ------------------ */
+
+/* Thrift compact protocol: an unsigned varint at *pos, within end. */
+static int tc_varint(const uint8_t **pos, const uint8_t *end, uint64_t *out)
+{
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= end)
+            return -1;
+        uint8_t byte = *(*pos)++;
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int tc_skip(const uint8_t **pos, const uint8_t *end, int type, int depth);
+
+/* Skip the fields of a struct through its STOP. */
+static int tc_skip_struct(const uint8_t **pos, const uint8_t *end, int depth)
+{
+    if (depth > 32)
+        return -1;
+    for (;;) {
+        if (*pos >= end)
+            return -1;
+        uint8_t header = *(*pos)++;
+        if (header == 0)
+            return 0;
+        uint64_t ignored;
+        if (!(header >> 4) && tc_varint(pos, end, &ignored))
+            return -1;
+        int type = header & 0x0F;
+        if (type == 1 || type == 2) /* a field's boolean is in its header */
+            continue;
+        if (tc_skip(pos, end, type, depth + 1))
+            return -1;
+    }
+}
+
+static int tc_skip(const uint8_t **pos, const uint8_t *end, int type, int depth)
+{
+    uint64_t value;
+    switch (type) {
+    case 1: case 2: case 3: /* a list's boolean, a byte */
+        if (*pos >= end)
+            return -1;
+        (*pos)++;
+        return 0;
+    case 4: case 5: case 6:
+        return tc_varint(pos, end, &value);
+    case 7:
+        if (end - *pos < 8)
+            return -1;
+        *pos += 8;
+        return 0;
+    case 8:
+        if (tc_varint(pos, end, &value) || (uint64_t)(end - *pos) < value)
+            return -1;
+        *pos += value;
+        return 0;
+    case 9: case 10: {
+        if (*pos >= end || depth > 32)
+            return -1;
+        uint8_t header = *(*pos)++;
+        uint64_t count = header >> 4;
+        if (count == 15 && tc_varint(pos, end, &count))
+            return -1;
+        if (count > (uint64_t)(end - *pos))
+            return -1;
+        for (uint64_t i = 0; i < count; i++)
+            if (tc_skip(pos, end, header & 0x0F, depth + 1))
+                return -1;
+        return 0;
+    }
+    case 12:
+        return tc_skip_struct(pos, end, depth);
+    default:
+        return -1;
+    }
+}
+
+/* One OffsetIndex at *pos: up to max_pages (offset, size, first row) into
+ * out; the page count, or -1 for bytes that are not one. */
+static long offset_index(const uint8_t **pos, const uint8_t *end, int64_t *out, long max_pages)
+{
+    long pages = -1;
+    int16_t field = 0;
+    for (;;) {
+        if (*pos >= end)
+            return -1;
+        uint8_t header = *(*pos)++;
+        if (header == 0)
+            return pages;
+        uint64_t raw;
+        if (header >> 4) {
+            field = (int16_t)(field + (header >> 4));
+        } else {
+            if (tc_varint(pos, end, &raw))
+                return -1;
+            field = (int16_t)((raw >> 1) ^ -(int64_t)(raw & 1));
+        }
+        int type = header & 0x0F;
+        if (field != 1 || type != 9) {
+            if (type != 1 && type != 2 && tc_skip(pos, end, type, 1))
+                return -1;
+            continue;
+        }
+        if (*pos >= end)
+            return -1;
+        uint8_t list = *(*pos)++;
+        uint64_t count = list >> 4;
+        if (count == 15 && tc_varint(pos, end, &count))
+            return -1;
+        if ((list & 0x0F) != 12 || count > (uint64_t)max_pages)
+            return -1;
+        for (uint64_t i = 0; i < count; i++) {
+            int64_t spot[3] = {-1, -1, -1};
+            int16_t inner = 0;
+            for (;;) {
+                if (*pos >= end)
+                    return -1;
+                uint8_t h = *(*pos)++;
+                if (h == 0)
+                    break;
+                if (h >> 4) {
+                    inner = (int16_t)(inner + (h >> 4));
+                } else {
+                    if (tc_varint(pos, end, &raw))
+                        return -1;
+                    inner = (int16_t)((raw >> 1) ^ -(int64_t)(raw & 1));
+                }
+                int t = h & 0x0F;
+                if (inner >= 1 && inner <= 3 && (t == 5 || t == 6)) {
+                    if (tc_varint(pos, end, &raw))
+                        return -1;
+                    spot[inner - 1] = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+                } else if (t != 1 && t != 2 && tc_skip(pos, end, t, 2)) {
+                    return -1;
+                }
+            }
+            if (spot[0] < 0 || spot[1] < 0 || spot[2] < 0)
+                return -1;
+            memcpy(out + 3 * i, spot, sizeof spot);
+        }
+        pages = (long)count;
+    }
+}
+
+static PyObject *offset_indexes(PyObject *self, PyObject *args)
+{
+    Py_buffer region;
+    Py_ssize_t count, max_pages;
+    if (!PyArg_ParseTuple(args, "y*nn", &region, &count, &max_pages))
+        return NULL;
+    if (count < 0 || max_pages < 1 || count > PY_SSIZE_T_MAX / (3 * 8 * max_pages)) {
+        PyBuffer_Release(&region);
+        PyErr_SetString(PyExc_ValueError, "bad count or max_pages");
+        return NULL;
+    }
+    PyObject *spots = PyBytes_FromStringAndSize(NULL, count * max_pages * 3 * 8);
+    PyObject *pages = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (spots == NULL || pages == NULL) {
+        Py_XDECREF(spots);
+        Py_XDECREF(pages);
+        PyBuffer_Release(&region);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(spots);
+    int64_t *counts = (int64_t *)PyBytes_AS_STRING(pages);
+    memset(out, 0xFF, (size_t)(count * max_pages * 3 * 8));
+    const uint8_t *pos = region.buf, *end = pos + region.len;
+    Py_ssize_t parsed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; parsed < count; parsed++) {
+        long n = offset_index(&pos, end, out + parsed * max_pages * 3, (long)max_pages);
+        if (n < 0)
+            break;
+        counts[parsed] = n;
+    }
+    Py_END_ALLOW_THREADS
+    Py_ssize_t consumed = pos - (const uint8_t *)region.buf;
+    PyBuffer_Release(&region);
+    if (parsed < count) {
+        Py_DECREF(spots);
+        Py_DECREF(pages);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NNn)", spots, pages, consumed);
+}
+
 static PyMethodDef methods[] = {
     {"decode_status_go", decode_status_go, METH_VARARGS,
      "decode_status_go(body, topic_keys, default_pubsub) -> tuple | None\n\n"
@@ -732,6 +927,11 @@ static PyMethodDef methods[] = {
     {"find_keys", find_keys, METH_VARARGS,
      "find_keys(runs, keys, width) -> [(run, position, key)]: where each of the sorted keys\n"
      "stands in each buffer of sorted width-byte keys."},
+    {"offset_indexes", offset_indexes, METH_VARARGS,
+     "offset_indexes(region, count, max_pages) -> (spots, pages, consumed) | None: count Parquet\n"
+     "OffsetIndex structs back to back from the region's start, each page's (offset, size, first row)\n"
+     "as int64 [count][max_pages][3] (-1 past its pages) and each one's page count; None when one\n"
+     "is not an OffsetIndex of at most max_pages pages."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wakustore._native",

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import wakustore._native as _native
 from wakustore.storage import parquet_footer
 from wakustore.storage.parquet_footer import FooterError, GroupFooters
 
@@ -193,76 +194,77 @@ MAX_PAGES = 16
 SLOTS = 2 + MAX_PAGES + 1
 
 
-def page_section(footers: GroupFooters, read_at) -> np.ndarray | None:
-    """The page layout of a file (``read_at(offset, size)`` reads it), as
-    the key index keeps it: int64 (row groups, columns, 2 + MAX_PAGES + 1);
-    None unless every row group has an offset index whose pages start
-    every :data:`PAGE_ROWS` rows in each column, and each column chunk's
-    pages follow one another."""
-    groups = footers.num_row_groups
-    if not groups:
+def page_section(footers: GroupFooters, read_at, metadata: pq.FileMetaData) -> np.ndarray | None:
+    """The page layout of a file (``read_at(offset, size)`` reads it; its
+    parsed footer ``metadata``), as the key index keeps it: int64 (row
+    groups, columns, 2 + MAX_PAGES + 1); None unless every row group has
+    an offset index whose pages start every :data:`PAGE_ROWS` rows in each
+    column, each column chunk's pages following one another.
+
+    The offset indexes of a file are written back to back, row group by row
+    group and column by column (parquet-format's page index layout; Arrow
+    and parquet-rs both): they are parsed in one compiled pass from the
+    first row group's first to the last one's last, and each is checked
+    against the chunk it must describe (its first page is the chunk's
+    first data page), so a file laid out otherwise is refused, not misread.
+    """
+    groups, columns = metadata.num_row_groups, metadata.num_columns
+    if not groups or not columns or footers.num_row_groups != groups:
         return None
-    decoded = []
-    first, last = None, 0
-    for group in range(groups):
-        start, end = int(footers.bounds[group]), int(footers.bounds[group + 1])
-        row_group, _ = decode_struct(memoryview(footers.buffer)[start:end])
-        chunks: list = (_get(row_group, _RG_COLUMNS) or (None, []))[1]
-        rows = _get(row_group, _RG_NUM_ROWS)
-        if not chunks or rows is None or rows > PAGE_ROWS * MAX_PAGES:
-            return None
-        spans = []
-        for chunk in chunks:
-            offset, length = _get(chunk, _CC_OFFSET_INDEX_OFFSET), _get(chunk, _CC_OFFSET_INDEX_LENGTH)
-            meta = _get(chunk, _CC_META)
-            if offset is None or length is None or meta is None:
-                return None
-            spans.append((offset, length, _get(meta, _CM_DICTIONARY_PAGE_OFFSET)))
-            first = offset if first is None else min(first, offset)
-            last = max(last, offset + length)
-        decoded.append((rows, spans))
-    assert first is not None  # a row group has a column
-    if last - first > MAX_READ_BYTES:
+    first = _offset_index_span(footers, 0, 0)
+    last = _offset_index_span(footers, groups - 1, columns - 1)
+    if first is None or last is None:
         return None
-    indexes = memoryview(read_at(first, last - first))
-    columns = len(decoded[0][1])
+    start, end = first[0], last[0] + last[1]
+    if not 0 <= start < end or end - start > MAX_READ_BYTES:
+        return None
+    region = read_at(start, end - start)
+    parsed = _native.offset_indexes(region, groups * columns, MAX_PAGES)
+    if parsed is None or parsed[2] != end - start:
+        return None
+    spots = np.frombuffer(parsed[0], dtype=np.int64).reshape(groups, columns, MAX_PAGES, 3)
+    counts = np.frombuffer(parsed[1], dtype=np.int64).reshape(groups, columns)
+    rows = np.array([metadata.row_group(g).num_rows for g in range(groups)], dtype=np.int64)
+    chunks = [[metadata.row_group(g).column(c) for c in range(columns)] for g in range(groups)]
+    data_pages = np.array([[chunk.data_page_offset for chunk in row] for row in chunks], dtype=np.int64)
+    dictionaries = np.array(
+        [[chunk.dictionary_page_offset if chunk.has_dictionary_page else -1 for chunk in row] for row in chunks],
+        dtype=np.int64,
+    )
+    pages = -(-rows // PAGE_ROWS)
+    if (rows > PAGE_ROWS * MAX_PAGES).any() or (counts != pages[:, None]).any():
+        return None
+    if (spots[:, :, 0, 0] != data_pages).any():
+        return None
+    slot = np.arange(MAX_PAGES)
+    used = slot[None, None, :] < counts[:, :, None]
+    if (np.where(used, spots[:, :, :, 2], slot * PAGE_ROWS) != slot * PAGE_ROWS).any():
+        return None
+    ends = spots[:, :, :, 0] + spots[:, :, :, 1]
+    if not np.where(used[:, :, 1:], spots[:, :, 1:, 0] == ends[:, :, :-1], True).all():
+        return None
     out = np.full((groups, columns, SLOTS), -1, dtype=np.int64)
-    out[:, :, 1] = 0
-    for group, (rows, spans) in enumerate(decoded):
-        if len(spans) != columns:
-            return None
-        pages = -(-rows // PAGE_ROWS)
-        expected = np.arange(pages, dtype=np.int64) * PAGE_ROWS
-        for column, (offset, length, dictionary) in enumerate(spans):
-            spots = _locations(indexes[offset - first : offset - first + length])
-            if spots is None or len(spots) != pages:
-                return None
-            if not np.array_equal(spots[:, 2], expected) or not np.array_equal(
-                spots[1:, 0], spots[:-1, 0] + spots[:-1, 1]
-            ):
-                return None
-            if dictionary is not None and 0 <= dictionary < spots[0, 0]:
-                out[group, column, 0] = dictionary
-                out[group, column, 1] = spots[0, 0] - dictionary
-            out[group, column, 2 : 2 + pages] = spots[:, 0]
-            out[group, column, 2 + pages] = spots[-1, 0] + spots[-1, 1]
+    has_dictionary = (dictionaries >= 0) & (dictionaries < data_pages)
+    out[:, :, 0] = np.where(has_dictionary, dictionaries, -1)
+    out[:, :, 1] = np.where(has_dictionary, data_pages - dictionaries, 0)
+    out[:, :, 2 : 2 + MAX_PAGES] = np.where(used, spots[:, :, :, 0], -1)
+    end_of = np.take_along_axis(ends, (counts - 1)[:, :, None], axis=2)[:, :, 0]
+    out[np.arange(groups)[:, None], np.arange(columns)[None, :], 2 + counts] = end_of
     return out
 
 
-def _locations(buf) -> np.ndarray | None:
-    """(offset, size, first row) of each page of an ``OffsetIndex``; None
-    when the bytes are not one."""
-    located, _ = decode_struct(buf)
-    pages = _get(located, 1)
-    if not isinstance(pages, tuple) or pages[0] != _STRUCT:
+def _offset_index_span(footers: GroupFooters, group: int, column: int) -> tuple[int, int] | None:
+    """(offset, length) of the offset index of one column chunk, from the footer."""
+    start, end = int(footers.bounds[group]), int(footers.bounds[group + 1])
+    row_group, _ = decode_struct(memoryview(footers.buffer)[start:end])
+    chunks = _get(row_group, _RG_COLUMNS)
+    if not isinstance(chunks, tuple) or len(chunks[1]) <= column:
         return None
-    out = []
-    for page in pages[1]:
-        spot = (_get(page, 1), _get(page, 2), _get(page, 3))
-        if not all(isinstance(value, int) and value >= 0 for value in spot):
-            return None
-        out.append(spot)
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
+    chunk = chunks[1][column]
+    offset, length = _get(chunk, _CC_OFFSET_INDEX_OFFSET), _get(chunk, _CC_OFFSET_INDEX_LENGTH)
+    if not isinstance(offset, int) or not isinstance(length, int):
+        return None
+    return offset, length
 
 
 class Template:

@@ -238,7 +238,7 @@ def build_sections(path: str, filesystem=None) -> tuple[int, list[tuple[str, str
     footers = GroupFooters.of(file.metadata)
     source = (filesystem or pafs.LocalFileSystem()).open_input_file(path)
     try:
-        pages = parquet_pages.page_section(footers, lambda offset, size: source.read_at(size, offset))
+        pages = parquet_pages.page_section(footers, lambda offset, size: source.read_at(size, offset), file.metadata)
     except (FooterError, IndexError):  # an offset index not as written here: read by row group
         pages = None
     finally:

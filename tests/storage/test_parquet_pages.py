@@ -61,7 +61,7 @@ class _File:
         return self.source.read_at(size, offset)
 
     def section(self):
-        return parquet_pages.page_section(self.footers, self.read_at)
+        return parquet_pages.page_section(self.footers, self.read_at, self.metadata)
 
     def rows(self, rows, columns):
         pages = self.section()
