@@ -231,7 +231,8 @@ class TableReader:
         self._pool: ThreadPoolExecutor | None = None  # lookups' row group reads (_lookup_pool)
         self._closed = False
         # Data files a read failed on (path -> the error), until they leave
-        # the table: reported once in the log, in /health and the metrics.
+        # the table or read again: reported once in the log, in /health and
+        # the metrics.
         self._bad: dict[str, str] = {}
 
     # --- versions -----------------------------------------------------------
@@ -648,6 +649,7 @@ class TableReader:
             self._failed(index.path, exc)
             raise
         self._open.give(opened, file)
+        self._read_again(index.path)
         if cacheable:
             with self._cache_lock:
                 if key not in self._row_groups:
@@ -717,7 +719,15 @@ class TableReader:
             self._failed(index.path, exc)
             raise
         self._open.give(opened, source)
+        self._read_again(index.path)
         return found
+
+    def _read_again(self, path: str) -> None:
+        """A read of ``path`` succeeded: not (or no longer: a transient
+        error of object storage) a bad file."""
+        if self._bad and path in self._bad:
+            self._bad.pop(path, None)
+            log.warning("data file %s of the message table reads again", self._location(path)[0])
 
     def _failed(self, path: str, exc: BaseException) -> None:
         """A read of the data file ``path`` failed: a bad file unless it is

@@ -388,6 +388,8 @@ def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics
                 if str(d) == "2001-09-09"
             ]
             bad = os.path.join(uri, path)
+            with open(bad, "rb") as handle:
+                original = handle.read()
             with open(bad, "r+b") as handle:  # its pages zeroed, its size kept
                 handle.seek(size // 4)
                 handle.write(b"\0" * (size // 2))
@@ -398,12 +400,21 @@ def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics
                 seen["bad_day"] = str(exc)
             seen["good_day"] = len((await service.query(page(base + day))).messages)
             seen["health"] = service.health()
-            seen["metrics"] = service.metrics.registry
+            seen["bad_metric"] = service.metrics.registry.get_sample_value(
+                "wakustore_table_bad_files", {"table": "messages"}
+            )
             seen["path"] = bad
+            with open(bad, "wb") as handle:  # the bytes back (a transient fault, a restored file)
+                handle.write(original)
+            seen["again"] = len((await service.query(page(base))).messages)
+            seen["health_after"] = service.health()
 
     trio.run(main)
     assert seen["bad_day"] != "answered" and "cannot be read" in seen["bad_day"]
     assert seen["good_day"] == 100
     health = seen["health"]
     assert health["ok"] is False and list(health["bad_files"]) == [seen["path"]]
-    assert seen["metrics"].get_sample_value("wakustore_table_bad_files", {"table": "messages"}) == 1
+    assert seen["bad_metric"] == 1
+    # A file that reads again is no longer reported.
+    assert seen["again"] == 100
+    assert seen["health_after"]["ok"] is True and seen["health_after"]["bad_files"] == {}
