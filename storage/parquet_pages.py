@@ -20,9 +20,11 @@ decodes the whole buffer in one call, every page with its own checks
 is decoded here: only the Thrift of the footer and offset index
 (parquet-format, compact protocol) is read and written.
 
-A file whose pages are not aligned across its columns (an ingest file, a
-file written before this layout) answers None from :func:`page_layout`,
-and its row groups are read whole as before.
+The page layout of a file is found once, when its key index is built
+(:func:`page_section`: its offset indexes parsed in one compiled pass and
+each checked against its column chunk) and kept in the index file. A file
+whose pages are not aligned across its columns (an ingest file, a file
+written before this layout) has none, and its row groups are read whole.
 """
 
 from __future__ import annotations
@@ -49,14 +51,11 @@ _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _ST
 _INTS = (_BYTE, _I16, _I32, _I64)
 
 # ColumnChunk fields.
-_CC_FILE_OFFSET, _CC_META = 2, 3
-_CC_OFFSET_INDEX_OFFSET, _CC_OFFSET_INDEX_LENGTH, _CC_COLUMN_INDEX_OFFSET, _CC_COLUMN_INDEX_LENGTH = 4, 5, 6, 7
-# ColumnMetaData fields.
-_CM_NUM_VALUES, _CM_UNCOMPRESSED, _CM_COMPRESSED = 5, 6, 7
-_CM_DATA_PAGE_OFFSET, _CM_INDEX_PAGE_OFFSET, _CM_DICTIONARY_PAGE_OFFSET, _CM_STATISTICS = 9, 10, 11, 12
-_CM_DROPPED = frozenset({_CM_INDEX_PAGE_OFFSET, _CM_STATISTICS, 14, 15, 16, 17})  # stats, bloom, size, geo
+_CC_META, _CC_OFFSET_INDEX_OFFSET, _CC_OFFSET_INDEX_LENGTH = 3, 4, 5
+# ColumnMetaData: the first field a made footer writes itself (num_values).
+_CM_NUM_VALUES = 5
 # RowGroup fields.
-_RG_COLUMNS, _RG_TOTAL_BYTES, _RG_NUM_ROWS, _RG_FILE_OFFSET, _RG_COMPRESSED, _RG_ORDINAL = 1, 2, 3, 5, 6, 7
+_RG_COLUMNS = 1
 
 
 # --- Thrift compact protocol: a struct as a list of [field id, type, value] ---
@@ -175,14 +174,6 @@ def _get(fields: list, field: int, default=None):
         if f == field:
             return value
     return default
-
-
-def _with(fields: list, updates: dict[int, tuple[int, object]], dropped=frozenset()) -> list:
-    """``fields`` with ``updates`` ({field: (type, value)}) set and ``dropped`` removed, in id order."""
-    kept = {f: [f, kind, value] for f, kind, value in fields if f not in dropped and f not in updates}
-    for field, (kind, value) in updates.items():
-        kept[field] = [field, kind, value]
-    return [kept[f] for f in sorted(kept)]
 
 
 # --- a file's page layout ---------------------------------------------------
@@ -304,10 +295,9 @@ def read_rows(
     wanted: Sequence[tuple[int, int, np.ndarray]],
     names: Sequence[str],
 ) -> pa.Table:
-    """Columns ``names`` of the rows
-    ``wanted`` (per row group its number, its rows and the rows wanted in
-    it, sorted), in
-    that order, decoded in one pyarrow call. ``pages``: the file's
+    """Columns ``names`` of the rows ``wanted`` (per row group: its number,
+    its row count, and the rows wanted in it, sorted), in that order,
+    decoded in one pyarrow call. ``pages``: the file's
     :func:`page_section`; ``read_at(offset, size)`` reads the file."""
     # As a file begins: no page at offset 0, which readers take for "none".
     buffer = bytearray(b"PAR1")
