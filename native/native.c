@@ -807,27 +807,41 @@ static int tc_skip(const uint8_t **pos, const uint8_t *end, int type, int depth)
     }
 }
 
+/* The field header at *pos of a struct whose last field was *field: 1 at
+ * its STOP, 0 with *field and *type set, -1 past end. */
+static int tc_field(const uint8_t **pos, const uint8_t *end, int16_t *field, int *type)
+{
+    if (*pos >= end)
+        return -1;
+    uint8_t header = *(*pos)++;
+    if (header == 0)
+        return 1;
+    if (header >> 4) {
+        *field = (int16_t)(*field + (header >> 4));
+    } else {
+        uint64_t raw;
+        if (tc_varint(pos, end, &raw))
+            return -1;
+        *field = (int16_t)((raw >> 1) ^ -(int64_t)(raw & 1));
+    }
+    *type = header & 0x0F;
+    return 0;
+}
+
 /* One OffsetIndex at *pos: up to max_pages (offset, size, first row) into
  * out; the page count, or -1 for bytes that are not one. */
 static long offset_index(const uint8_t **pos, const uint8_t *end, int64_t *out, long max_pages)
 {
     long pages = -1;
     int16_t field = 0;
+    int type;
+    uint64_t raw;
     for (;;) {
-        if (*pos >= end)
+        int at = tc_field(pos, end, &field, &type);
+        if (at < 0)
             return -1;
-        uint8_t header = *(*pos)++;
-        if (header == 0)
+        if (at > 0)
             return pages;
-        uint64_t raw;
-        if (header >> 4) {
-            field = (int16_t)(field + (header >> 4));
-        } else {
-            if (tc_varint(pos, end, &raw))
-                return -1;
-            field = (int16_t)((raw >> 1) ^ -(int64_t)(raw & 1));
-        }
-        int type = header & 0x0F;
         if (field != 1 || type != 9) {
             if (type != 1 && type != 2 && tc_skip(pos, end, type, 1))
                 return -1;
@@ -844,20 +858,13 @@ static long offset_index(const uint8_t **pos, const uint8_t *end, int64_t *out, 
         for (uint64_t i = 0; i < count; i++) {
             int64_t spot[3] = {-1, -1, -1};
             int16_t inner = 0;
+            int t;
             for (;;) {
-                if (*pos >= end)
+                int at = tc_field(pos, end, &inner, &t);
+                if (at < 0)
                     return -1;
-                uint8_t h = *(*pos)++;
-                if (h == 0)
+                if (at > 0)
                     break;
-                if (h >> 4) {
-                    inner = (int16_t)(inner + (h >> 4));
-                } else {
-                    if (tc_varint(pos, end, &raw))
-                        return -1;
-                    inner = (int16_t)((raw >> 1) ^ -(int64_t)(raw & 1));
-                }
-                int t = h & 0x0F;
                 if (inner >= 1 && inner <= 3 && (t == 5 || t == 6)) {
                     if (tc_varint(pos, end, &raw))
                         return -1;

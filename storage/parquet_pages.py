@@ -61,10 +61,6 @@ _RG_COLUMNS = 1
 # --- Thrift compact protocol: a struct as a list of [field id, type, value] ---
 
 
-def _read_varint(buf, at: int) -> tuple[int, int]:
-    return parquet_footer._varint(buf, at)
-
-
 def _zigzag(value: int) -> int:
     return (value >> 1) ^ -(value & 1)
 
@@ -90,10 +86,10 @@ def _decode_value(buf, at: int, kind: int, depth: int):
     if kind in _INTS:
         if kind == _BYTE:
             return buf[at], at + 1
-        raw, at = _read_varint(buf, at)
+        raw, at = parquet_footer._varint(buf, at)
         return _zigzag(raw), at
     if kind == _BINARY:
-        size, at = _read_varint(buf, at)
+        size, at = parquet_footer._varint(buf, at)
         if at + size > len(buf):
             raise FooterError("binary past the end")
         return bytes(buf[at : at + size]), at + size
