@@ -7,8 +7,12 @@ What it measures, on a seeded dataset (:mod:`wakustore.bench.dataset`):
    ``flush_max_messages`` with a :meth:`MessageStore.flush` (the MERGE
    commit) after each; the rate counts every offered message (duplicates
    included) over the put and flush time of the whole load, the final
-   flush included. Then :func:`maintenance.compact` and a checkpoint, as
-   the node does for finished days.
+   flush included. As the ingest crosses each day of the dataset, the
+   node's maintenance runs (compaction of the finished days, a checkpoint,
+   their key index): the puts pause for it and its time is reported apart
+   (``daily_maintenance``), so the table grows as a node's does, one
+   sorted run per finished day, not thousands of ingest files. At the end
+   :func:`maintenance.compact` and a checkpoint, for the days left.
 2. Store v3 pages (20 messages, 1-3 content topics of one shard, ranges of
    1 h / 1 d / 7 d, forward and backward): a first page, then the page at
    its ``next_cursor`` when there is one, until about ``--queries``
@@ -308,6 +312,10 @@ class RssSampler:
         # Node + engine at the same sample: what the machine had to hold at once.
         self.sum_peak = 0
         self.node_file_peak = 0
+        # What made up the node's sampled peak (MB): see :meth:`sample`.
+        self.at_node_peak: dict = {}
+        # What the store holds, asked at a new peak: set once the store is open.
+        self.held: Callable[[], dict] | None = None
         self.engine_pids: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
@@ -357,6 +365,7 @@ class RssSampler:
             except OSError:
                 pass
         self.node_sampled_peak = self.engine_peak = self.sum_peak = self.node_file_peak = 0
+        self.at_node_peak = {}
         self.sample()
         return peaks
 
@@ -368,19 +377,23 @@ class RssSampler:
             "engine": round(self.engine_peak / MIB, 1),
             "sum": round(self.sum_peak / MIB, 1),
             "node_mapped_files": round(self.node_file_peak / MIB, 1),
+            "at_node_peak": self.at_node_peak,
         }
 
     def sample(self) -> None:
-        node, _ = _proc_memory(os.getpid())
+        own = _status_fields(os.getpid(), ("VmRSS", "RssAnon", "RssFile"))
         # Of the node's own: pages of mapped files (the key index; the page
         # cache's, dropped from the process every 2 s) apart from the rest.
-        self.node_file_peak = max(self.node_file_peak, _file_pages(os.getpid()))
+        self.node_file_peak = max(self.node_file_peak, own["RssFile"])
         try:
             pids = self._pids()
         except Exception:
             pids = None
         # The node's own child processes (the hash worker) count as the node.
-        node += sum(_proc_memory(pid)[0] for pid in _worker_processes(pids or []))
+        workers = sum(_proc_memory(pid)[0] for pid in _worker_processes(pids or []))
+        node = own["VmRSS"] + workers
+        if node > self.node_sampled_peak:
+            self.at_node_peak = self._breakdown(own, workers)
         self.node_sampled_peak = max(self.node_sampled_peak, node)
         if pids is None:
             return
@@ -393,6 +406,23 @@ class RssSampler:
             self.engine_pids.update(pids)
         self.engine_peak = max(self.engine_peak, total)
         self.sum_peak = max(self.sum_peak, node + total)
+
+    def _breakdown(self, own: dict[str, int], workers: int) -> dict:
+        """The node's memory at a sample, MB: its process's anonymous
+        memory and mapped-file pages, its worker processes, and what the
+        store holds (``held``: MessageStore.memory_held; ``arrow_allocated``
+        counts buffers alive, not what the allocator keeps after a free)."""
+        out = {
+            "anonymous": round(own["RssAnon"] / MIB, 1),
+            "mapped_files": round(own["RssFile"] / MIB, 1),
+            "workers": round(workers / MIB, 1),
+        }
+        if self.held is not None:
+            try:
+                out["held"] = self.held()
+            except Exception as exc:  # the store changing under a sample
+                out["held"] = repr(exc)
+        return out
 
     @staticmethod
     def node_peak() -> int:
@@ -426,16 +456,26 @@ def _children(psutil, pid: int):
         return []
 
 
-def _file_pages(pid: int) -> int:
-    """RssFile of a process: its resident pages of mapped files, in bytes."""
+_COUNTS = ("recent_keys", "pending_rows")
+
+
+def _held_mb(store) -> dict:
+    """:meth:`MessageStore.memory_held`, bytes as MB (counts as they are)."""
+    return {name: value if name in _COUNTS else round(value / MIB, 1) for name, value in store.memory_held().items()}
+
+
+def _status_fields(pid: int, names: tuple[str, ...]) -> dict[str, int]:
+    """Fields of ``/proc/<pid>/status`` given in kB, in bytes (0 when absent)."""
+    out = dict.fromkeys(names, 0)
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("RssFile:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
+                name, _, value = line.partition(":")
+                if name in out:
+                    out[name] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return out
 
 
 def _proc_memory(pid: int) -> tuple[int, int]:
@@ -509,6 +549,57 @@ def run_store_bench(args: argparse.Namespace) -> int:
     return 1 if failed or not report["crosscheck_ok"] or not report.get("integrity", {}).get("ok", False) else 0
 
 
+class DailyMaintenance:
+    """The node's maintenance as the ingest crosses each day of the
+    dataset: a node compacts a finished day within the hour after it ends
+    (its hourly :func:`~wakustore.storage.maintenance.run_maintenance`),
+    so a table never holds more than today's ingest files and one sorted
+    run per finished day. Here the puts pause for it, and its time is
+    kept apart from the ingest's: ``compact_s`` (the maintenance run:
+    flush, compaction, checkpoint, vacuum) and ``index_s`` (the key index
+    of the new files, which the node builds in the background). The
+    files a compaction removed are deleted at once (a node waits
+    ``vacuum_retention_hours``; this run lasts minutes): the disk holds
+    the table once, as a node's holds all but its last week."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.day: dt.date | None = None
+        self.runs = 0
+        self.vacuumed = 0
+        self.compact_s = 0.0
+        self.index_s = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.compact_s + self.index_s
+
+    def arrived(self, arrival_ns: int) -> None:
+        """A batch arriving at ``arrival_ns``: the days before it are
+        finished when its day is a new one."""
+        from wakustore.storage import maintenance, schema
+
+        day = schema.day_of_ns(arrival_ns)
+        if self.day is not None and day > self.day:
+            started = time.perf_counter()
+            result = maintenance.run_maintenance(self.store, None, arrival_ns, vacuum_hours=0)
+            self.vacuumed += result.vacuumed
+            self.compact_s += time.perf_counter() - started
+            started = time.perf_counter()
+            self.store.reader.index_now()
+            self.index_s += time.perf_counter() - started
+            self.runs += 1
+        self.day = day if self.day is None else max(self.day, day)
+
+    def report(self) -> dict:
+        return {
+            "runs": self.runs,
+            "compact_s": round(self.compact_s, 3),
+            "index_s": round(self.index_s, 3),
+            "files_vacuumed": self.vacuumed,
+        }
+
+
 @dataclass
 class Expected:
     """What Delta answered: per page spec (the spec, hashes of the first
@@ -531,6 +622,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
     batch_size = config.flush_max_messages
     try:
         with RssSampler(engine) as rss:
+            rss.held = lambda: _held_mb(store)
             # --- ingest, pipelined as in the node: this thread puts (WAL
             # fsync per batch), a committer thread flushes whatever is
             # buffered; the rate counts until the last commit has landed.
@@ -569,6 +661,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             ingesting = Progress("delta: ingested", total=spec.messages, unit="messages")
             generation_s = 0.0
             batches = bench_dataset.stream(spec, batch_size)
+            daily = DailyMaintenance(store)
             try:
                 while True:
                     started = time.perf_counter()
@@ -576,6 +669,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                     generation_s += time.perf_counter() - started
                     if batch is None:
                         break
+                    daily.arrived(batch[0][2])
                     while store.pending >= 4 * batch_size and not failure:
                         time.sleep(0.002)  # the node answers "busy" here; the bench waits
                     started = time.perf_counter()
@@ -590,7 +684,8 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                 thread.join()
             if failure:
                 raise failure[0]
-            ingest_s = time.perf_counter() - began
+            # The ingest's own time: the maintenance between days is timed apart.
+            ingest_s = time.perf_counter() - began - daily.seconds
             # CPU seconds of the ingest: this thread (generation and puts),
             # the committer thread, the whole node process (those two, the
             # threads of gRPC and the readers, the RSS sampler) and the engine.
@@ -604,11 +699,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             }
             ingest_rss = rss.next_phase()
             # What the node holds for the table at the end of the ingest.
-            ingest_rss["held_mb"] = {
-                "hot_tier": round(store.hot.bytes / MIB, 1),
-                "key_index": round(store.reader.index_bytes() / MIB, 1),
-                "recent_keys": len(store.writes._recent),
-            }
+            ingest_rss["held_mb"] = _held_mb(store)
             flush_s = sum(flush_times)
             flushes = len(flush_times)
             before = maintenance.stats(store.table)
@@ -616,7 +707,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             today = dt.datetime.now(dt.UTC).date()
             started = time.perf_counter()
             compacted = maintenance.compact(store.table, today=today)
-            compact_s = time.perf_counter() - started
+            compact_s = time.perf_counter() - started + daily.compact_s
             started = time.perf_counter()
             maintenance.checkpoint(store.table)
             checkpoint_s = time.perf_counter() - started
@@ -628,7 +719,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
             started = time.perf_counter()
             store.reader.committed()
             store.reader.index_now()
-            index_s = time.perf_counter() - started
+            index_s = time.perf_counter() - started + daily.index_s
             _say(
                 f"delta: key index of {after.files} files built in {index_s:.1f} s, "
                 f"{store.reader.index_bytes() / max(after.rows, 1):.2f} bytes a message held, "
@@ -693,6 +784,7 @@ def _run_delta(config, spec: DatasetSpec, args, report: dict) -> Expected:
                     ),
                 },
                 "compact_s": round(compact_s, 3),
+                "daily_maintenance": daily.report(),
                 "checkpoint_s": round(checkpoint_s, 3),
                 "key_index_s": round(index_s, 3),
                 "key_index_bytes": store.reader.index_bytes(),

@@ -132,6 +132,10 @@ class NodeConfig:
     max_message_size: int = 150 * 1024
     engine_memory_ceiling_mb: int = 2048
     maintenance_interval_s: float = 3600.0
+    # Data files a compaction or a retention removed from the table are
+    # deleted by each maintenance run this many hours after their removal
+    # (readers of older versions, a fleet's commits in flight); 0: never.
+    vacuum_retention_hours: int = 168
     # Free space the data dir keeps: under it the node takes no message in
     # (node/disk.py), long before the file system is full; 0: no floor.
     min_free_bytes: int = 256 * 1024 * 1024
@@ -222,6 +226,10 @@ class NodeConfig:
             RetentionPolicy.parse(self.retention)
         except ValueError as exc:
             raise ConfigError(f"retention: {exc}") from None
+        if self.vacuum_retention_hours < 0:
+            raise ConfigError(
+                f"vacuum_retention_hours: must be 0 (never) or more hours, not {self.vacuum_retention_hours}"
+            )
         for url in self.dns_discovery_urls:
             try:
                 parse_url(url)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from wakustore.node import allocator
+from wakustore import allocator
 from wakustore.node.config import NodeConfig
 
 log = logging.getLogger(__name__)

@@ -345,7 +345,12 @@ class StoreService:
 
     def maintain(self, policy: maintenance.RetentionPolicy) -> maintenance.MaintenanceResult:
         """The routine ``wakustore db retention`` runs too, with the archive guard."""
-        result = maintenance.run_maintenance(self.store, policy, time.time_ns(), keep_from_ns=self.keep_from())
+        vacuum_hours = self.config.vacuum_retention_hours or None
+        result = maintenance.run_maintenance(
+            self.store, policy, time.time_ns(), keep_from_ns=self.keep_from(), vacuum_hours=vacuum_hours
+        )
+        if result.vacuumed:
+            log.info("maintenance: %d data files removed from the table were deleted", result.vacuumed)
         self._set_table_gauges(result.stats)
         return result
 

@@ -27,6 +27,7 @@ from typing import Any, Final, Protocol
 
 import pyarrow as pa
 
+from wakustore import allocator
 from wakustore.storage import day_rewrite, schema
 from wakustore.storage.staging import is_local
 from wakustore.storage.table import DeltaTableRef
@@ -429,6 +430,7 @@ class MaintenanceResult:
     retention: RetentionResult | None  # None: no policy applied
     compaction: dict[str, int]
     stats: TableStats | None  # None when the table is not readable here (a cluster's)
+    vacuumed: int = 0  # data files deleted (0 on a cluster, whose VACUUM reports none)
 
 
 class MaintainedStore(Protocol):
@@ -445,13 +447,20 @@ class MaintainedStore(Protocol):
 
 
 def run_maintenance(
-    store: MaintainedStore, policy: RetentionPolicy | None, now_ns: int, keep_from_ns: int | None = None
+    store: MaintainedStore,
+    policy: RetentionPolicy | None,
+    now_ns: int,
+    keep_from_ns: int | None = None,
+    vacuum_hours: int | None = None,
 ) -> MaintenanceResult:
     """The one maintenance routine, for the node's hourly loop and for
     ``wakustore db retention`` / ``db compact``: commit what is buffered,
     apply ``policy`` (None: none) without deleting anything at or after
     ``keep_from_ns`` (the archive guard, see :func:`apply_retention`), let
-    the store forget what left the table, compact, checkpoint, and measure."""
+    the store forget what left the table, compact, checkpoint, delete the
+    data files removed more than ``vacuum_hours`` ago (None: none; without
+    it a node's disk holds every day twice, written and compacted), and
+    measure."""
     store.flush()
     retention = None
     with rewrite_lock(store.table):
@@ -465,7 +474,11 @@ def run_maintenance(
     # building now rather than at the next look at the log.
     store.reader.committed()
     checkpoint(store.table)
-    return MaintenanceResult(retention, compaction, table_stats(store.table))
+    vacuumed = vacuum(store.table, vacuum_hours) if vacuum_hours is not None else 0
+    # A compaction streams a day through the C heap, and glibc keeps what
+    # it freed: ~130 MB of a 330k-message day's, given back here.
+    allocator.trim_heap()
+    return MaintenanceResult(retention, compaction, table_stats(store.table), vacuumed)
 
 
 def table_stats(table: DeltaTableRef) -> TableStats | None:

@@ -516,6 +516,21 @@ class MessageStore:
     def wal_depth(self) -> int:
         return self.writes.wal_depth
 
+    def memory_held(self) -> dict[str, int]:
+        """What the store holds in memory now, in bytes (``recent_keys``
+        and ``pending_rows`` in keys and rows): the hot tier, the key
+        index's held part, the decoded row groups, and every buffer Arrow's
+        allocator has handed out and not had back (the hot tier's among
+        them)."""
+        return {
+            "hot_tier": self.hot.bytes,
+            "key_index": self.reader.index_bytes(),
+            "row_group_cache": self.reader.cached_bytes(),
+            "arrow_allocated": pa.total_allocated_bytes(),
+            "recent_keys": len(self.writes._recent),
+            "pending_rows": self.writes.pending,
+        }
+
     def flush_due(self) -> bool:
         return self.writes.flush_due()
 

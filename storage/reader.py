@@ -547,6 +547,10 @@ class TableReader:
         index holds its topic pairs' ids alone; see :meth:`mapped_bytes`)."""
         return sum(index.nbytes for index in list(self._indexes.values()))
 
+    def cached_bytes(self) -> int:
+        """Memory held by the decoded row groups kept for the next page."""
+        return self._cache_size
+
     @staticmethod
     def mapped_bytes() -> int:
         """Bytes of index files mapped (on disk; in memory only as read)."""

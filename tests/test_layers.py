@@ -34,8 +34,9 @@ NOT_SANS_IO = {"trio", "socket", "libp2p"} | ENGINE_LIBRARIES
 # module (native/native.c): computation only, for any layer.
 # ``wakustore.usage`` holds UsageError, raised by every layer above the
 # protocols for bad user input; ``wakustore.durable`` writes a file whole
-# and durably, for every layer that keeps one.
-SHARED = ("wakustore", "wakustore._native", "wakustore.usage", "wakustore.durable")
+# and durably, for every layer that keeps one; ``wakustore.allocator``
+# tunes and trims the process's C heap (glibc), for whichever layer frees much.
+SHARED = ("wakustore", "wakustore._native", "wakustore.usage", "wakustore.durable", "wakustore.allocator")
 UPPER_LAYERS = ("wakustore.node", "wakustore.clients", "wakustore.cli", "wakustore.bench")
 COMMANDS_AND_BENCHMARKS = ("wakustore.cli", "wakustore.bench")
 

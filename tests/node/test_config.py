@@ -20,6 +20,7 @@ def test_file_then_flags_then_environment(tmp_path):
         {"bogus": 1},
         {"archive_import_workers": 0},
         {"archive_import_workers": 17},
+        {"vacuum_retention_hours": -1},
     ],
 )
 def test_bad_values_are_refused(values):

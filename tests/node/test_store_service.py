@@ -308,7 +308,7 @@ def test_the_node_process_settings_are_made_once_in_one_place(monkeypatch, tmp_p
     process's life."""
     from wakustore.node import process
 
-    probe = "from wakustore.node import allocator; print(allocator.cap_malloc_arenas(2))"
+    probe = "from wakustore import allocator; print(allocator.cap_malloc_arenas(2))"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     capped = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert capped.stdout.strip() == "True"

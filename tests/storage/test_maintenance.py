@@ -143,6 +143,32 @@ def test_the_maintenance_routine_retains_behind_the_guard_compacts_and_measures(
     assert again.retention is None and again.stats.rows == 31
 
 
+def test_the_maintenance_routine_deletes_what_compaction_removed_after_the_vacuum_retention(filled):
+    """Without a vacuum a node's disk keeps each day twice, as written and
+    compacted. The files a run's compaction removed stay while younger than
+    the retention (a reader of an older version may still open them) and
+    go at a run after it; the table keeps every row."""
+    root = Path(filled.table.uri.removeprefix("file://"))
+
+    def data_files() -> set[Path]:
+        return {p for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+    # A second file on three days, which compaction then rewrites.
+    filled.put(
+        [(PUBSUB, WakuMessage(b"late-%d" % d, "/app/1/c/proto", timestamp=DAY0 + d * DAY + 5), 0) for d in (2, 3, 4)]
+    )
+    filled.flush()
+    written = data_files()
+    kept = maintenance.run_maintenance(filled, None, DAY0 + 10 * DAY, vacuum_hours=1)
+    assert kept.compaction["days_rewritten"] == 3
+    assert kept.vacuumed == 0 and written < data_files()
+    live = (data_files() - written) | {p for p in written if not any(f"day=2026-10-0{d}" in str(p) for d in (3, 4, 5))}
+    gone = maintenance.run_maintenance(filled, None, DAY0 + 10 * DAY, vacuum_hours=0)
+    assert gone.vacuumed == 6  # two files on each of the three days
+    assert data_files() == live
+    assert filled.table.count() == 63 and gone.stats.rows == 63
+
+
 def test_rewrite_lock_lets_one_holder_rewrite_at_a_time(tmp_path):
     """Another process holding the fleet's rewrite lock: a node's try
     (wait=False) gives up at once, and its wait ends when the other lets go."""
