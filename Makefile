@@ -32,20 +32,15 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Static checks: ruff's linter and formatter, then mypy (strict on
-# protocols/ and transport/; see pyproject.toml). mypy reads the packages
-# through build/typecheck/wakustore, links to the folders pyproject.toml maps.
-PACKAGE_DIRS := protos protocols storage transport node clients cli bench
-
+# protocols/ and transport/; see pyproject.toml). mypy reads the package
+# where the install finds it: src/wakustore (links, see pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 
 typecheck: install
-	rm -rf build/typecheck && mkdir -p build/typecheck/wakustore
-	for d in $(PACKAGE_DIRS); do ln -s ../../../$$d build/typecheck/wakustore/$$d; done
-	for f in wakustore/*.py; do ln -s ../../../$$f build/typecheck/wakustore/; done
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p wakustore
+	cd src && ../$(BIN)/mypy --config-file ../pyproject.toml -p wakustore
 
 bench: install
 	$(BIN)/wakustore bench store
@@ -72,4 +67,4 @@ protos: install
 	$(BIN)/python -m wakustore.protos.generate
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis wakustore/_native*.so
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis wakustore/_native*.so

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from wakustore import allocator
 from wakustore.bench.common import add_common_arguments, positive_int
 from wakustore.bench.store import RssSampler
-from wakustore import allocator
 from wakustore.node import archive as node_archive
 from wakustore.node import config as node_config
 from wakustore.protocols import archive, topics, waku_v1

@@ -412,7 +412,7 @@ class RssSampler:
         memory and mapped-file pages, its worker processes, and what the
         store holds (``held``: MessageStore.memory_held; ``arrow_allocated``
         counts buffers alive, not what the allocator keeps after a free)."""
-        out = {
+        out: dict[str, Any] = {
             "anonymous": round(own["RssAnon"] / MIB, 1),
             "mapped_files": round(own["RssFile"] / MIB, 1),
             "workers": round(workers / MIB, 1),

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakustore.cli.progress import Stages
-from wakustore.protocols import topics
 from wakustore.protocols.errors import ArchiveError, ProtocolError
 from wakustore.usage import UsageError, parse_hex
 
@@ -168,6 +167,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_seed(args: argparse.Namespace) -> int:
     import trio
 
+    from wakustore.protocols import topics
+
     cid = topics.community_id(parse_hex(args.community_pubkey, "--community-pubkey"))
     path = args.archive_dir / f"{cid}.torrent"
     if not path.exists():
@@ -207,6 +208,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
     from wakustore.clients.archive import magnets_from_peer
     from wakustore.node.archive import Selection, fetch_archives, magnets_in_store, newest_magnet
+    from wakustore.protocols import topics
     from wakustore.protocols.archive_records import Layout
     from wakustore.transport import torrent
 
@@ -342,6 +344,7 @@ def _open_store(args: argparse.Namespace) -> tuple[_OpenStore, Callable[[], None
 
 def _pubsub_topic(args: argparse.Namespace, config: _OpenStore) -> str:
     from wakustore.node.archive import DEFAULT_PUBSUB_TOPIC
+    from wakustore.protocols import topics
 
     if args.pubsub_topic:
         return args.pubsub_topic

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from wakustore.cli.progress import Progress
 from wakustore.node import config as node_config
-from wakustore.node import data_dir
 from wakustore.protocols.message import WakuMessage
 from wakustore.usage import UsageError, parse_hex
 
@@ -96,6 +95,8 @@ def _writing(handler):
     which replays and trims the write-ahead log and commits to the table."""
 
     def run(args) -> int:
+        from wakustore.node import data_dir
+
         with data_dir.lock(_config(args).data_dir):
             return handler(args)
 
@@ -115,6 +116,7 @@ def _open_read_only(args):
     lock, and nothing written to the data dir (the table is not created,
     the write-ahead log is neither replayed nor trimmed), so it runs beside
     a node that writes the same data dir."""
+    from wakustore.node import data_dir
     from wakustore.storage.engine import Engine
     from wakustore.storage.table import DeltaTableRef
 
@@ -166,6 +168,7 @@ def _stats(args) -> int:
 def _check(args) -> int:
     """Read every file of the data dir back (storage/check.py); one line a
     problem on stdout, the totals last; exit 1 when one is found."""
+    from wakustore.node import data_dir
     from wakustore.storage import check
 
     config = _config(args)

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from wakustore.cli.parser import _HelpFormatter, _Parser, document  # noqa: F401 (also the tests')
-from wakustore.protocols import topics
 from wakustore.protocols.errors import ProtocolError
 from wakustore.protocols.message import WakuMessage, message_hash, muid
 from wakustore.usage import UsageError, parse_hex
@@ -51,22 +50,34 @@ def _cmd_message_muid(args: argparse.Namespace) -> int:
     return 0
 
 
+# protocols.topics (and its keccak and secp256k1) is imported by the topic
+# commands alone: `push` and `query` build the same parser.
+
+
 def _cmd_topic_community(args: argparse.Namespace) -> int:
+    from wakustore.protocols import topics
+
     print(topics.community_content_topic(parse_hex(args.pubkey, "--pubkey")))
     return 0
 
 
 def _cmd_topic_channel(args: argparse.Namespace) -> int:
+    from wakustore.protocols import topics
+
     print(topics.channel_content_topic(parse_hex(args.pubkey, "--pubkey"), args.chat_id))
     return 0
 
 
 def _cmd_topic_magnet(args: argparse.Namespace) -> int:
+    from wakustore.protocols import topics
+
     print(topics.magnet_content_topic(parse_hex(args.pubkey, "--pubkey")))
     return 0
 
 
 def _cmd_topic_shard(args: argparse.Namespace) -> int:
+    from wakustore.protocols import topics
+
     print(topics.shard_pubsub_topic(args.cluster, args.index))
     return 0
 

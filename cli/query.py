@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wakustore.protocols import lightpush, store_v3
 from wakustore.protocols.errors import ProtocolError
-from wakustore.protocols.lightpush import LightpushStatus
 from wakustore.protocols.message import DEFAULT_MAX_TIME_DRIFT_NS, HASH_SIZE, WakuMessage, message_hash
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.usage import UsageError, parse_hex
@@ -32,6 +30,7 @@ from wakustore.usage import UsageError, parse_hex
 if TYPE_CHECKING:
     from wakustore.clients.backoff import Backoff
     from wakustore.clients.store import StoreClient
+    from wakustore.protocols import lightpush, store_v3
 
 EXIT_REFUSED = 1
 # clients.store.DEFAULT_TIMEOUT_S, a literal so that building the parser
@@ -261,6 +260,8 @@ async def _push_one(
     client: StoreClient, pubsub_topic: str, message: WakuMessage, legacy: bool, backoff: Backoff
 ) -> tuple[bool, bool, dict]:
     """Push, waiting out 429s; returns (accepted, still rate limited, JSON status line)."""
+    from wakustore.protocols.lightpush import LightpushStatus
+
     digest = message_hash(pubsub_topic, message).hex()
     if legacy:
         answer = await backoff.call(lambda: client.push_legacy(pubsub_topic, message), _legacy_limited)

@@ -17,7 +17,9 @@ meaningful exception out of them. An exception of a kind no failure mode
 raises still propagates with its traceback.
 
 py-libp2p is imported when a client connects, not when this module is
-imported: every ``wakustore`` command builds the whole parser.
+imported: every ``wakustore`` command builds the whole parser. Each
+protocol's codec is imported by the method that speaks it: ``push`` loads
+no Store codec, ``query`` no lightpush.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
 from wakustore.clients.backoff import Backoff, BackoffPolicy
 from wakustore.clients.failures import describe_failure, leaves
-from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 from wakustore.protocols.errors import FramingError, ProtocolError
 from wakustore.protocols.framing import (
     LIGHTPUSH_MAX_RESPONSE_SIZE,
@@ -44,6 +46,9 @@ from wakustore.protocols.framing import (
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.usage import UsageError
+
+if TYPE_CHECKING:
+    from wakustore.protocols import lightpush, metadata, store_v2, store_v3
 
 # Dialing, the Noise handshake and identify take ~0.1 s on loopback; 20 s
 # covers a slow peer across the world.
@@ -90,11 +95,17 @@ class StoreClient:
         connection fails later. Exceptions leave unwrapped from the host's
         exception groups: the body's own first, then a connection failure
         as ClientError; a group holding neither is re-raised as it is."""
+        from libp2p.network.config import ConnectionConfig
+
         from wakustore.transport.host import new_host, stop_auto_dialing
         from wakustore.transport.peers import PeerAddressError, connect
 
         info = parse_peer(peer)
-        host = new_host(websocket=True)
+        # At most one connection to the node: py-libp2p's dial waits out its
+        # 250 ms happy-eyeballs head start after the last address's dial too,
+        # unless the connections reach this cap; at one, the first connection
+        # ends the dial at once (a loopback dial takes ~10 ms, not 250).
+        host = new_host(websocket=True, connection_config=ConnectionConfig(max_connections_per_peer=1))
         try:
             async with host.run(listen_addrs=[]):
                 await stop_auto_dialing(host)
@@ -162,6 +173,8 @@ class StoreClient:
 
     async def query(self, query: HistoryQuery, request_id: str | None = None) -> store_v3.StoreResponse:
         """One Store v3 page; raises StoreError (300) for an unusable response."""
+        from wakustore.protocols import store_v3
+
         raw = await self.request(
             store_v3.PROTOCOL_ID,
             store_v3.encode_request(request_id or _request_id(), query),
@@ -195,6 +208,8 @@ class StoreClient:
 
     async def query_legacy(self, **request) -> store_v2.HistoryResult:
         """One legacy Store v2 page; ``request`` as :func:`store_v2.encode_request`."""
+        from wakustore.protocols import store_v2
+
         raw = await self.request(
             store_v2.PROTOCOL_ID, store_v2.encode_request(_request_id(), **request), STORE_MAX_RESPONSE_SIZE
         )
@@ -202,6 +217,8 @@ class StoreClient:
 
     async def push(self, pubsub_topic: str | None, message: WakuMessage) -> lightpush.PushResponseV3:
         """Lightpush v3; raises LightpushError (500) for an unusable response."""
+        from wakustore.protocols import lightpush
+
         raw = await self.request(
             lightpush.PROTOCOL_ID_V3,
             lightpush.encode_request_v3(_request_id(), pubsub_topic, message),
@@ -211,6 +228,8 @@ class StoreClient:
 
     async def push_legacy(self, pubsub_topic: str, message: WakuMessage) -> lightpush.PushResponseV2:
         """Lightpush v2beta1."""
+        from wakustore.protocols import lightpush
+
         raw = await self.request(
             lightpush.PROTOCOL_ID_V2,
             lightpush.encode_request_v2(_request_id(), pubsub_topic, message),
@@ -219,6 +238,8 @@ class StoreClient:
         return lightpush.decode_response_v2(raw)
 
     async def metadata(self, ours: metadata.Metadata) -> metadata.Metadata:
+        from wakustore.protocols import metadata
+
         raw = await self.request(metadata.PROTOCOL_ID, metadata.encode_request(ours), METADATA_MAX_SIZE)
         return metadata.decode_response(raw)
 

@@ -19,11 +19,16 @@ client can make the node hold is bounded:
 Connections are bounded by those times, not by a count: Hypercorn's trio
 worker has no connection cap, and a client that opens connections and
 sends nothing is dropped after :data:`READ_TIMEOUT_S`.
+
+Every HTTP/1.1 status line carries its standard reason phrase
+(``HTTP/1.1 200 OK``), which Hypercorn leaves empty: see
+:func:`_give_responses_reason_phrases`.
 """
 
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 import trio
@@ -152,12 +157,67 @@ def _hypercorn_config(host: str, port: int):
     return config
 
 
+def _reason_phrase(status: int) -> bytes:
+    """The standard reason phrase of ``status`` (http.HTTPStatus), b"" for a
+    code it does not name."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
+
+
+# The one Hypercorn method wrapped (below), pinned with Hypercorn itself
+# (pyproject.toml): an upgrade that changes it fails
+# tests/node/test_metrics.py until the wrap is reviewed against it.
+WRAPPED_HYPERCORN = "hypercorn.protocol.h11.H11Protocol._send_h11_event"
+WRAPPED_SOURCE_SHA256 = "5e40283daa303ec7f910e95145a9edd2b835fb54675ba1b1a560fbd58f136e19"
+
+
+def _give_responses_reason_phrases() -> None:
+    """Make Hypercorn's HTTP/1.1 status lines carry the standard reason phrase.
+
+    Hypercorn builds h11's ``Response`` and ``InformationalResponse`` with a
+    status code and headers only (ASGI has no reason phrase to give it),
+    and h11 writes the reason it is given, b"" by default: every answer
+    went out as ``HTTP/1.1 200 `` (valid, but not what operators' tools and
+    people expect). Each event of Hypercorn's HTTP/1.1 protocol is sent
+    through ``H11Protocol._send_h11_event``: the applications' answers, and
+    Hypercorn's own (400 for a malformed request, 100 Continue). Wrapped
+    here, once per process, a response without a reason gets its phrase
+    before h11 writes it; nothing else of the event changes. HTTP/2 has no
+    reason phrase. Hypercorn serves only this module's listeners in a
+    node's process."""
+    import h11
+    from hypercorn.protocol.h11 import H11Protocol
+
+    send = H11Protocol._send_h11_event
+    if getattr(send, "gives_reason_phrases", False):
+        return
+
+    async def _send_h11_event(self, event) -> None:
+        if isinstance(event, (h11.Response, h11.InformationalResponse)) and not event.reason:
+            reason = _reason_phrase(event.status_code)
+            if reason:
+                event = type(event)(
+                    headers=event.headers,
+                    status_code=event.status_code,
+                    http_version=event.http_version,
+                    reason=reason,
+                )
+        await send(self, event)
+
+    _send_h11_event.gives_reason_phrases = True  # type: ignore[attr-defined]
+    _send_h11_event.wrapped = send  # type: ignore[attr-defined]
+    H11Protocol._send_h11_event = _send_h11_event  # type: ignore[method-assign]
+
+
 async def serve_app(app: Any, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` (ASGI) on ``host:port`` (0: a port from the kernel)
     until cancelled; ``task_status.started`` gets the port. Raises OSError
     when the address cannot be bound."""
     import hypercorn.trio
 
+    _give_responses_reason_phrases()
     config = _hypercorn_config(host, port)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(

@@ -127,9 +127,15 @@ def test_containerfiles_copy_existing_paths():
 
 
 def test_containerfile_copies_every_package_folder():
-    """`pip install .` in the image needs every folder pyproject.toml maps."""
+    """`pip install .` in the image needs the folder pyproject.toml finds
+    the packages under (src/, links) and every folder a package's link
+    leads to."""
     root = DEPLOY.parent
-    folders = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    base = root / setuptools["package-dir"][""]
+    folders = {setuptools["package-dir"][""]} | {
+        str((base / package.replace(".", "/")).resolve().relative_to(root)) for package in setuptools["packages"]
+    }
     copied = {
         line.split()[1]
         for line in (DEPLOY / "container" / "Containerfile").read_text().splitlines()

@@ -42,10 +42,14 @@ COMMANDS_AND_BENCHMARKS = ("wakustore.cli", "wakustore.bench")
 
 
 def package_dirs(root: Path = ROOT) -> dict[str, Path]:
-    """Package name -> folder, as pyproject.toml maps them."""
+    """Package name -> folder, as pyproject.toml lists the packages and the
+    one folder they are found under (``src/wakustore`` links to
+    ``wakustore/``, whose subpackages link to the folders at the root);
+    each folder is the one its link leads to."""
     with open(root / "pyproject.toml", "rb") as handle:
-        mapping = tomllib.load(handle)["tool"]["setuptools"]["package-dir"]
-    return {package: root / folder for package, folder in mapping.items()}
+        setuptools = tomllib.load(handle)["tool"]["setuptools"]
+    base = root / setuptools["package-dir"][""]
+    return {package: (base / package.replace(".", "/")).resolve() for package in setuptools["packages"]}
 
 
 def modules(packages: dict[str, Path]) -> dict[str, Path]:
@@ -226,7 +230,7 @@ def test_the_checks_catch_a_cycle_through_a_function_local_import(tmp_path):
     (folder / "b.py").write_text("def f():\n    from pkg.c import g\n")
     (folder / "c.py").write_text("import trio\n\ndef g():\n    from .a import x\n")
     (folder / "d.py").write_text("from pkg import c\n")
-    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"pkg" = "pkg"\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["pkg"]\npackage-dir = {"" = "."}\n')
     graph, roots = import_graph(package_dirs(tmp_path))
     assert graph["pkg.a"] == {"pkg", "pkg.b"}  # `from . import b` runs pkg/__init__.py too
     assert graph["pkg.d"] == {"pkg", "pkg.c"}

@@ -50,6 +50,52 @@ def test_metrics_health_and_bad_requests():
     trio.run(main)
 
 
+def test_the_hypercorn_method_wrapped_for_reason_phrases_is_unchanged_upstream():
+    """A Hypercorn upgrade that changes the method node/http.py wraps fails
+    here until the wrap is reviewed against the new code."""
+    import hashlib
+    import inspect
+
+    from hypercorn.protocol.h11 import H11Protocol
+
+    from wakustore.node import http
+
+    method = H11Protocol._send_h11_event
+    upstream = getattr(method, "wrapped", method)  # the wrap may be in place already
+    source = inspect.getsource(upstream).encode()
+    assert hashlib.sha256(source).hexdigest() == http.WRAPPED_SOURCE_SHA256, (
+        f"{http.WRAPPED_HYPERCORN} changed upstream: review node/http.py's wrap"
+    )
+
+
+def test_status_lines_carry_the_standard_reason_phrase():
+    """`HTTP/1.1 200 OK`, not Hypercorn's `HTTP/1.1 200 ` (node/http.py):
+    the application's answers, the bounds' own (431) and Hypercorn's (400)."""
+    state = {"ok": True}
+
+    def status_line(answer: bytes) -> bytes:
+        return answer.split(b"\r\n", 1)[0]
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_http, 0, "127.0.0.1", NodeMetrics(), lambda: dict(state))
+            ask = b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n"
+            assert status_line(await _get(port, ask % b"/health")) == b"HTTP/1.1 200 OK"
+            assert status_line(await _get(port, ask % b"/metrics")) == b"HTTP/1.1 200 OK"
+            assert status_line(await _get(port, ask % b"/nope")) == b"HTTP/1.1 404 Not Found"
+            headers = b"".join(b"x-%d: y\r\n" % i for i in range(100))
+            too_many = b"GET /health HTTP/1.1\r\nhost: x\r\n" + headers + b"\r\n"
+            assert status_line(await _get(port, too_many)) == b"HTTP/1.1 431 Request Header Fields Too Large"
+            assert status_line(await _get(port, b"GET /health HTTP/1.1\r\nbad header\r\n\r\n")) == (
+                b"HTTP/1.1 400 Bad Request"
+            )
+            state["ok"] = False
+            assert status_line(await _get(port, ask % b"/health")) == b"HTTP/1.1 503 Service Unavailable"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def _samples(metrics: NodeMetrics) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -328,7 +328,7 @@ def test_the_node_process_settings_are_made_once_in_one_place(monkeypatch, tmp_p
     assert intervals == [process.GIL_SWITCH_INTERVAL_S] * 2
     assert len(libp2p_log.filters) == 1
     assert all(any("malloc arenas" in s for s in done) for done in (owned, shared))
-    # A refused relay stream is logged at DEBUG; other errors pass.
+    # A refused relay stream and a failed identify are logged at DEBUG; other errors pass.
     refused = logging.LogRecord(
         "libp2p.host.basic_host",
         logging.ERROR,
@@ -338,8 +338,26 @@ def test_the_node_process_settings_are_made_once_in_one_place(monkeypatch, tmp_p
         None,
         None,
     )
+    identify = logging.LogRecord(
+        "libp2p.host.basic_host",
+        logging.ERROR,
+        __file__,
+        1,
+        "Failed to open stream to peer 16Uiu2:\n  Error: connection closed\n  Protocols: ['/ipfs/id/1.0.0']\n",
+        None,
+        None,
+    )
     other = logging.LogRecord("libp2p.host.basic_host", logging.ERROR, __file__, 1, "something else", None, None)
-    assert [libp2p_log.filters[0].filter(r) for r in (refused, other)] == [False, True]
+    store = logging.LogRecord(
+        "libp2p.host.basic_host",
+        logging.ERROR,
+        __file__,
+        1,
+        "Failed to open stream to peer 16Uiu2:\n  Protocols: ['/vac/waku/store-query/3.0.0']\n",
+        None,
+        None,
+    )
+    assert [libp2p_log.filters[0].filter(r) for r in (refused, identify, other, store)] == [False, False, True, True]
 
 
 def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics(engine, tmp_path):

@@ -182,9 +182,21 @@ def _streams_of(writes: list[list[tuple]], stream_ids: set[int]) -> list[list[tu
     return [[f for f in frames if f[2] in stream_ids] for frames in writes if any(f[2] in stream_ids for f in frames)]
 
 
-def test_a_request_costs_the_dialer_one_write_and_the_node_one(tmp_path, session_writes):
+def test_a_request_costs_the_dialer_one_write_and_the_node_one(tmp_path, session_writes, monkeypatch):
     config, handlers = _metadata_node(tmp_path)
     opened = []
+    requester = []
+    # The streams the requests open: the client's identify, which starts
+    # with the connection, opens one of its own at the same time.
+    open_stream = ours.Yamux.open_stream
+
+    async def recording(self):
+        stream = await open_stream(self)
+        if trio.lowlevel.current_task() in requester:
+            opened.append(stream.stream_id)
+        return stream
+
+    monkeypatch.setattr(ours.Yamux, "open_stream", recording)
 
     held = []
 
@@ -192,12 +204,10 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_one(tmp_path, session
         async with running_host(config, handlers, answer_first=handlers) as (host, info):
             addr = next(a for a in info.multiaddrs if "/ws/" not in a)
             async with StoreClient.connect(addr) as client:
-                conn = client.host.get_network().get_connections(client.peer_id)[0].muxed_conn
+                requester.append(trio.lowlevel.current_task())
                 answers = []
                 for _ in range(3):
-                    first = conn.next_stream_id
                     answers.append(await client.metadata(metadata.Metadata(cluster_id=16, shards=(0,))))
-                    opened.append(first)
                 # Nothing held back for streams that are done.
                 for conns in host.get_network().connections.values():
                     for node_conn in conns:
@@ -207,6 +217,7 @@ def test_a_request_costs_the_dialer_one_write_and_the_node_one(tmp_path, session
     answers = _run(main)
     assert held and all(acks == set() and ahead == {} for acks, ahead in held)
     assert [(a.cluster_id, a.shards) for a in answers] == [(16, (0, 1))] * 3
+    assert len(opened) == 3
     syn, ack, fin = yamux.FLAG_SYN, yamux.FLAG_ACK, yamux.FLAG_FIN
     wu, data = yamux.TYPE_WINDOW_UPDATE, yamux.TYPE_DATA
     for sid in opened:
