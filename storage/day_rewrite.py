@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,12 +64,14 @@ CHUNK_ROWS = 8192
 _SORT_KEYS = [("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")]
 
 
-def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
+def rewrite_day(uri: str, day: dt.date, row_group_rows: int, paths: Collection[str] | None = None) -> bool:
     """Rewrite the files of ``day`` of the Delta table at ``uri`` (a local
-    path) as sorted files; False (nothing done) when the day holds at most
-    one file or has rows deleted by deletion vectors (the caller rewrites
-    it another way). Raises ``deltalake``'s CommitFailedError when another
-    writer removed one of the day's files meanwhile."""
+    path) as sorted files, or those of them named in ``paths`` (as the log
+    names them; the day's other files stay); False (nothing done) when
+    that is at most one file or the table has rows deleted by deletion
+    vectors (the caller rewrites it another way). Raises ``deltalake``'s
+    CommitFailedError when another writer removed one of the files
+    meanwhile."""
     import time
 
     from deltalake import DeltaTable
@@ -82,7 +84,7 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
     files = [
         (path, size)
         for path, size, file_day in zip(actions["path"], actions["size_bytes"], actions.get("partition.day", []))
-        if _as_day(file_day) == day
+        if _as_day(file_day) == day and (paths is None or path in paths)
     ]
     if len(files) <= 1:
         return False
@@ -96,6 +98,7 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int) -> bool:
         durable=True,
         bloom_columns=("muid", "message_hash"),
         paged=True,
+        sorted_rows=True,
     )
     try:
         runs, pairs, stamps = _write_runs(uri, files, str(staging))

@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 import pyarrow as pa
 
 from wakustore import allocator
-from wakustore.storage import day_rewrite, schema
+from wakustore.storage import day_rewrite, schema, window_files
 from wakustore.storage.staging import is_local
 from wakustore.storage.table import DeltaTableRef
 
@@ -264,10 +264,11 @@ def _writer_properties():
 
 
 def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = True) -> dict[str, int]:
-    """Rewrite finished days with more than one file into sorted files
-    (streamed, :mod:`day_rewrite`, on a table of this machine; else read
-    whole, with bloom filters on the keys); bin-pack today once it has
-    many files."""
+    """Rewrite finished days into sorted files (streamed,
+    :mod:`day_rewrite`, on a table of this machine: only the files
+    :func:`files_to_rewrite` names; else the whole day read at once, with
+    bloom filters on the keys, when it has more than one file); bin-pack
+    today once it has many files."""
     if not table.engine.is_embedded:
         table.engine.run(
             lambda spark: spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect()
@@ -275,23 +276,19 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
         return {"optimized": 1}
     from deltalake import DeltaTable, write_deltalake
 
-    files_per_day: dict[dt.date, int] = {}
-    actions = _actions(table) or {"partition.day": []}
-    for day in actions["partition.day"]:
+    files_of_day: dict[dt.date, list[tuple[str, int]]] = {}
+    actions = _actions(table) or {"partition.day": [], "path": [], "size_bytes": []}
+    for day, path, size in zip(actions["partition.day"], actions["path"], actions["size_bytes"]):
         day = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
-        files_per_day[day] = files_per_day.get(day, 0) + 1
+        files_of_day.setdefault(day, []).append((path, int(size)))
     rewritten = 0
     local = is_local(table.uri)
-    for day, files in sorted(files_per_day.items()):
-        if (
-            day < today
-            and files > 1
-            and rewrite_finished_days
-            and local
-            and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS)
-        ):
+    for day, day_files in sorted(files_of_day.items()):
+        files = len(day_files)
+        redo = files_to_rewrite(day_files) if day < today and rewrite_finished_days and local else []
+        if redo and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS, set(redo)):
             rewritten += 1  # streamed: the node never holds the day
-        elif day < today and files > 1 and rewrite_finished_days:
+        elif day < today and files > 1 and rewrite_finished_days and not local:
             dtable = DeltaTable(table.uri)
             data = dtable.to_pyarrow_table(filters=[("day", "=", day)])
             data = data.sort_by(
@@ -314,6 +311,24 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
             )
             rewritten += 1
     return {"days_rewritten": rewritten}
+
+
+# A sorted file under this size is merged again with a finished day's
+# late rows: a day ends as files of day_rewrite.TARGET_FILE_BYTES and at
+# most one smaller one.
+SMALL_SORTED_BYTES = day_rewrite.TARGET_FILE_BYTES // 8
+
+
+def files_to_rewrite(files: list[tuple[str, int]]) -> list[str]:
+    """Of a finished day's files (path, bytes), those its compaction
+    merges into sorted files: every file not written sorted (ingest
+    commits, imports, rows that arrived after the day was compacted) and
+    the small sorted ones, once they are two or more; none otherwise. A
+    day compacted before is not rewritten whole for a few late rows (a day
+    of status.prod is ~1 GB, and every run would rewrite every day), and
+    its large sorted files are never read again."""
+    redo = [path for path, size in files if not window_files.is_sorted_file(path) or size < SMALL_SORTED_BYTES]
+    return redo if len(redo) >= 2 else []
 
 
 # A table a fleet shares is written by MERGE, and each MERGE reads every

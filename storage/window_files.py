@@ -86,6 +86,21 @@ class FileLayout:
     # Data pages of parquet_pages.PAGE_ROWS rows in every column and the
     # page index: a lookup reads the pages of its rows, not their row groups.
     paged: bool = False
+    # The rows come in the reader's order (a finished day's compaction,
+    # storage/day_rewrite.py): the files are named so (SORTED_PREFIX), and
+    # a later compaction leaves them as they are.
+    sorted_rows: bool = False
+
+
+# The name of a file written in the reader's order: see is_sorted_file.
+SORTED_PREFIX = "part-sorted-"
+
+
+def is_sorted_file(path: str) -> bool:
+    """Was the data file at ``path`` (as the Delta log names it) written by
+    a compaction, its rows in the reader's order? Engine and import files
+    are named ``part-<n>-<uuid>`` or ``part-<uuid>``."""
+    return os.path.basename(path).startswith(SORTED_PREFIX)
 
 
 # fsynced: a window's files (an import's) are named by the commit that follows.
@@ -313,7 +328,8 @@ class _File:
     def __init__(self, root: Path, day: str, layout: FileLayout):
         self.day = day
         self.layout = layout
-        self.relative = f"{schema.MESSAGES_PARTITION}={day}/part-{uuid.uuid4()}-c000.snappy.parquet"
+        prefix = SORTED_PREFIX if layout.sorted_rows else "part-"
+        self.relative = f"{schema.MESSAGES_PARTITION}={day}/{prefix}{uuid.uuid4()}-c000.snappy.parquet"
         self.path = root / self.relative
         self.path.parent.mkdir(parents=True, exist_ok=True)
         blooms = {name: {"ndv": layout.row_group_rows, "fpp": layout.bloom_fpp} for name in layout.bloom_columns}

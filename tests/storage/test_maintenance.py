@@ -204,3 +204,52 @@ def test_rewrite_lock_lets_one_holder_rewrite_at_a_time(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_compacted_day_is_not_rewritten_again_and_late_rows_are_merged_apart(engine, tmp_path, monkeypatch):
+    """A finished day is rewritten into sorted files once. The next runs
+    leave those files as they are (a status.prod day is ~1 GB in two or
+    more files; rewriting it at every run rewrote every day every hour);
+    rows that arrive after it are merged among themselves once they are
+    two files, and the day keeps every row."""
+    from wakustore.storage import day_rewrite, window_files
+
+    # Files of one 16-row chunk each, so that a small day makes several.
+    monkeypatch.setattr(maintenance, "ROW_GROUP_ROWS", 16)
+    monkeypatch.setattr(day_rewrite, "CHUNK_ROWS", 16)
+    monkeypatch.setattr(day_rewrite, "TARGET_FILE_BYTES", 1)
+    monkeypatch.setattr(maintenance, "SMALL_SORTED_BYTES", 0)
+    store = MessageStore(DeltaTableRef(engine, str(tmp_path / "m")), tmp_path / "wal")
+    store.open()
+    try:
+
+        def put(tag: bytes, count: int) -> None:
+            store.put(
+                [
+                    (PUBSUB, WakuMessage(tag + b"%d" % i, "/app/1/c/proto", timestamp=DAY0 + i * 10**9), 0)
+                    for i in range(count)
+                ]
+            )
+            store.flush()
+
+        def day_files() -> set[str]:
+            actions = maintenance._actions(store.table)
+            return set(actions["path"])
+
+        put(b"a", 50)
+        put(b"b", 50)
+        assert maintenance.compact(store.table, today=dt.date(2026, 10, 2)) == {"days_rewritten": 1}
+        sorted_files = day_files()
+        assert len(sorted_files) == 7 and all(window_files.is_sorted_file(p) for p in sorted_files)
+        assert maintenance.compact(store.table, today=dt.date(2026, 10, 2)) == {"days_rewritten": 0}
+        assert day_files() == sorted_files
+        put(b"late-1-", 1)  # one late file: read as it is
+        assert maintenance.compact(store.table, today=dt.date(2026, 10, 2)) == {"days_rewritten": 0}
+        put(b"late-2-", 1)  # two: merged, and only they
+        assert maintenance.compact(store.table, today=dt.date(2026, 10, 2)) == {"days_rewritten": 1}
+        after = day_files()
+        assert sorted_files < after and len(after - sorted_files) == 1
+        assert all(window_files.is_sorted_file(p) for p in after)
+        assert store.table.count() == 102
+    finally:
+        store.close()
