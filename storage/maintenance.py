@@ -473,9 +473,9 @@ def run_maintenance(
     apply ``policy`` (None: none) without deleting anything at or after
     ``keep_from_ns`` (the archive guard, see :func:`apply_retention`), let
     the store forget what left the table, compact, checkpoint, delete the
-    data files removed more than ``vacuum_hours`` ago (None: none; without
-    it a node's disk holds every day twice, written and compacted), and
-    measure."""
+    data files removed more than ``vacuum_hours`` ago (None: none; the
+    embedded engine only; without it a node's disk holds every day twice,
+    written and compacted), and measure."""
     store.flush()
     retention = None
     with rewrite_lock(store.table):
@@ -489,7 +489,8 @@ def run_maintenance(
     # building now rather than at the next look at the log.
     store.reader.committed()
     checkpoint(store.table)
-    vacuumed = vacuum(store.table, vacuum_hours) if vacuum_hours is not None else 0
+    # On a cluster, VACUUM is the operator's (`db vacuum`): Sail rejects it.
+    vacuumed = vacuum(store.table, vacuum_hours) if vacuum_hours is not None and store.table.engine.is_embedded else 0
     # A compaction streams a day through the C heap, and glibc keeps what
     # it freed: ~130 MB of a 330k-message day's, given back here.
     allocator.trim_heap()
