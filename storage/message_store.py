@@ -527,7 +527,7 @@ class MessageStore:
             "key_index": self.reader.index_bytes(),
             "row_group_cache": self.reader.cached_bytes(),
             "arrow_allocated": pa.total_allocated_bytes(),
-            "recent_keys": len(self.writes._recent),
+            "recent_keys": self.writes.recent_keys,
             "pending_rows": self.writes.pending,
         }
 

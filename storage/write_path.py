@@ -609,6 +609,11 @@ class WritePath(Generic[R]):
         if self.key_filter is not None:
             self.key_filter.add_columns(keys, days)
 
+    @property
+    def recent_keys(self) -> int:
+        """Keys in the recent set (duplicates caught without a lookup)."""
+        return len(self._recent)
+
     def forget_recent(self) -> None:
         """Rows left the table (retention, a window replace): the recent set
         may name keys that are no longer stored, and must not drop them as
