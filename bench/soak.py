@@ -167,13 +167,13 @@ def _chunk(matches: list[Entry], query: HistoryQuery, key) -> list[list[Entry]]:
 class NodeProcess:
     """``wakustore serve`` in a child process on kernel-chosen ports."""
 
-    def __init__(self, data_dir: Path, log_path: Path):
+    def __init__(self, data_dir: Path, log_path: Path, config_path: Path | None = None):
         self.data_dir = data_dir
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.peer = ""
         self.metrics_port = 0
-        self.config_path = data_dir.parent / f"{data_dir.name}.toml"
+        self.config_path = config_path or data_dir.parent / f"{data_dir.name}.toml"
         self.config_path.write_text(
             f'data_dir = "{data_dir}"\n'
             'listen_host = "127.0.0.1"\n'
@@ -284,6 +284,9 @@ class Totals:
 
 
 class Soak:
+    steps: tuple[str, ...] = STEPS
+    weights: tuple[int, ...] = STEP_WEIGHTS
+
     def __init__(self, work_dir: Path, seed: int, report: Callable[[str], None] = print, verbose: bool = False):
         self.verbose = verbose
         self.rng = random.Random(seed)
@@ -319,7 +322,7 @@ class Soak:
 
     def step(self, choice: str | None = None) -> None:
         if choice is None:
-            choice = self.rng.choices(STEPS, weights=STEP_WEIGHTS)[0]
+            choice = self.rng.choices(self.steps, weights=self.weights)[0]
         self.totals.steps += 1
         started = time.monotonic()
         stepped = started

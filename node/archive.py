@@ -37,7 +37,7 @@ from typing import TypeVar
 
 import trio
 
-from wakustore.durable import replace_durably
+from wakustore.durable import make_dirs, replace_durably
 from wakustore.node import archive_work
 from wakustore.protocols import archive, topics
 from wakustore.protocols.archive import ArchiveWriter, IndexEntry, Layout, MagnetLink, Window
@@ -228,7 +228,7 @@ def export_community(
     appended is cut off by the next export)."""
     layout, content_topics = Layout(settings.layout), settings.content_topics
     community_dir = settings.archive_dir / settings.community_id
-    community_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(community_dir)
     state = ControlState.load(settings.state_path, layout)
     if state.layout != layout.value:
         raise ArchiveError(f"{settings.archive_dir} holds {state.layout} archives, not {layout.value}")
@@ -735,7 +735,7 @@ class MemberRecord:
         return cls(**json.loads(path.read_text())) if path.exists() else cls()
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         replace_durably(path, json.dumps(asdict(self), indent=1).encode())
 
 

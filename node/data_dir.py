@@ -25,6 +25,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from wakustore.durable import make_dirs
 from wakustore.usage import UsageError
 
 LOCK_FILE = "LOCK"
@@ -123,7 +124,7 @@ def _make_dir(data_dir: Path) -> None:
     if data_dir.exists() and not data_dir.is_dir():
         raise DataDirError(f"data dir {data_dir} is not a directory")
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(data_dir)
     except OSError as exc:
         raise _path_error(data_dir, exc) from None
     # The lock file may exist already; the log and the table need new files.

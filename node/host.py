@@ -36,7 +36,7 @@ from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 
-from wakustore.durable import replace_durably
+from wakustore.durable import make_dirs, replace_durably
 from wakustore.node.config import NodeConfig
 from wakustore.node.limits import ConnectionLimits, Gatekeeper
 from wakustore.transport.host import answer_with_first_write, new_host, stop_auto_dialing
@@ -72,7 +72,7 @@ def load_or_create_key(data_dir: Path) -> KeyPair:
     directory end up with the same key. Raises :class:`HostError` for a key
     file that is not 64 hex digits of a valid secp256k1 secret.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(data_dir)
     path = data_dir / NODE_KEY_FILE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, NODE_KEY_MODE)

@@ -26,6 +26,7 @@ from pathlib import Path
 import coincurve
 import trio
 
+from wakustore.durable import make_dirs
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.protocols import ecies, rlpx
 from wakustore.protocols import mailserver as wms
@@ -211,7 +212,7 @@ def load_or_create_node_key(data_dir: Path) -> bytes:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
-        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        make_dirs(data_dir)
         key = coincurve.PrivateKey().secret
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from wakustore.durable import make_dirs
 from wakustore.node.config import NodeConfig
 from wakustore.node.disk import DiskGuard
 from wakustore.node.flush_loop import FlushLoop
@@ -361,7 +362,7 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
     With ``engine`` given, that started engine is used as it is and stays the
     caller's to close (tests share one engine between nodes).
     """
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(config.data_dir)
     # Flat MUID copies of an earlier version, replaced by the key index files.
     shutil.rmtree(config.data_dir / "muids", ignore_errors=True)
     owned = engine is None

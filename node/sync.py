@@ -78,7 +78,7 @@ from typing import Any
 import trio
 from libp2p.io.exceptions import IOException
 
-from wakustore.durable import replace_durably
+from wakustore.durable import make_dirs, replace_durably
 from wakustore.node.config import NodeConfig
 from wakustore.node.ingest import Ingest, Refused
 from wakustore.protocols import sync
@@ -626,7 +626,7 @@ def read_last_online(path: Path) -> int | None:
 def write_last_online(path: Path, now_ns: int) -> None:
     """Write ``now_ns`` to ``path`` atomically (a torn file reads as missing)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         replace_durably(path, f"{now_ns}\n".encode())
     except OSError as exc:
         log.warning("cannot write %s: %s", path, exc)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from wakustore.durable import make_dirs
 from wakustore.protocols.archive_records import Layout, RecordEncoder
 from wakustore.storage import archive_columns, schema
 from wakustore.storage.table import DeltaTableRef, sql_string
@@ -138,7 +139,7 @@ class SignerCache:
         if not len(hashes):
             return
         day_dir = self.directory / day.isoformat()
-        day_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(day_dir)
         table = pa.table([pa.array(hashes, pa.binary()), pa.array(signers, pa.binary())], schema=_SIGNERS)
         _write_ipc(day_dir / f"{uuid.uuid4().hex}.arrow", table)
         files = sorted(day_dir.glob("*.arrow"))

@@ -22,10 +22,23 @@ import os
 from pathlib import Path
 from urllib.parse import unquote
 
-from wakustore.durable import fsync_dir, fsync_file
+from wakustore.durable import fsync_dir, fsync_file, replace_durably
 
 _LOG = "_delta_log"
 _LAST_CHECKPOINT = "_last_checkpoint"
+# The newest version this node made durable, beside the log (Delta's
+# readers and VACUUM leave names starting with "_" alone): a version after
+# it may be torn by a power cut (storage/log_repair.py), none before it.
+SYNCED_MARKER = "_wakustore_synced"
+
+
+def read_synced_marker(root: str | os.PathLike) -> int:
+    """The version the marker names; -1 when there is none (or it is damaged)."""
+    try:
+        text = (Path(root) / SYNCED_MARKER).read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return -1
+    return int(text) if text.strip().isdigit() and text.endswith("\n") else -1
 
 
 class CommitSync:
@@ -35,10 +48,14 @@ class CommitSync:
         self.root = Path(root)
         self.synced_version = -1  # the first sync covers every commit in the log
         self.files_synced = 0
+        # Checkpoints are written for a version already synced (maintenance
+        # checkpoints after the commits): tracked by name, not by version.
+        self._checkpoints_synced: set[str] = set()
 
     def sync(self) -> int:
-        """fsync what the versions after the last sync wrote; returns the
-        newest version now durable (-1: no table yet)."""
+        """fsync what the versions after the last sync wrote, and any
+        checkpoint not synced yet; returns the newest version now durable
+        (-1: no table yet)."""
         log_dir = self.root / _LOG
         try:
             names = os.listdir(log_dir)
@@ -48,7 +65,9 @@ class CommitSync:
             int(name[:20]) for name in names if name.endswith(".json") and len(name) == 25 and name[:20].isdigit()
         )
         new = [version for version in commits if version > self.synced_version]
-        if not new:
+        checkpoints = {name for name in names if ".checkpoint." in name and name[:20].isdigit()}
+        new_checkpoints = sorted(checkpoints - self._checkpoints_synced)
+        if not new and not new_checkpoints:
             return self.synced_version
         files: set[Path] = set()
         for version in new:
@@ -62,14 +81,12 @@ class CommitSync:
             directories.add(path.parent)
         for directory in sorted(directories):
             fsync_dir(directory)
-        if directories - {self.root}:
-            fsync_dir(self.root)  # a new partition's directory
+        if directories - {self.root} or self.synced_version < 0:
+            fsync_dir(self.root)  # a new partition's directory; the log's
+        if self.synced_version < 0:
+            fsync_dir(self.root.parent)  # the table's own, made by the engine
         log_files = [log_dir / f"{version:020d}.json" for version in new]
-        log_files += [
-            log_dir / name
-            for name in names
-            if ".checkpoint." in name and name[:20].isdigit() and int(name[:20]) > self.synced_version
-        ]
+        log_files += [log_dir / name for name in new_checkpoints]
         if _LAST_CHECKPOINT in names:
             log_files.append(log_dir / _LAST_CHECKPOINT)
         for path in log_files:
@@ -78,8 +95,11 @@ class CommitSync:
             except FileNotFoundError:  # trimmed meanwhile: a checkpoint covers it
                 continue
         fsync_dir(log_dir)
+        self._checkpoints_synced = checkpoints
         self.files_synced += len(files)
-        self.synced_version = new[-1]
+        if new:
+            replace_durably(self.root / SYNCED_MARKER, f"{new[-1]}\n".encode())
+            self.synced_version = new[-1]
         return self.synced_version
 
     def _added(self, entry: Path) -> list[Path]:

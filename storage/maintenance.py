@@ -310,6 +310,7 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
                 partition_filters=[("day", "=", day.isoformat())], writer_properties=_writer_properties()
             )
             rewritten += 1
+    table.sync_commits()
     return {"days_rewritten": rewritten}
 
 
@@ -438,6 +439,7 @@ def checkpoint(table: DeltaTableRef) -> None:
         from deltalake import DeltaTable
 
         DeltaTable(table.uri).create_checkpoint()
+        table.sync_commits()  # before a trim of the log relies on it
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from wakustore.protocols.store_query import (
     HistoryQuery,
     Page,
 )
-from wakustore.storage import maintenance, schema
+from wakustore.storage import log_repair, maintenance, schema
 from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, HotTier
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
@@ -241,6 +241,7 @@ class MessageStore:
         self.reader = reader
         self._closing = threading.Event()
         self._filler: threading.Thread | None = None
+        self.repaired = log_repair.Repair()  # what open() put aside of the table's log
         # Threads inside in_use(), which close() waits for.
         self._users = 0
         self._users_changed = threading.Condition()
@@ -316,6 +317,10 @@ class MessageStore:
 
     def open(self) -> int:
         """Create the table if needed and replay the log; returns replayed count."""
+        if not self.config.shared_table and is_local(self.table.uri):
+            # Before anything reads it: versions a power cut tore are put
+            # aside (their rows are still in the write-ahead log).
+            self.repaired = log_repair.repair(self.table.uri.removeprefix("file://"))
         self.table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "wakustore messages")
         # Open the reader and build its hash index now rather than on the
         # first page (it reads every file's hash column once: 1.3 s for

@@ -368,10 +368,15 @@ class DeltaTableRef:
                 spark.catalog.dropTempView(view)
             return _inserted_rows(result)
 
-        return self.engine.run(run)
+        inserted = self.engine.run(run)
+        self.sync_commits()
+        return inserted
 
     def delete_where(self, predicate: str) -> None:
+        """One transaction: delete the rows ``predicate`` matches, durably
+        (a retention that a power cut undid would serve its rows again)."""
         self.engine.run(lambda spark: spark.sql(f"DELETE FROM delta.`{self.uri}` WHERE {predicate}").collect())
+        self.sync_commits()
 
     # --- reads -------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from wakustore.durable import fsync_dir
+from wakustore.durable import fsync_dir, make_dirs
 
 _FRAME = struct.Struct(">II")
 
@@ -62,7 +62,7 @@ class WriteAheadLog:
 
     def __init__(self, directory: Path | str, segment_size: int = DEFAULT_SEGMENT_SIZE):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         self._segment_size = segment_size
         self._lock = threading.Lock()
         self._segments = self._scan()

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wakustore.durable import fsync_dir
+from wakustore.durable import fsync_dir, make_dirs
 from wakustore.storage import parquet_pages, schema
 from wakustore.storage.engine import CommitConflict, commit_conflict
 
@@ -331,7 +331,7 @@ class _File:
         prefix = SORTED_PREFIX if layout.sorted_rows else "part-"
         self.relative = f"{schema.MESSAGES_PARTITION}={day}/{prefix}{uuid.uuid4()}-c000.snappy.parquet"
         self.path = root / self.relative
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         blooms = {name: {"ndv": layout.row_group_rows, "fpp": layout.bloom_fpp} for name in layout.bloom_columns}
         self.writer = pq.ParquetWriter(
             str(self.path),

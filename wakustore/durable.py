@@ -38,6 +38,29 @@ def replace_durably(path: str | os.PathLike, chunks: bytes | Iterable[bytes | me
     fsync_dir(path.parent)
 
 
+def make_dirs(path: str | os.PathLike) -> Path:
+    """``mkdir -p``, durably: each directory created, and ``path`` itself,
+    is fsynced into its parent (a new directory whose parent was never
+    synced vanishes at a power cut with everything written beneath it)."""
+    path = Path(path)
+    missing = []
+    cursor = path
+    while not cursor.is_dir():
+        missing.append(cursor)
+        if cursor.parent == cursor:
+            break
+        cursor = cursor.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            pass
+        fsync_dir(directory.parent)
+    if not missing:
+        fsync_dir(path.parent)
+    return path
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make the entries of ``directory`` (a rename, a new or removed file) durable."""
     fsync_file(directory)

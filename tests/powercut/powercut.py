@@ -1,0 +1,233 @@
+"""The soak with power cuts: the node's data dir on a file system that
+forgets what was not fsynced (crashfs.py).
+
+Every SIGKILL of the soak (a kill after acknowledgements, a kill in the
+middle of a push stream, a kill before offline maintenance) becomes a
+power cut: the node and its engine are killed, then the file system keeps
+only what was synced, plus a seeded random prefix of the rest, its last
+write torn. The node restarts on what survived and the soak's model
+checks every page. After each cut the whole history is audited by hash:
+an acknowledged message missing is *lost*, one answered twice is *served
+twice*, one the model dropped (retention, a window replace) is *revived*.
+
+``make powercut`` runs it for as long as asked (``POWERCUT_MINUTES``);
+the test suite runs a bounded number of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wakustore.bench.soak import PUBSUB_TOPICS, STEP_WEIGHTS, STEPS, Mismatch, NodeProcess, Soak
+
+CRASHFS = Path(__file__).with_name("crashfs.py")
+MOUNT_TIMEOUT_S = 30.0
+
+
+def ensure_fuse() -> None:
+    """libfuse 3 (Debian's fuse3), installed when missing; /dev/fuse must exist."""
+    if not os.path.exists("/dev/fuse"):
+        raise RuntimeError("/dev/fuse is missing: the power-cut test needs FUSE")
+    if ctypes.util.find_library("fuse3"):
+        return
+    install = ["apt-get", "install", "-y", "fuse3"]
+    if subprocess.run(install, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True)
+        subprocess.run(install, capture_output=True)
+    if not ctypes.util.find_library("fuse3"):
+        raise RuntimeError("libfuse3 is not installed and `apt-get install -y fuse3` did not install it")
+
+
+class CrashMount:
+    """crashfs in a child process, mounted at ``work_dir/mnt``."""
+
+    def __init__(self, work_dir: Path):
+        self.path = work_dir / "mnt"
+        self.control = work_dir / "crashfs.sock"
+        self.log_path = work_dir / "crashfs.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        ensure_fuse()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.control.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(CRASHFS), str(self.path), str(self.control)], stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not (os.path.ismount(self.path) and self.control.exists()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"crashfs did not mount at {self.path}; see {self.log_path}")
+            time.sleep(0.05)
+
+    def ask(self, command: str) -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(120)
+            connection.connect(str(self.control))
+            connection.sendall(command.encode() + b"\n")
+            return json.loads(connection.makefile("r").readline())
+
+    def cut(self, seed: int, strict: bool = False) -> dict:
+        return self.ask(f"cut {seed}{' strict' if strict else ''}")
+
+    def close(self) -> None:
+        if self.process is None:
+            return
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+class _CutNode(NodeProcess):
+    """A node whose SIGKILL is a power cut."""
+
+    def __init__(self, *args, on_kill: Callable[[], None], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_kill = on_kill
+
+    def kill(self) -> None:
+        was_running = self.process is not None
+        super().kill()
+        if was_running:
+            self.on_kill()
+
+
+@dataclass
+class CutTotals:
+    cuts: int = 0
+    writes_lost: int = 0
+    writes_torn: int = 0
+    names_lost: int = 0
+    lost: int = 0
+    twice: int = 0
+    revived: int = 0
+
+
+class PowerCut(Soak):
+    # Kills are power cuts here: more of them than in the soak.
+    weights = tuple(w * 3 if s in ("kill", "kill_mid_push") else w for s, w in zip(STEPS, STEP_WEIGHTS, strict=True))
+
+    def __init__(self, work_dir: Path, seed: int, report: Callable[[str], None] = print, verbose: bool = False):
+        super().__init__(work_dir, seed, report=report, verbose=verbose)
+        self.mount = CrashMount(work_dir)
+        self.data_dir = self.mount.path / "node"
+        self.node = _CutNode(self.data_dir, work_dir / "node.log", work_dir / "node.toml", on_kill=self._cut)
+        self.cuts = CutTotals()
+        self._audit_due = False
+
+    def run(self, *args, **kwargs):
+        self.mount.start()
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self.mount.close()
+
+    def line(self) -> str:
+        t, c = self.totals, self.cuts
+        return (
+            f"powercut: {t.steps} steps, {c.cuts} cuts, {len(self.model.rows)} acknowledged messages kept "
+            f"({t.pushed} pushed), {c.lost} lost, {c.twice} served twice, {c.revived} revived; "
+            f"{c.writes_lost} unsynced writes dropped, {c.writes_torn} torn, {c.names_lost} unsynced names dropped; "
+            f"{t.maintenance} maintenance runs, {t.pages} pages compared, {t.mismatches} mismatches"
+        )
+
+    def _cut(self) -> None:
+        """Power off: the soak's own engine goes too (it read the old disk)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        result = self.mount.cut(self.rng.randrange(2**32))
+        self.cuts.cuts += 1
+        self.cuts.writes_lost += result["writes_lost"]
+        self.cuts.writes_torn += result["writes_torn"]
+        self.cuts.names_lost += result["names_lost"]
+        self._audit_due = True
+        if self.verbose:
+            self.report(f"powercut: cut {self.cuts.cuts}: {result}")
+
+    def check(self) -> None:
+        if self._audit_due and self.node.process is not None:
+            self._audit_due = False
+            self._trio(self._audit)
+        super().check()
+
+    async def _audit(self) -> None:
+        """Every stored hash, once each, against the model."""
+        from wakustore.bench.soak import CONTENT_TOPICS
+        from wakustore.clients.store import StoreClient
+        from wakustore.protocols.store_query import HistoryQuery
+
+        seen: dict[bytes, int] = {}
+        async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
+            for pubsub in PUBSUB_TOPICS:
+                cursor = None
+                while True:
+                    query = HistoryQuery(
+                        pubsub_topic=pubsub,
+                        content_topics=CONTENT_TOPICS,
+                        include_data=False,
+                        limit=100,
+                        cursor=cursor,
+                    )
+                    response = await self._answered(lambda q=query: client.query(q))
+                    for found in response.messages:
+                        seen[found.message_hash] = seen.get(found.message_hash, 0) + 1
+                    cursor = response.cursor
+                    if cursor is None:
+                        break
+        expected = {e.hash for e in self.model.rows.values()}
+        lost = len(expected - seen.keys())
+        twice = sum(1 for count in seen.values() if count > 1)
+        revived = len(seen.keys() - expected)
+        self.cuts.lost += lost
+        self.cuts.twice += twice
+        self.cuts.revived += revived
+        if lost or twice or revived:
+            raise Mismatch(f"after cut {self.cuts.cuts}: {lost} lost, {twice} served twice, {revived} revived")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--work-dir", type=Path)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time())
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="wakustore-powercut-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from wakustore.clients.store import quiet_libp2p
+
+    quiet_libp2p()
+    run = PowerCut(work, seed, report=lambda line: print(line, flush=True), verbose=args.verbose)
+    try:
+        run.run(deadline=time.monotonic() + args.minutes * 60)
+    except Mismatch:
+        print(run.line(), flush=True)
+        return 1
+    print(run.line(), flush=True)
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
