@@ -201,7 +201,7 @@ def open_envelope_store(config, engine) -> EnvelopeStore:
         flush_interval_s=config.flush_interval_s,
         flush_max_envelopes=config.flush_max_messages,
     )
-    store.open()
+    store.open(owned=not config.shared_table)
     return store
 
 

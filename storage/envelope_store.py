@@ -108,7 +108,11 @@ class EnvelopeStore:
         self.table = table
         self.writes = WritePath(table, wal_dir, ENVELOPE_CODEC, RECENT_HASHES, flush_interval_s, flush_max_envelopes)
 
-    def open(self) -> int:
+    def open(self, owned: bool = True) -> int:
+        """Create the table if needed and replay the log; ``owned``: this
+        node alone writes the table (its torn log versions are put aside)."""
+        if owned:
+            self.table.repair_torn_log()
         self.table.ensure(schema.ENVELOPES, schema.ENVELOPES_PARTITION, "wakustore waku v1 envelopes")
         return self.writes.replay()
 

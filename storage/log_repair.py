@@ -106,8 +106,13 @@ def _actions(entry: Path) -> list[dict] | str:
 def _first_torn(root: Path, log_dir: Path, versions: list[int], after: int) -> tuple[int, str] | None:
     """The first version after ``after`` that is torn, with why."""
     checked = [v for v in versions if v > after]
+    if not checked:
+        return None
+    # The first version after the synced one must be there, unless a
+    # checkpoint covers what is gone (the log is trimmed behind one).
+    first = after + 1 if after >= 0 and not _checkpoint_from(log_dir, checked[0] - 1) else checked[0]
     parsed: dict[int, list[dict]] = {}
-    for expected, version in enumerate(checked, start=checked[0] if checked else 0):
+    for expected, version in enumerate(checked, start=first):
         if version != expected:
             return expected, f"version {expected} is missing"
         actions = _actions(log_dir / f"{version:020d}.json")
@@ -132,6 +137,15 @@ def _first_torn(root: Path, log_dir: Path, versions: list[int], after: int) -> t
             if why:
                 return version, f"version {version}: {why}"
     return None
+
+
+def _checkpoint_from(log_dir: Path, version: int) -> bool:
+    """Whether a checkpoint of ``version`` or later is in the log."""
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return False
+    return any(".checkpoint." in n and (v := _version(n)) is not None and v >= version for n in names)
 
 
 def _checkpoint_torn(log_dir: Path, names: list[str], after: int) -> list[str]:

@@ -320,7 +320,7 @@ class MessageStore:
         if not self.config.shared_table and is_local(self.table.uri):
             # Before anything reads it: versions a power cut tore are put
             # aside (their rows are still in the write-ahead log).
-            self.repaired = log_repair.repair(self.table.uri.removeprefix("file://"))
+            self.repaired = self.table.repair_torn_log()
         self.table.ensure(schema.MESSAGES, schema.MESSAGES_PARTITION, "wakustore messages")
         # Open the reader and build its hash index now rather than on the
         # first page (it reads every file's hash column once: 1.3 s for

@@ -100,6 +100,16 @@ class DeltaTableRef:
         (-1 on object storage, where a commit is durable when it returns)."""
         return -1 if self._commits is None else self._commits.sync()
 
+    def repair_torn_log(self):
+        """Put aside the log versions a power cut tore (storage/log_repair.py):
+        for a table this node alone writes on this machine's disk, before
+        anything reads it. Returns the :class:`log_repair.Repair`."""
+        from wakustore.storage import log_repair
+
+        if self._commits is None:
+            return log_repair.Repair()
+        return log_repair.repair(self._commits.root)
+
     # --- creation ----------------------------------------------------------
 
     def ensure(self, arrow_schema: pa.Schema, partition: str, description: str) -> None:

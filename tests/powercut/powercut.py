@@ -132,13 +132,49 @@ class PowerCut(Soak):
         self.node = _CutNode(self.data_dir, work_dir / "node.log", work_dir / "node.toml", on_kill=self._cut)
         self.cuts = CutTotals()
         self._audit_due = False
+        self.tables_verified = -1  # rows the final check read (-1: not run)
 
     def run(self, *args, **kwargs):
+        """The soak's steps (its last a cut, as the node is killed), then
+        the table on what survived, read by delta-rs and by the engine."""
         self.mount.start()
         try:
-            return super().run(*args, **kwargs)
+            totals = super().run(*args, **kwargs)
+            self.verify_table()
+            return totals
         finally:
             self.mount.close()
+
+    def verify_table(self) -> None:
+        """Restart on what the last cut left and let the node commit what
+        its log holds and stop; then the table holds each acknowledged
+        message once, for delta-rs and for the engine."""
+        from deltalake import DeltaTable
+
+        from wakustore.storage.engine import Engine
+
+        self.node.start()
+        self._wait(lambda h: h.get("ok") and h.get("pending_messages") == 0, "the log to be committed")
+        self.node.stop()
+        table = self.data_dir / "tables" / "messages"
+        expected = sorted(e.hash for e in self.model.rows.values())
+        by_delta_rs = sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["message_hash"]).column(0).to_pylist())
+        engine = Engine("embedded")
+        engine.start()
+        try:
+            rows = engine.run(
+                lambda spark: spark.read.format("delta").load(str(table)).select("message_hash").collect()
+            )
+        finally:
+            engine.close()
+        by_engine = sorted(bytes(row[0]) for row in rows)
+        for reader, got in (("delta-rs", by_delta_rs), ("the engine", by_engine)):
+            if got != expected:
+                missing, extra = len(set(expected) - set(got)), len(got) - len(set(got) & set(expected))
+                raise Mismatch(
+                    f"{reader} reads {len(got)} rows, the model {len(expected)}: {missing} missing, {extra} extra"
+                )
+        self.tables_verified = len(expected)
 
     def line(self) -> str:
         t, c = self.totals, self.cuts
@@ -147,6 +183,11 @@ class PowerCut(Soak):
             f"({t.pushed} pushed), {c.lost} lost, {c.twice} served twice, {c.revived} revived; "
             f"{c.writes_lost} unsynced writes dropped, {c.writes_torn} torn, {c.names_lost} unsynced names dropped; "
             f"{t.maintenance} maintenance runs, {t.pages} pages compared, {t.mismatches} mismatches"
+            + (
+                f"; the table read whole by delta-rs and the engine ({self.tables_verified} rows)"
+                if self.tables_verified >= 0
+                else ""
+            )
         )
 
     def _cut(self) -> None:
