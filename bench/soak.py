@@ -731,7 +731,8 @@ class Soak:
             store.close()
         self.node.start()
 
-    def _retain(self, store, cutoff_ns: int) -> None:
+    @staticmethod
+    def _retain(store, cutoff_ns: int) -> None:
         from wakustore.storage import maintenance
 
         maintenance.delete_before(store.table, cutoff_ns)

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from wakustore.durable import replace_durably
+from wakustore.durable import make_dirs, replace_durably
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -160,7 +160,7 @@ class IndexDirectory:
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = os.fspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
+        make_dirs(self.directory)
 
     def path_of(self, data_path: str) -> str:
         name = hashlib.blake2b(data_path.encode(), digest_size=16).hexdigest()

@@ -21,6 +21,7 @@ import ctypes.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wakustore.bench.soak import PUBSUB_TOPICS, STEP_WEIGHTS, STEPS, Mismatch, NodeProcess, Soak
+from wakustore.bench.soak import (
+    CLUSTER_ID,
+    CONTENT_TOPICS,
+    PUBSUB_TOPICS,
+    SHARDS,
+    STEP_WEIGHTS,
+    STEPS,
+    Entry,
+    Mismatch,
+    NodeProcess,
+    Soak,
+)
+from wakustore.protocols.message_codec import decode_message, encode_message
 
 CRASHFS = Path(__file__).with_name("crashfs.py")
 MOUNT_TIMEOUT_S = 30.0
@@ -119,6 +132,7 @@ class CutTotals:
     lost: int = 0
     twice: int = 0
     revived: int = 0
+    in_offline: int = 0  # cuts while a retention or a window replace ran
 
 
 class PowerCut(Soak):
@@ -176,10 +190,22 @@ class PowerCut(Soak):
                 )
         self.tables_verified = len(expected)
 
+    def repairs(self) -> int:
+        """Torn log versions the node (or the offline work) put aside."""
+        count = 0
+        for name in ("node.log", "offline.log"):
+            try:
+                with open(self.work_dir / name, "rb") as log:
+                    count += sum(line.count(b"what a power cut tore") for line in log)
+            except FileNotFoundError:
+                continue
+        return count
+
     def line(self) -> str:
         t, c = self.totals, self.cuts
         return (
-            f"powercut: {t.steps} steps, {c.cuts} cuts, {len(self.model.rows)} acknowledged messages kept "
+            f"powercut: {t.steps} steps, {c.cuts} cuts ({c.in_offline} during a retention or a window replace, "
+            f"{self.repairs()} torn logs repaired), {len(self.model.rows)} acknowledged messages kept "
             f"({t.pushed} pushed), {c.lost} lost, {c.twice} served twice, {c.revived} revived; "
             f"{c.writes_lost} unsynced writes dropped, {c.writes_torn} torn, {c.names_lost} unsynced names dropped; "
             f"{t.maintenance} maintenance runs, {t.pages} pages compared, {t.mismatches} mismatches"
@@ -189,6 +215,112 @@ class PowerCut(Soak):
                 else ""
             )
         )
+
+    # -- offline work in a child process, cut at a random moment ----------
+
+    def _step_maintain(self) -> None:
+        """Retention at a cutoff between messages, as the soak's, run by a
+        child process that a power cut may stop at any point."""
+        stamps = sorted({e.timestamp for e in self.model.rows.values()})
+        if len(stamps) < 4:
+            return
+        cutoff = stamps[self.rng.randint(1, max(1, len(stamps) // 3))]
+        removed = [e for e in self.model.rows.values() if e.timestamp < cutoff]
+        if self._offline_child({"kind": "retain", "cutoff": cutoff}, added=[], removed=removed):
+            self.model.retain(cutoff)
+        self.totals.maintenance += 1
+
+    def _step_replace(self) -> None:
+        """A window replace (an archive import's commit), in a child process
+        a power cut may stop."""
+        if not self.model.rows:
+            return
+        pivot = self.rng.choice(list(self.model.rows.values()))
+        start, end = pivot.timestamp - 2 * 10**9, pivot.timestamp + 2 * 10**9
+        topic = pivot.message.content_topic
+        inside = [
+            e for e in self.model.rows.values() if start <= e.timestamp < end and e.message.content_topic == topic
+        ]
+        kept = [e for e in inside if self.rng.random() < 0.6]
+        added = [
+            entry_of(*self._new_message(start + self.rng.randrange(end - start), topic))
+            for _ in range(self.rng.randint(1, 4))
+        ]
+        rows = kept + added
+        spec = {
+            "kind": "replace",
+            "start": start,
+            "end": end,
+            "topic": topic,
+            "rows": [[e.pubsub_topic, encode_message(e.message).hex(), e.timestamp] for e in rows],
+        }
+        removed = [e for e in inside if e not in kept]
+        if self._offline_child(spec, added=added, removed=removed):
+            self.model.replace_window(start, end, {topic}, rows)
+        self.totals.maintenance += 1
+
+    def _offline_child(self, spec: dict, added: list[Entry], removed: list[Entry]) -> bool:
+        """Stop the node, run ``spec`` on its data dir in a child process
+        (as `wakustore db` would), cut the power at a random moment of it
+        (or after it), restart the node; whether the work's commit survived,
+        as the node answers: all of it or none."""
+        if self.rng.random() < 0.5:
+            self.node.kill()
+            self.totals.node_kills += 1
+        else:
+            self.node.stop()
+        spec_path = self.work_dir / "offline.json"
+        spec_path.write_text(json.dumps(dict(spec, data_dir=str(self.data_dir))))
+        with open(self.work_dir / "offline.log", "ab") as log:
+            child = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), "--offline", str(spec_path)],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        try:
+            child.wait(timeout=self.rng.uniform(0.5, 12.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            self._cut()
+            self.cuts.in_offline += 1
+        else:
+            if child.returncode != 0:
+                raise RuntimeError(f"the offline work exited with {child.returncode}; see offline.log")
+            if self.rng.random() < 0.5:
+                self._cut()  # after it returned: what it did must survive
+        self.node.start()
+        return self._trio_result(self._happened, added, removed)
+
+    def _trio_result(self, function, *args):
+        out: list = []
+
+        async def main():
+            out.append(await function(*args))
+
+        self._trio(main)
+        return out[0]
+
+    async def _happened(self, added: list[Entry], removed: list[Entry]) -> bool:
+        from wakustore.clients.store import StoreClient
+        from wakustore.protocols.store_query import HistoryQuery
+
+        wanted = [e.hash for e in added + removed]
+        found: set[bytes] = set()
+        async with StoreClient.connect(self.node.peer, timeout_s=60) as client:
+            for i in range(0, len(wanted), 100):
+                query = HistoryQuery(message_hashes=tuple(wanted[i : i + 100]), limit=100, include_data=False)
+                response = await self._answered(lambda q=query: client.query(q))
+                found.update(m.message_hash for m in response.messages)
+        done = all(e.hash in found for e in added) and not any(e.hash in found for e in removed)
+        undone = not any(e.hash in found for e in added) and all(e.hash in found for e in removed)
+        if not (done or undone):
+            raise Mismatch(
+                f"offline {len(added)} added / {len(removed)} removed: half done after the cut "
+                f"({sum(e.hash in found for e in added)} added found, {sum(e.hash in found for e in removed)} removed found)"
+            )
+        return done
 
     def _cut(self) -> None:
         """Power off: the soak's own engine goes too (it read the old disk)."""
@@ -212,7 +344,6 @@ class PowerCut(Soak):
 
     async def _audit(self) -> None:
         """Every stored hash, once each, against the model."""
-        from wakustore.bench.soak import CONTENT_TOPICS
         from wakustore.clients.store import StoreClient
         from wakustore.protocols.store_query import HistoryQuery
 
@@ -245,7 +376,44 @@ class PowerCut(Soak):
             raise Mismatch(f"after cut {self.cuts.cuts}: {lost} lost, {twice} served twice, {revived} revived")
 
 
+def entry_of(pubsub_topic: str, message) -> Entry:
+    from wakustore.bench.soak import entry
+
+    return entry(pubsub_topic, message)
+
+
+def offline(spec_path: Path) -> int:
+    """The child's side of :meth:`PowerCut._offline_child`: the soak's own
+    offline work (open_store on the data dir, then retention or a window
+    replace), with an engine of its own."""
+    from wakustore.node.config import NodeConfig
+    from wakustore.node.store_service import open_store
+    from wakustore.storage.engine import Engine
+    from wakustore.storage.rows import Row
+
+    spec = json.loads(spec_path.read_text())
+    engine = Engine("embedded")
+    engine.start()
+    try:
+        config = NodeConfig(data_dir=Path(spec["data_dir"]), cluster_id=CLUSTER_ID, shards=list(SHARDS)).validate()
+        _, store = open_store(config, engine=engine)
+        try:
+            if spec["kind"] == "retain":
+                Soak._retain(store, spec["cutoff"])
+            else:
+                rows = [Row.build(p, decode_message(bytes.fromhex(m)), t) for p, m, t in spec["rows"]]
+                store.replace_window(spec["start"], spec["end"], [spec["topic"]], rows)
+        finally:
+            store.close()
+    finally:
+        engine.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--offline"]:
+        return offline(Path(argv[1]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int)
