@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 from urllib.parse import unquote
 
-from wakustore.durable import fsync_dir, fsync_file, replace_durably
+from wakustore.durable import fsync_dir, fsync_file
 
 _LOG = "_delta_log"
 _LAST_CHECKPOINT = "_last_checkpoint"
@@ -32,13 +33,39 @@ _LAST_CHECKPOINT = "_last_checkpoint"
 SYNCED_MARKER = "_wakustore_synced"
 
 
+_MARKER_BYTES = 30  # 20 digits, a space, 8 hex digits of the digits' CRC-32, a newline
+
+
+def _marker(version: int) -> bytes:
+    digits = f"{version:020d}".encode()
+    return digits + b" %08x\n" % zlib.crc32(digits)
+
+
 def read_synced_marker(root: str | os.PathLike) -> int:
-    """The version the marker names; -1 when there is none (or it is damaged)."""
+    """The version the marker names; -1 when there is none or it is torn
+    (then every version in the log is checked: slower, never wrong)."""
     try:
-        text = (Path(root) / SYNCED_MARKER).read_text()
-    except (FileNotFoundError, UnicodeDecodeError):
+        data = (Path(root) / SYNCED_MARKER).read_bytes()
+    except FileNotFoundError:
         return -1
-    return int(text) if text.strip().isdigit() and text.endswith("\n") else -1
+    if len(data) != _MARKER_BYTES or not data[:20].isdigit() or data != _marker(int(data[:20])):
+        return -1
+    return int(data[:20])
+
+
+def write_synced_marker(root: Path, version: int) -> None:
+    """Overwrite the marker in place and fsync it: one fsync a commit. The
+    write may tear at a power cut; the CRC then makes it read as none."""
+    path = root / SYNCED_MARKER
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, _marker(version), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(root)
 
 
 class CommitSync:
@@ -98,7 +125,7 @@ class CommitSync:
         self._checkpoints_synced = checkpoints
         self.files_synced += len(files)
         if new:
-            replace_durably(self.root / SYNCED_MARKER, f"{new[-1]}\n".encode())
+            write_synced_marker(self.root, new[-1])
             self.synced_version = new[-1]
         return self.synced_version
 

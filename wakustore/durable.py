@@ -8,6 +8,7 @@ once this returns the new one survives both.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterable
@@ -55,10 +56,22 @@ def make_dirs(path: str | os.PathLike) -> Path:
             directory.mkdir()
         except FileExistsError:
             pass
-        fsync_dir(directory.parent)
+        _fsync_parent(directory)
     if not missing:
-        fsync_dir(path.parent)
+        _fsync_parent(path)
     return path
+
+
+def _fsync_parent(path: Path) -> None:
+    """fsync ``path``'s parent; one this process may not open for reading
+    (an operator's /srv, say), or a file system without directory fsync,
+    is left as it is: the directory is there, only its durability is the
+    file system's."""
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
+            raise
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

@@ -8,7 +8,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from wakustore.storage.commit_sync import SYNCED_MARKER, CommitSync, read_synced_marker
+from wakustore.storage.commit_sync import CommitSync, read_synced_marker, write_synced_marker
 from wakustore.storage.log_repair import REPAIRED_DIR, repair
 
 
@@ -22,7 +22,8 @@ def _table(tmp_path: Path, versions: int = 4, partitioned: bool = True) -> Path:
 
 
 def _mark(root: Path, version: int) -> None:
-    (root / SYNCED_MARKER).write_text(f"{version}\n")
+    write_synced_marker(root, version)
+    assert read_synced_marker(root) == version
 
 
 def _entry(root: Path, version: int) -> Path:
@@ -213,10 +214,9 @@ def test_gap_right_after_marker_moves_versions_from_the_gap_on(tmp_path):
     _mark(root, 1)
     _entry(root, 2).unlink()
     result = repair(root)
-    # BUG in log_repair._first_torn: it counts versions from the first one after the marker
-    # (checked[0]), not from marker + 1, so losing the version right after the marker goes unseen
-    # and delta-rs then refuses the log ("Expected contiguous commit files, but found gap").
-    assert result.moved == [_entry(root, 3).name], "gap at marker + 1 not detected: version 3 left after a lost 2"
+    # The version right after the synced one lost, a later one there: a gap,
+    # which delta-rs refuses ("Expected contiguous commit files, but found gap").
+    assert result.moved == [_entry(root, 3).name]
     assert result.versions == [3] and "version 2 is missing" in result.reason
     _assert_moved(root, result, [_entry(root, 3).name])
     _assert_reads(root, 0, 1)
