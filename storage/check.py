@@ -124,6 +124,17 @@ def check_indexes(directory: Path, uri: str, totals: Totals) -> Iterator[Finding
     except Exception:  # noqa: BLE001  (reported by check_table)
         return
     live = dict(zip(actions["path"], actions["size_bytes"]))
+    count = len(actions["path"])
+    spans = dict(
+        zip(
+            actions["path"],
+            zip(
+                actions["num_records"],
+                actions.get("min.timestamp", [None] * count),
+                actions.get("max.timestamp", [None] * count),
+            ),
+        )
+    )
     indexes = index_files.IndexDirectory(directory)
     named = {os.path.basename(indexes.path_of(path)): path for path in live}
     for name in sorted(os.listdir(directory)):
@@ -146,6 +157,22 @@ def check_indexes(directory: Path, uri: str, totals: Totals) -> Iterator[Finding
             continue
         if mapped is not None and not mapped.verify():
             yield Finding("key index", where, "damaged: its body does not match its CRC", repaired_by_node=True)
+            continue
+        if mapped is not None and mapped.header.file_crc is not None:
+            data = os.path.join(uri.removeprefix("file://"), unquote(named[name]))
+            try:
+                actual = index_files.file_crc32(data)
+            except OSError:
+                continue  # reported by check_table
+            if actual != mapped.header.file_crc:
+                rows, low, high = spans[named[name]]
+                yield Finding(
+                    "data file",
+                    data,
+                    f"its bytes do not match the CRC-32 taken when it was indexed "
+                    f"({actual:08x}, not {mapped.header.file_crc:08x})",
+                    f"{rows} rows" + (f", timestamps {low} to {high}" if low is not None else ""),
+                )
 
 
 def check_wal(directory: Path, totals: Totals) -> Iterator[Finding]:

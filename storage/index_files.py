@@ -23,6 +23,10 @@ Format (little-endian), version :data:`FORMAT`:
 - the header, JSON: the data file's path in the log and its size (an
   index of another file of the same path is stale), its rows, its topic
   pairs, the CRC-32 of the body, and each section's (offset, bytes);
+  for a data file the engine wrote (no Parquet page CRCs) of at most
+  :data:`WHOLE_FILE_CRC_BYTES`, the CRC-32 of the whole data file as it
+  was when indexed (``file_crc32``; checked once a start, in the
+  background, and by ``db check``);
 - the body, each section 8-byte aligned: ``pair_bounds`` (int32 per pair:
   start, end, first row; see row_index.FileIndex), ``ts`` (int64,
   per pair ascending), ``row`` (int32 file row of each ``ts``; absent when
@@ -102,6 +106,22 @@ SECTIONS: dict[str, str | None] = {
 KEY_BYTES = 32
 
 
+# Data files the engine or delta-rs wrote (no Parquet page CRCs) up to
+# this size get a CRC-32 of their own in their index: the ingest commits
+# (a few MB). The node's own files (compacted days, imports) carry
+# Parquet's page CRCs instead.
+WHOLE_FILE_CRC_BYTES = 64 << 20
+
+
+def file_crc32(path: str) -> int:
+    """CRC-32 of the whole file at ``path`` (read in 1 MiB chunks)."""
+    crc = 0
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := handle.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 class IndexDamaged(ValueError):
     """An index file that is not whole, not of this format, or of another data file."""
 
@@ -115,6 +135,10 @@ class Header:
     footer_head: int  # bytes of the footer before its row groups (parquet_footer)
     body_crc: int
     sections: Mapping[str, tuple[int, int]]  # name -> (offset in the file, bytes)
+    # CRC-32 of the whole data file, taken when it was indexed (files of at
+    # most WHOLE_FILE_CRC_BYTES: the engine's ingest files, whose Parquet
+    # pages carry no CRC of their own); None for the others.
+    file_crc: int | None = None
 
 
 class Mapped:
@@ -194,8 +218,10 @@ class IndexDirectory:
         pairs: Iterable[tuple[str, str]],
         footer_head: int,
         sections: Mapping[str, np.ndarray | bytes],
+        file_crc: int | None = None,
     ) -> None:
-        """Write the index of the data file at ``data_path`` durably."""
+        """Write the index of the data file at ``data_path`` durably
+        (``file_crc``: the data file's own CRC-32, see :class:`Header`)."""
         body: list[bytes | memoryview] = []
         placed: dict[str, tuple[int, int]] = {}
         at = 0
@@ -225,6 +251,8 @@ class IndexDirectory:
             "footer_head": int(footer_head),
             "body_crc": crc,
         }
+        if file_crc is not None:
+            draft["file_crc32"] = int(file_crc)
         header = _encode_header(draft, placed)
         replace_durably(self.path_of(data_path), [header, *body])
 
@@ -294,6 +322,7 @@ def _header(mapped: mmap.mmap) -> Header:
             int(fields["footer_head"]),
             int(fields["body_crc"]),
             sections,
+            None if fields.get("file_crc32") is None else int(fields["file_crc32"]),
         )
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise IndexDamaged(f"header unreadable: {exc}") from None

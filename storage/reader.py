@@ -149,6 +149,10 @@ OBJECT_STORE_OPTIONS = {
 }
 
 
+class DataFileDamaged(Exception):
+    """A data file whose bytes changed since it was indexed (its CRC-32)."""
+
+
 class TableUnreadable(Exception):
     """The table cannot be read (missing, unreachable, a file gone)."""
 
@@ -234,6 +238,11 @@ class TableReader:
         # the table or read again: reported once in the log, in /health and
         # the metrics.
         self._bad: dict[str, str] = {}
+        # Data files whose bytes no longer match the CRC-32 their index took
+        # (index_files.WHOLE_FILE_CRC_BYTES): never read again, until they
+        # leave the table; and the files checked since the reader started.
+        self._damaged: dict[str, str] = {}
+        self._crc_checked: set[str] = set()
 
     # --- versions -----------------------------------------------------------
 
@@ -338,6 +347,9 @@ class TableReader:
         gone = []
         if self._bad:
             self._bad = {path: error for path, error in self._bad.items() if path in live_set}
+        if self._damaged:
+            self._damaged = {path: error for path, error in self._damaged.items() if path in live_set}
+        self._crc_checked &= live_set
         with self._index_lock:
             if any(path not in live_set for path in self._indexes):
                 gone = [p for p in self._indexes if p not in live_set]
@@ -440,11 +452,38 @@ class TableReader:
                         self._index_of(path)
                     elif index.mapped is not None and not index.mapped.verify():
                         self._rebuild_damaged(path)
+                    elif index.mapped is not None:
+                        self._check_file_crc(path, index.mapped.header.file_crc)
             except Exception as exc:
                 # A file gone (compacted and vacuumed meanwhile) or not
                 # readable now: pages over it read through DataFusion; the
                 # next version tries again.
                 log.info("key index not built in the background: %s", _one_line(exc))
+
+    def _check_file_crc(self, path: str, expected: int | None) -> None:
+        """Once a process: is the data file as it was when indexed? A file
+        that is not is never read again (its pages answer an error)."""
+        if expected is None or path in self._crc_checked:
+            return
+        location, filesystem = self._location(path)
+        if filesystem is not None:
+            return
+        try:
+            actual = index_files.file_crc32(location)
+        except FileNotFoundError:
+            return  # left the table meanwhile
+        except OSError as exc:
+            self._failed(path, exc)
+            return
+        self._crc_checked.add(path)
+        if actual != expected:
+            problem = f"its bytes do not match the CRC-32 taken when it was indexed ({actual:08x}, not {expected:08x})"
+            self._damaged[path] = problem
+            self._failed(path, DataFileDamaged(problem))
+
+    def _refuse_damaged(self, path: str) -> None:
+        if self._damaged and path in self._damaged:
+            raise DataFileDamaged(f"data file {self._location(path)[0]}: {self._damaged[path]}")
 
     def _rebuild_damaged(self, path: str) -> None:
         self.index_damaged += 1
@@ -507,7 +546,11 @@ class TableReader:
         rows, pairs, head, sections = row_index.build_sections(location, filesystem)
         if size is None:
             size = (filesystem or _local_files()).get_file_info(location).size
-        self._files.write(path, size, rows, pairs, head, sections)
+        file_crc = None
+        if filesystem is None and size <= index_files.WHOLE_FILE_CRC_BYTES and not _has_page_crcs(location):
+            file_crc = index_files.file_crc32(location)
+            self._crc_checked.add(path)
+        self._files.write(path, size, rows, pairs, head, sections, file_crc)
         self.index_builds += 1
         index = self._load(path, size)
         if index is None:
@@ -621,6 +664,7 @@ class TableReader:
         query on a busy topic, mostly reads the same row groups."""
         import pyarrow.parquet as pq
 
+        self._refuse_damaged(index.path)
         cacheable = cache and self.row_group_cache_bytes > 0 and set(columns) <= _FULL_SET
         if cacheable:
             key = (index.path, group)
@@ -709,6 +753,7 @@ class TableReader:
         for group in np.unique(groups).tolist():
             first = int(starts[group])
             wanted.append((group, int(starts[group + 1]) - first, rows[groups == group] - first))
+        self._refuse_damaged(index.path)
         opened = (index.path, WHOLE_FILE)
         source = self._open.take(opened)
         if source is None:
@@ -856,6 +901,8 @@ class TableReader:
             return None
         try:
             return self._indexed_page(snapshot, query, key, fetch, columns)
+        except DataFileDamaged:
+            raise  # DataFusion would read the same bytes without a check
         except Exception as exc:
             log.info(
                 "key index could not answer at version %d (read through DataFusion): %s",
@@ -1050,6 +1097,15 @@ class TableReader:
             except Exception as exc:
                 raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
         return result.select(list(columns)).cast(_result_schema(columns))
+
+
+def _has_page_crcs(path: str) -> bool:
+    """Whether the data file was written by this node (pyarrow, with
+    Parquet's page CRCs: compacted days, imports), not by the engine or
+    delta-rs (parquet-rs, without them)."""
+    import pyarrow.parquet as pq
+
+    return (pq.read_metadata(path).created_by or "").startswith("parquet-cpp-arrow")
 
 
 @functools.cache

@@ -109,6 +109,20 @@ def test_a_flipped_bit_in_a_compacted_page_fails_its_checksum(checked, tmp_path)
     assert str(path) in line and "unreadable" in line
 
 
+def test_a_flipped_bit_in_an_ingest_file_fails_the_crc_its_index_took(checked, tmp_path):
+    data = _copy(checked, tmp_path)
+    # Today's files: written by the engine, no page CRCs; their index holds the file's.
+    path, size, rows = next(f for f in _files(data) if "parquet-rs" in pq.ParquetFile(f[0]).metadata.created_by)
+    raw = bytearray(path.read_bytes())
+    raw[size // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    result = _check(data)
+    assert result.returncode == 1
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"data file {path}")]
+    assert any("do not match the CRC-32 taken when it was indexed" in line for line in lines), result.stdout
+    assert all(f"{rows} rows, timestamps " in line for line in lines)
+
+
 def test_a_damaged_index_file_is_reported_as_rebuilt_by_the_node(checked, tmp_path):
     data = _copy(checked, tmp_path)
     index = sorted((data / "index" / "messages").glob("*.kix"))[0]

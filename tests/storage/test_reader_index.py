@@ -642,3 +642,37 @@ def test_the_compiled_key_finder_finds_every_copy_of_every_key_in_every_run():
             (r, i, wanted.index(k)) for r, run in enumerate(runs_keys) for i, k in enumerate(run) if k in set(wanted)
         )
         assert sorted(found) == expected
+
+
+def test_a_data_file_changed_since_it_was_indexed_is_never_read_again(store, tmp_path):
+    """An ingest file (the engine's: no Parquet page CRCs) gets a CRC-32 of
+    its own in its index; a restarted reader checks it once, in the
+    background, and a file whose bytes changed is a bad file, named with
+    its path, whose pages answer an error instead of its rows."""
+    data = corpus(200, days=2)
+    first, _plain, directory = indexed_on_disk(store, tmp_path, data)
+    paths = [p for p, _ in first._snapshot.files]
+    mapped = first._files.open(paths[0], None)
+    assert mapped.header.file_crc is not None
+    location = first._location(paths[0])[0]
+    hashes = tuple(pq.read_table(location, columns=["message_hash"]).column(0).to_pylist()[:5])
+    first.close()
+    size = os.path.getsize(location)
+    with open(location, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    restarted = TableReader(
+        store.table.uri, check_interval_s=None, index_directory=directory, index_in_background=False
+    )
+    restarted.refresh()
+    restarted.index_now()
+    assert restarted.bad_files() == {}  # mapped, not yet checked
+    restarted._index_wanted = True
+    restarted._index_all()  # the background pass, run here
+    assert list(restarted.bad_files()) == [location]
+    assert "CRC-32 taken when it was indexed" in restarted.bad_files()[location]
+    with pytest.raises(reader_module.TableUnreadable, match="CRC-32 taken when it was indexed"):
+        restarted.page(HistoryQuery(message_hashes=hashes, limit=100), None, 101)
+    restarted.close()
