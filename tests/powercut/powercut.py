@@ -426,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     from wakustore.clients.store import quiet_libp2p
 
     quiet_libp2p()
+    # A SIGTERM unwinds as Ctrl-C does: the node, its engine and the mount go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run = PowerCut(work, seed, report=lambda line: print(line, flush=True), verbose=args.verbose)
     try:
         run.run(deadline=time.monotonic() + args.minutes * 60)
