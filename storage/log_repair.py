@@ -81,12 +81,16 @@ def _parquet_whole(path: Path, size: int | None) -> str:
     return ""
 
 
-def _actions(entry: Path) -> list[dict] | str:
-    """The actions of one log entry, or why it is torn."""
+def _actions(entry: Path, newline_ends: bool) -> list[dict] | str:
+    """The actions of one log entry, or why it is torn. ``newline_ends``:
+    whether this table's writer ends an entry with a newline (Sail and
+    delta-rs do not: an entry cut just after one of its lines then shows)."""
     try:
         text = entry.read_bytes()
     except OSError as exc:
         return f"{entry.name} cannot be read: {exc}"
+    if text.endswith(b"\n") and not newline_ends:
+        return f"{entry.name} is torn (cut after a line)"
     actions = []
     for line in text.split(b"\n"):
         if not line.strip():
@@ -111,11 +115,19 @@ def _first_torn(root: Path, log_dir: Path, versions: list[int], after: int) -> t
     # The first version after the synced one must be there, unless a
     # checkpoint covers what is gone (the log is trimmed behind one).
     first = after + 1 if after >= 0 and not _checkpoint_from(log_dir, checked[0] - 1) else checked[0]
+    # How a durable entry of this table ends (none durable yet: either way).
+    newline_ends = True
+    durable = [v for v in versions if v <= after]
+    if durable:
+        try:
+            newline_ends = (log_dir / f"{durable[-1]:020d}.json").read_bytes().endswith(b"\n")
+        except OSError:
+            pass
     parsed: dict[int, list[dict]] = {}
     for expected, version in enumerate(checked, start=first):
         if version != expected:
             return expected, f"version {expected} is missing"
-        actions = _actions(log_dir / f"{version:020d}.json")
+        actions = _actions(log_dir / f"{version:020d}.json", newline_ends)
         if isinstance(actions, str):
             return version, actions
         parsed[version] = actions

@@ -220,3 +220,17 @@ def test_gap_right_after_marker_moves_versions_from_the_gap_on(tmp_path):
     assert result.versions == [3] and "version 2 is missing" in result.reason
     _assert_moved(root, result, [_entry(root, 3).name])
     _assert_reads(root, 0, 1)
+
+
+def test_an_entry_cut_just_after_one_of_its_lines_is_torn(tmp_path):
+    """Whole lines parse; but this table's writer never ends an entry with
+    a newline, so one that does was cut (its later actions lost: a
+    compaction's removes, say, which would serve its rows twice)."""
+    root = _table(tmp_path)
+    _mark(root, 2)
+    entry = _entry(root, 3)
+    lines = entry.read_bytes().split(b"\n")
+    entry.write_bytes(b"\n".join(lines[:-1]) + b"\n")
+    result = repair(root)
+    assert result.versions == [3] and "cut after a line" in result.reason
+    _assert_reads(root, 0, 1, 2)
