@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from wakustore.durable import fsync_dir, make_dirs
+from wakustore.durable import fsync_dir, fsync_file, make_dirs
 
 _FRAME = struct.Struct(">II")
 
@@ -69,6 +69,10 @@ class WriteAheadLog:
         self._next_seq, self._pending_bytes = self._recover()
         self._file: BinaryIO | None = None
         self._file_size = 0
+        # A failed append whose partial frame could not be cut off yet:
+        # (segment, its size before the append). No record is written after
+        # it until it is (an inner segment's garbage would stop a restart).
+        self._unclean: tuple[Path, int] | None = None
         self._committed_upto = self._segments[0].first_seq - 1 if self._segments else self._next_seq - 1
 
     # --- public -----------------------------------------------------------
@@ -97,15 +101,49 @@ class WriteAheadLog:
                 raise ValueError(f"record of {len(body)} bytes exceeds {MAX_RECORD_SIZE}")
             frames.append(_FRAME.pack(len(body), zlib.crc32(body)))
             frames.append(body)
-        blob = b"".join(frames)
+        blob = memoryview(b"".join(frames))
         with self._lock:
+            if self._unclean is not None:
+                self._cut_back_unclean()
             handle = self._writable()
-            handle.write(blob)
-            handle.flush()
-            os.fsync(handle.fileno())
+            good = self._file_size
+            try:
+                written = 0
+                while written < len(blob):  # unbuffered: a short write is possible
+                    written += handle.write(blob[written:]) or 0
+                os.fsync(handle.fileno())
+            except BaseException:
+                # ENOSPC, EIO: the batch fails whole (nothing acknowledged),
+                # and no partial frame stays before the next record.
+                self._cut_back(handle, good)
+                raise
             self._file_size += len(blob)
             self._next_seq += len(records)
             return self._next_seq - 1
+
+    def _cut_back(self, handle: BinaryIO, size: int) -> None:
+        """Cut the active segment back to ``size`` after a failed append;
+        when even that fails, no record is appended until it succeeds."""
+        path = Path(handle.name)
+        try:
+            os.ftruncate(handle.fileno(), size)
+            os.fsync(handle.fileno())
+        except OSError:
+            self._unclean = (path, size)
+            handle.close()
+            self._file = None
+
+    def _cut_back_unclean(self) -> None:
+        assert self._unclean is not None
+        path, size = self._unclean
+        try:
+            os.truncate(path, size)
+            fsync_file(path)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"the write-ahead log cannot cut a failed write off {path.name} yet: {exc.strerror}"
+            ) from exc
+        self._unclean = None
 
     def replay(self) -> Iterator[tuple[int, bytes]]:
         """Every record still in the log, oldest first, with its sequence number."""
@@ -151,8 +189,10 @@ class WriteAheadLog:
         if self._file is not None:
             self._file.close()
         path = self.directory / f"{self._next_seq:020d}{_SUFFIX}"
-        self._file = open(path, "ab")
-        self._file_size = self._file.tell()
+        # Unbuffered: a failed write leaves nothing behind in a buffer that
+        # a later write or the close would still flush.
+        self._file = open(path, "ab", buffering=0)
+        self._file_size = os.fstat(self._file.fileno()).st_size
         if not self._segments or self._segments[-1].path != path:
             self._segments.append(_Segment(self._next_seq, path))
             fsync_dir(self.directory)

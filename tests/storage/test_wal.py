@@ -1,3 +1,6 @@
+import errno
+import subprocess
+
 import pytest
 
 from wakustore.storage.wal import WalCorruption, WriteAheadLog
@@ -113,3 +116,41 @@ def test_write_path_refuses_new_rows_past_its_pending_bound(tmp_path):
     with pytest.raises(BufferFull):
         path.put(rows[5:])
     assert path.pending == 5 and path.wal_depth == 5  # nothing of the refused batch was logged
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 1 MiB tmpfs (root: the test mounts it)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"the test mounts a tmpfs (root needed): {mounted.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_batch_whole_and_leaves_no_partial_record(tiny_fs):
+    """ENOSPC in the middle of a batch: append raises (nothing of it is
+    acknowledged), the segment is cut back to its last whole record, and
+    once space returns the same log goes on; a restart replays every
+    record it acknowledged, in order, with no damage between them."""
+    ballast = tiny_fs / "ballast"
+    ballast.write_bytes(b"\0" * (256 * 1024))
+    log = WriteAheadLog(tiny_fs / "wal")
+    acknowledged = []
+    with pytest.raises(OSError) as failed:
+        for i in range(10_000):
+            batch = [b"r%05d-%d" % (i, j) + b"x" * 1500 for j in range(3)]
+            log.append(batch)
+            acknowledged += batch
+    assert failed.value.errno == errno.ENOSPC and acknowledged
+    (segment,) = (tiny_fs / "wal").iterdir()
+    assert segment.stat().st_size == sum(8 + len(r) for r in acknowledged)
+    ballast.unlink()  # space returns
+    later = [b"after %d" % i for i in range(3)]
+    log.append(later)
+    log.close()
+    assert [body for _, body in WriteAheadLog(tiny_fs / "wal").replay()] == acknowledged + later
