@@ -5,6 +5,7 @@ messages again once space returns."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -106,3 +107,46 @@ def test_a_full_disk_refuses_pushes_keeps_serving_and_recovers(engine, small_fs)
         assert node.service.health()["disk"]["full"] is False
     finally:
         node.stop()
+
+
+def test_writes_that_meet_enospc_lose_nothing_acknowledged(engine, small_fs):
+    """No floor (min_free_bytes = 0): the disk fills to the last byte under
+    the node. A push whose log write fails is refused (503) and never
+    acknowledged; a commit that fails leaves its rows in the write-ahead
+    log; once space returns the node commits them by itself, and a restart
+    replays a log with no damage: every acknowledged message there once."""
+    config = node_config(small_fs / "data", min_free_bytes=0, flush_interval_s=0.2)
+    node = NodeThread(config, engine, RateLimits.parse(["0/1s"])).start()
+    acknowledged, refused = [], 0
+    try:
+        ballast = small_fs / "ballast"
+        with open(ballast, "wb") as out:
+            try:
+                while True:
+                    out.write(b"\0" * MIB)
+                    out.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        for i in range(20):
+            message, answer = _push(node, f"on a full disk {i} " + "x" * 4000)
+            if answer.status_code == 200:
+                acknowledged.append(message)
+            else:
+                assert answer.status_code == 503, answer
+                refused += 1
+        assert refused > 0
+        ballast.unlink()
+        time.sleep(CHECK_S + 0.5)
+        message, answer = _push(node, "after")
+        assert answer.status_code == 200
+        acknowledged.append(message)
+        deadline = time.monotonic() + 60
+        while node.service.health().get("pending_messages") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        node.stop()
+    restarted = NodeThread(config, engine, RateLimits.parse(["0/1s"])).start()
+    try:
+        assert all(_stored(restarted, m) for m in acknowledged)
+    finally:
+        restarted.stop()
