@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
+import datetime as dt
 import json
 import os
 import shutil
@@ -136,8 +137,12 @@ class CutTotals:
 
 
 class PowerCut(Soak):
-    # Kills are power cuts here: more of them than in the soak.
-    weights = tuple(w * 3 if s in ("kill", "kill_mid_push") else w for s, w in zip(STEPS, STEP_WEIGHTS, strict=True))
+    # Kills are power cuts here, and retention, compaction and window
+    # replaces run where a cut can stop them: more of each than in the soak.
+    weights = tuple(
+        w * 3 if s in ("kill", "kill_mid_push", "maintain", "replace") else w
+        for s, w in zip(STEPS, STEP_WEIGHTS, strict=True)
+    )
 
     def __init__(self, work_dir: Path, seed: int, report: Callable[[str], None] = print, verbose: bool = False):
         super().__init__(work_dir, seed, report=report, verbose=verbose)
@@ -226,7 +231,10 @@ class PowerCut(Soak):
             return
         cutoff = stamps[self.rng.randint(1, max(1, len(stamps) // 3))]
         removed = [e for e in self.model.rows.values() if e.timestamp < cutoff]
-        if self._offline_child({"kind": "retain", "cutoff": cutoff}, added=[], removed=removed):
+        # Half the time today counts as finished: its files are rewritten
+        # sorted (day_rewrite), as the node's maintenance does after midnight.
+        spec = {"kind": "retain", "cutoff": cutoff, "finish_today": self.rng.random() < 0.5}
+        if self._offline_child(spec, added=[], removed=removed):
             self.model.retain(cutoff)
         self.totals.maintenance += 1
 
@@ -279,7 +287,8 @@ class PowerCut(Soak):
                 start_new_session=True,
             )
         try:
-            child.wait(timeout=self.rng.uniform(0.5, 12.0))
+            # Its engine starts in ~3 s, the work takes a few more.
+            child.wait(timeout=self.rng.uniform(1.0, 10.0))
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -388,6 +397,7 @@ def offline(spec_path: Path) -> int:
     replace), with an engine of its own."""
     from wakustore.node.config import NodeConfig
     from wakustore.node.store_service import open_store
+    from wakustore.storage import maintenance
     from wakustore.storage.engine import Engine
     from wakustore.storage.rows import Row
 
@@ -399,10 +409,17 @@ def offline(spec_path: Path) -> int:
         _, store = open_store(config, engine=engine)
         try:
             if spec["kind"] == "retain":
-                Soak._retain(store, spec["cutoff"])
+                maintenance.delete_before(store.table, spec["cutoff"])
+                store.forget_before(spec["cutoff"])
+                today = dt.datetime.now(dt.UTC).date()
+                done = maintenance.compact(
+                    store.table, today=today + dt.timedelta(days=1 if spec["finish_today"] else 0)
+                )
+                print(f"offline: retention, then {done.get('days_rewritten', 0)} days rewritten sorted", flush=True)
             else:
                 rows = [Row.build(p, decode_message(bytes.fromhex(m)), t) for p, m, t in spec["rows"]]
                 store.replace_window(spec["start"], spec["end"], [spec["topic"]], rows)
+                print(f"offline: window replaced with {len(rows)} rows", flush=True)
         finally:
             store.close()
     finally:
