@@ -64,6 +64,12 @@ class NodeMetrics:
         self.table_bad_files = Gauge(
             "wakustore_table_bad_files", "Data files of the table a read failed on (see /health)", ["table"], registry=r
         )
+        self.table_log_repaired = Gauge(
+            "wakustore_table_log_versions_repaired",
+            "Log versions a power cut tore, put aside at start (see /health log_repair)",
+            ["table"],
+            registry=r,
+        )
         self.engine_rss = Gauge("wakustore_engine_rss_bytes", "Resident memory of the embedded engine", registry=r)
         self.refused = Counter(
             "wakustore_peer_limits_refused",

@@ -118,6 +118,7 @@ class StoreService:
         self._maintain_now = trio.Event()
         self._full_since: float | None = None
         self.metrics.table_bad_files.labels("messages").set_function(lambda: len(self.store.reader.bad_files()))
+        self.metrics.table_log_repaired.labels("messages").set(len(self.store.repaired.versions))
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         """Durably store ``messages``; concurrent callers share one log write
@@ -247,8 +248,17 @@ class StoreService:
             # Data files a read failed on (damaged, truncated, unreadable):
             # pages over them answer 503 until the file is replaced.
             "bad_files": bad_files,
+            # Log versions a power cut tore, put aside when the node started
+            # (their rows came back from the write-ahead log).
+            "log_repair": self._log_repair(),
             "config": self.effective_config(),
         }
+
+    def _log_repair(self) -> dict:
+        repaired = self.store.repaired
+        if not repaired:
+            return {}
+        return {"versions": repaired.versions, "reason": repaired.reason, "moved_to": str(repaired.directory)}
 
     def effective_config(self) -> dict:
         """What the node runs with that an operator most often gets wrong:

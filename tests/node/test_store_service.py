@@ -1,11 +1,14 @@
 """The node's store service: group commit of concurrent puts."""
 
+import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import trio
 import trio.testing
@@ -436,3 +439,55 @@ def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics
     # A file that reads again is no longer reported.
     assert seen["again"] == 100
     assert seen["health_after"]["ok"] is True and seen["health_after"]["bad_files"] == {}
+
+
+def test_a_log_version_a_power_cut_tore_is_put_aside_and_reported(engine, tmp_path):
+    """The newest version names a data file that never reached the disk
+    (and the synced marker is older): the node starts, says so in /health
+    and the metrics, and serves what the write-ahead log still holds."""
+    from wakustore.storage import commit_sync
+
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=3600)
+    now = time.time_ns()
+    first = [(PUBSUB, WakuMessage(b"first %d" % i, "/torn/1/log/proto", timestamp=now + i), now) for i in range(5)]
+    later = [(PUBSUB, WakuMessage(b"later %d" % i, "/torn/1/log/proto", timestamp=now + 10 + i), now) for i in range(5)]
+    wal_dir = config.data_dir / "wal" / "messages"
+    seen: dict = {}
+
+    async def fill():
+        async with running_store(config, engine) as service:
+            await service.put(first)
+            await service.flush()
+            seen["synced"] = service.store.table.sync_commits()
+            await service.put(later)
+            seen["wal"] = {p.name: p.read_bytes() for p in wal_dir.iterdir()}
+            await service.flush()
+            seen["uri"] = service.store.table.uri
+
+    trio.run(fill)
+    root = seen["uri"]
+    torn = seen["synced"] + 1
+    entry = os.path.join(root, "_delta_log", f"{torn:020d}.json")
+    with open(entry) as handle:
+        added = [json.loads(line)["add"]["path"] for line in handle if '"add"' in line]
+    for path in added:
+        os.unlink(os.path.join(root, urllib.parse.unquote(path)))
+    commit_sync.write_synced_marker(pathlib.Path(root), seen["synced"])
+    for name, data in seen["wal"].items():
+        (wal_dir / name).write_bytes(data)
+
+    async def restart():
+        async with running_store(config, engine) as service:
+            seen["health"] = service.health()
+            seen["metric"] = service.metrics.registry.get_sample_value(
+                "wakustore_table_log_versions_repaired", {"table": "messages"}
+            )
+            await service.flush()
+            seen["rows"] = service.store.table.count()
+
+    trio.run(restart)
+    repair = seen["health"]["log_repair"]
+    assert repair["versions"] == [torn] and "missing" in repair["reason"]
+    assert os.path.isfile(os.path.join(repair["moved_to"], f"{torn:020d}.json"))
+    assert seen["metric"] == 1
+    assert seen["rows"] == 10
