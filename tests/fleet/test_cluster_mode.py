@@ -99,3 +99,38 @@ def test_engine_killed_mid_commit_pauses_commits_while_pushes_and_pages_go_on(fl
 def _when_down(health: tuple[int, dict]) -> tuple[int, dict] | None:
     """``health`` when /health answered 503, else None (keep polling)."""
     return health if health[0] == 503 else None
+
+
+def test_maintenance_on_a_sail_cluster_succeeds_without_optimize(sail_cluster, tmp_path, caplog):
+    """Sail parses no OPTIMIZE: a maintenance run on a cluster engine skips
+    compaction (said once in the log) instead of failing every run (which
+    kept /health at ok: false for the fleet's life)."""
+    import logging
+    import time
+
+    from wakustore.protocols.message import WakuMessage
+    from wakustore.storage import maintenance
+    from wakustore.storage.engine import Engine
+    from wakustore.storage.message_store import MessageStore, StoreConfig
+    from wakustore.storage.table import DeltaTableRef
+
+    engine = Engine(sail_cluster.url)
+    engine.start()
+    try:
+        store = MessageStore(
+            DeltaTableRef(engine, str(tmp_path / "table")), tmp_path / "wal", StoreConfig(shared_table=True)
+        )
+        store.open()
+        now = time.time_ns()
+        store.put(
+            [("/waku/2/rs/1/0", WakuMessage(b"m%d" % i, "/a/1/b/proto", timestamp=now + i), now) for i in range(5)]
+        )
+        caplog.set_level(logging.WARNING, logger="wakustore.storage.maintenance")
+        maintenance._warned_no_optimize.clear()  # said once a process
+        result = maintenance.run_maintenance(store, None, now)
+        assert result.compaction == {"optimized": 0}
+        assert any("has no OPTIMIZE" in r.getMessage() for r in caplog.records)
+        assert store.table.count() == 5
+        store.close()
+    finally:
+        engine.close()
