@@ -28,8 +28,9 @@ for a node that owns its table; a fleet sharing one table turns it off
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import cast
 
 import numpy as np
@@ -214,6 +215,10 @@ class _Chunk:
         return None
 
 
+class Busy(Exception):
+    """The hot tier is being written; the event loop does not wait for it."""
+
+
 class HotTier:
     """Thread-safe; complete for timestamps >= ``start_ns`` once started."""
 
@@ -352,18 +357,30 @@ class HotTier:
 
     # --- reading ----------------------------------------------------------
 
-    def timestamp_of(self, message_hash: bytes) -> int | None:
-        with self._lock:
+    @contextlib.contextmanager
+    def _reading(self, wait: bool) -> Iterator[None]:
+        """The tier's lock; without ``wait`` (the event loop), raises
+        :class:`Busy` instead of waiting for a writer (a commit's rows going
+        in, an eviction)."""
+        if not self._lock.acquire(blocking=wait):
+            raise Busy()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def timestamp_of(self, message_hash: bytes, wait: bool = True) -> int | None:
+        with self._reading(wait):
             found = self._by_hash([message_hash])
         row = found.get(message_hash)
         return row.timestamp if row is not None else None
 
-    def page(self, query: HistoryQuery, key: Key | None) -> list[StoredMessage] | None:
+    def page(self, query: HistoryQuery, key: Key | None, wait: bool = True) -> list[StoredMessage] | None:
         """Up to limit + 1 matches in query order, or None when the answer
         may reach outside the complete region (ask the table)."""
         if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
             return None
-        with self._lock:
+        with self._reading(wait):
             if self.start_ns is None:
                 return None
             if query.message_hashes:
@@ -614,14 +631,16 @@ class HotTier:
             if len(rows):
                 yield chunk, rows
 
-    def lookup(self, query: HistoryQuery, key: Key | None) -> tuple[list[StoredMessage], tuple[bytes, ...]] | None:
+    def lookup(
+        self, query: HistoryQuery, key: Key | None, wait: bool = True
+    ) -> tuple[list[StoredMessage], tuple[bytes, ...]] | None:
         """A lookup by hash as far as the tier holds it: (the page's rows
         among the hashes it holds, in query order, at most limit + 1; the
         hashes it does not hold, which only the table may), or None when
         the tier cannot say (not filled yet, or another order)."""
         if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH or not query.message_hashes:
             return None
-        with self._lock:
+        with self._reading(wait):
             if self.start_ns is None:
                 return None
             return self._by_hashes(query, key)

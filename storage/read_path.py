@@ -24,8 +24,9 @@ then the table.
 
 :meth:`ReadPath.from_memory` is the part the event loop may run: the hot
 tier and the cursor cache only, nothing that takes the write path's lock
-(finding a cursor among the pending rows may index the whole buffer) and
-no file. When it cannot answer, :meth:`ReadPath.page` answers in a reader
+(finding a cursor among the pending rows may index the whole buffer), no
+file, and no waiting for a lock a thread holds (a commit writing the hot
+tier: it says :class:`~wakustore.storage.hot_tier.Busy` instead). When it cannot answer, :meth:`ReadPath.page` answers in a reader
 thread, told that memory was tried so that the hot tier is not probed a
 second time for the same page.
 
@@ -59,19 +60,31 @@ class CursorCache:
         self._capacity = capacity
         self._lock = threading.Lock()
 
-    def get(self, key: bytes) -> int | None:
-        with self._lock:
+    def get(self, key: bytes, wait: bool = True) -> int | None:
+        """The cursor's timestamp; None when unknown (or, without ``wait``,
+        when a thread holds the cache this instant)."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             value = self._items.get(key)
             if value is not None:
                 self._items.move_to_end(key)
             return value
+        finally:
+            self._lock.release()
 
-    def put(self, key: bytes, value: int) -> None:
-        with self._lock:
+    def put(self, key: bytes, value: int, wait: bool = True) -> None:
+        """Remember a cursor handed out (without ``wait``: unless a thread
+        holds the cache this instant; the cursor is then found elsewhere)."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
             self._items[key] = value
             self._items.move_to_end(key)
             if len(self._items) > self._capacity:
                 self._items.popitem(last=False)
+        finally:
+            self._lock.release()
 
     def clear(self) -> None:
         with self._lock:
@@ -102,23 +115,25 @@ class ReadPath:
         it and its cursor is known without the table or the pending rows;
         for a lookup by hash that the tier answers in part, that part
         (:meth:`page` completes it); None otherwise. For the event loop: no
-        file, no engine, no lock a put holds for long."""
+        file, no engine, and no waiting for a lock a thread holds: raises
+        :class:`~wakustore.storage.hot_tier.Busy` while a commit writes the
+        hot tier (:meth:`page` then asks it, in a thread)."""
         key: Key | None
         if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
-            timestamp = self.cursors.get(query.cursor) or self.hot.timestamp_of(query.cursor)
+            timestamp = self.cursors.get(query.cursor, wait=False) or self.hot.timestamp_of(query.cursor, wait=False)
             if timestamp is None:
                 return None
             key = (timestamp, query.cursor)
         else:
             key = self._cursor_key(query)
         if query.message_hashes:
-            part = self.hot.lookup(query, key)
+            part = self.hot.lookup(query, key, wait=False)
             if part is None:
                 return None
             found, missing = part
-            return MemoryPart(found, missing) if missing else self._finish(query, found)
-        held = self.hot.page(query, key)
-        return None if held is None else self._finish(query, held)
+            return MemoryPart(found, missing) if missing else self._finish(query, found, wait=False)
+        held = self.hot.page(query, key, wait=False)
+        return None if held is None else self._finish(query, held, wait=False)
 
     def page(self, query: HistoryQuery, *, memory_tried: bool = False, part: MemoryPart | None = None) -> Page:
         """One page with Store semantics; raises StoreError for an unknown
@@ -153,11 +168,11 @@ class ReadPath:
         """Rows left the table (retention): a removed hash is no longer a cursor."""
         self.cursors.clear()
 
-    def _finish(self, query: HistoryQuery, found: list[StoredMessage]) -> Page:
+    def _finish(self, query: HistoryQuery, found: list[StoredMessage], wait: bool = True) -> Page:
         page = store_query.finish_page(query, found)
         cursor = page.next_cursor
         if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
-            self.cursors.put(cursor.message_hash, cursor.timestamp)
+            self.cursors.put(cursor.message_hash, cursor.timestamp, wait=wait)
         return page
 
     def _pending_matches(self, query: HistoryQuery, key: Key | None) -> list[Row]:

@@ -491,3 +491,29 @@ def test_a_log_version_a_power_cut_tore_is_put_aside_and_reported(engine, tmp_pa
     assert os.path.isfile(os.path.join(repair["moved_to"], f"{torn:020d}.json"))
     assert seen["metric"] == 1
     assert seen["rows"] == 10
+
+
+def test_a_query_while_a_commit_writes_the_hot_tier_is_answered_in_a_thread(engine, tmp_path, monkeypatch):
+    from wakustore.protocols.store_query import HistoryQuery
+    from wakustore.storage.hot_tier import Busy
+
+    config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=3600)
+    now = time.time_ns()
+    messages = [(PUBSUB, WakuMessage(b"m%d" % i, "/busy/1/hot/proto", timestamp=now + i), now) for i in range(5)]
+    seen = {}
+
+    def busy(query):
+        seen["asked"] = threading.current_thread().name
+        raise Busy()
+
+    async def main():
+        async with running_store(config, engine) as service:
+            await service.put(messages)
+            await service.flush()
+            monkeypatch.setattr(service.store.reads, "from_memory", busy)
+            page = await service.query(HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/busy/1/hot/proto",)))
+            seen["payloads"] = [m.message.payload for m in page.messages]
+
+    trio.run(main)
+    assert seen["asked"] == "MainThread"
+    assert seen["payloads"] == [b"m%d" % i for i in range(5)]

@@ -796,3 +796,39 @@ def test_pages_from_memory_never_look_into_the_rows_waiting_for_a_commit(store, 
         assert store.reads.from_memory(query(limit=10, cursor=cursor)) is None
     page = store.reads.page(query(limit=10, cursor=cursor), memory_tried=True)
     assert payloads(page.messages) == [b"payload-%d" % i for i in range(10, 20)]
+
+
+def test_pages_from_memory_never_wait_for_a_thread_writing_the_hot_tier(store):
+    """The event loop's part takes no lock a thread holds: while a commit
+    writes the hot tier (its lock held), from_memory says Busy at once and
+    the thread's page asks the tier itself."""
+    import threading
+
+    from wakustore.protocols.store_query import Page
+    from wakustore.storage.hot_tier import Busy
+
+    import time
+
+    now = time.time_ns()
+    store.put(triples([msg(i, ts=now - (30 - i) * SECOND) for i in range(30)]))
+    store.flush()
+    newest = query(limit=10, forward=False)
+    assert isinstance(store.reads.from_memory(newest), Page)  # the hot tier answers it
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        with store.hot._lock:
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert held.wait(10)
+    try:
+        with pytest.raises(Busy):
+            store.reads.from_memory(newest)
+    finally:
+        release.set()
+        thread.join()
+    page = store.reads.page(newest)
+    assert payloads(page.messages) == [b"payload-%d" % i for i in range(20, 30)]
