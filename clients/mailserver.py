@@ -133,6 +133,10 @@ class MailserverClient:
                 )
             except (SessionClosed, RLPxError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
                 reason = describe_failure(exc)
+                if isinstance(exc, (ConnectionResetError, trio.BrokenResourceError)):
+                    # A close with our auth message unread reaches us as a
+                    # reset rather than an end of stream: the same refusal.
+                    reason = "connection closed during the handshake (reset by the peer)"
                 if "closed during the handshake" in reason:
                     # A node that cannot decrypt our auth message (sealed to
                     # the enode's key) just closes: say what that usually means.
