@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,16 +28,8 @@ FLOOR = 48 * MIB
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mount)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.fail(f"the test mounts a tmpfs (root needed): {mounted.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+def small_fs(tmpfs):
+    return tmpfs("160m")
 
 
 def _free(path: Path) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from wakustore.storage.commit_sync import CommitSync, read_synced_marker, write_synced_marker
@@ -97,35 +98,30 @@ def test_empty_entry_is_moved(tmp_path):
     _assert_reads(root, 0, 1, 2)
 
 
-def test_missing_data_file_moves_its_version(tmp_path):
+def _missing(data: Path) -> None:
+    data.unlink()
+
+
+def _halved(data: Path) -> None:
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+
+
+def _no_magic(data: Path) -> None:
+    body = data.read_bytes()
+    data.write_bytes(body[:-4] + b"\0\0\0\0")  # the size the entry gives, kept
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"), [(_missing, "missing"), (_halved, "bytes"), (_no_magic, "not a whole Parquet file")]
+)
+def test_a_data_file_torn_moves_its_version(tmp_path, damage, why):
+    """Missing, shorter than its entry says, or without Parquet's closing magic."""
     root = _table(tmp_path)
     _mark(root, 2)
-    _added(root, 3)[0].unlink()
+    damage(_added(root, 3)[-1])
     result = repair(root)
     _assert_moved(root, result, [_entry(root, 3).name])
-    assert result.versions == [3] and "missing" in result.reason
-    _assert_reads(root, 0, 1, 2)
-
-
-def test_data_file_of_wrong_size_moves_its_version(tmp_path):
-    root = _table(tmp_path, partitioned=False)
-    _mark(root, 2)
-    data = _added(root, 3)[0]
-    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
-    result = repair(root)
-    assert result.versions == [3] and "bytes" in result.reason
-    _assert_reads(root, 0, 1, 2)
-
-
-def test_data_file_without_trailing_magic_moves_its_version(tmp_path):
-    root = _table(tmp_path)
-    _mark(root, 2)
-    data = _added(root, 3)[-1]
-    body = data.read_bytes()
-    data.write_bytes(body[:-4] + b"\0\0\0\0")
-    assert data.stat().st_size == len(body)
-    result = repair(root)
-    assert result.versions == [3] and "not a whole Parquet file" in result.reason
+    assert result.versions == [3] and why in result.reason
     _assert_reads(root, 0, 1, 2)
 
 

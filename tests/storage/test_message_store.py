@@ -803,11 +803,10 @@ def test_pages_from_memory_never_wait_for_a_thread_writing_the_hot_tier(store):
     writes the hot tier (its lock held), from_memory says Busy at once and
     the thread's page asks the tier itself."""
     import threading
+    import time
 
     from wakustore.protocols.store_query import Page
     from wakustore.storage.hot_tier import Busy
-
-    import time
 
     now = time.time_ns()
     store.put(triples([msg(i, ts=now - (30 - i) * SECOND) for i in range(30)]))

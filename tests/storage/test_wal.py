@@ -72,7 +72,6 @@ def test_oversized_record_is_refused(tmp_path):
 
 
 def test_records_survive_a_killed_writer(tmp_path):
-    import subprocess
     import sys
 
     code = (
@@ -118,25 +117,12 @@ def test_write_path_refuses_new_rows_past_its_pending_bound(tmp_path):
     assert path.pending == 5 and path.wal_depth == 5  # nothing of the refused batch was logged
 
 
-@pytest.fixture
-def tiny_fs(tmp_path):
-    """A 1 MiB tmpfs (root: the test mounts it)."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.fail(f"the test mounts a tmpfs (root needed): {mounted.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def test_a_full_disk_fails_the_batch_whole_and_leaves_no_partial_record(tiny_fs):
+def test_a_full_disk_fails_the_batch_whole_and_leaves_no_partial_record(tmpfs):
     """ENOSPC in the middle of a batch: append raises (nothing of it is
     acknowledged), the segment is cut back to its last whole record, and
     once space returns the same log goes on; a restart replays every
     record it acknowledged, in order, with no damage between them."""
+    tiny_fs = tmpfs("1m")
     ballast = tiny_fs / "ballast"
     ballast.write_bytes(b"\0" * (256 * 1024))
     log = WriteAheadLog(tiny_fs / "wal")
