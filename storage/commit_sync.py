@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import unquote
 
-from wakustore.durable import fsync_dir, fsync_file
+from wakustore.durable import fsync_ancestors, fsync_dir, fsync_file
 
 _LOG = "_delta_log"
 _LAST_CHECKPOINT = "_last_checkpoint"
@@ -111,7 +111,7 @@ class CommitSync:
         if directories - {self.root} or self.synced_version < 0:
             fsync_dir(self.root)  # a new partition's directory; the log's
         if self.synced_version < 0:
-            fsync_dir(self.root.parent)  # the table's own, made by the engine
+            fsync_ancestors(self.root)  # the table's own, made by the engine (with `tables/`)
         log_files = [log_dir / f"{version:020d}.json" for version in new]
         log_files += [log_dir / name for name in new_checkpoints]
         if _LAST_CHECKPOINT in names:

@@ -62,13 +62,26 @@ def make_dirs(path: str | os.PathLike) -> Path:
     return path
 
 
+def fsync_ancestors(path: str | os.PathLike) -> None:
+    """fsync every directory above ``path``, up to the root: a tree another
+    process made (the engine makes a table's directories) is then durable
+    however deep it was created. Those this process may not open are left
+    to the file system."""
+    for directory in Path(path).absolute().parents:
+        _fsync_dir_if_allowed(directory)
+
+
 def _fsync_parent(path: Path) -> None:
-    """fsync ``path``'s parent; one this process may not open for reading
-    (an operator's /srv, say), or a file system without directory fsync,
-    is left as it is: the directory is there, only its durability is the
-    file system's."""
+    _fsync_dir_if_allowed(path.parent)
+
+
+def _fsync_dir_if_allowed(directory: Path) -> None:
+    """fsync ``directory``; one this process may not open for reading (an
+    operator's /srv, say), or a file system without directory fsync, is
+    left as it is: the directory is there, only its durability is the file
+    system's."""
     try:
-        fsync_dir(path.parent)
+        fsync_dir(directory)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
             raise

@@ -126,3 +126,16 @@ def test_hard_links_and_truncation(mount):
     mount.cut(6, strict=True)
     assert (root / "f").read_bytes() == (root / "g").read_bytes() == b"0123"
     assert os.stat(root / "f").st_nlink == 2
+
+
+def test_a_tree_another_process_made_is_durable_once_its_ancestors_are_synced(mount):
+    """What CommitSync does for the table's directories, which the engine
+    makes (``tables/messages/_delta_log`` at once)."""
+    from wakustore.durable import fsync_ancestors
+
+    deep = mount.path / "data" / "tables" / "messages"
+    os.makedirs(deep)
+    replace_durably(deep / "entry", b"e")
+    fsync_ancestors(deep / "entry")
+    mount.cut(7, strict=True)
+    assert (deep / "entry").read_bytes() == b"e"
