@@ -699,14 +699,16 @@ class Soak:
 
     def _wait(self, ready: Callable[[dict], object], what: str) -> None:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        last: dict | str = "no answer"
         while time.monotonic() < deadline:
             try:
-                if ready(self.node.health()):
+                last = self.node.health()
+                if ready(last):
                     return
-            except OSError:
-                pass
+            except OSError as exc:
+                last = f"no answer: {exc}"
             time.sleep(0.1)
-        raise Mismatch(f"timed out waiting for {what}")
+        raise Mismatch(f"timed out waiting for {what}; the node's last /health: {_why_not_ok(last)}")
 
     def _offline(self, work: Callable) -> None:
         """Stop the node, run ``work(store)`` on its data dir, start it again."""
@@ -738,6 +740,19 @@ class Soak:
         maintenance.delete_before(store.table, cutoff_ns)
         store.forget_before(cutoff_ns)
         maintenance.compact(store.table, today=dt.datetime.now(dt.UTC).date())
+
+
+def _why_not_ok(health: dict | str) -> str:
+    """The parts of a /health answer that say why it is not ok."""
+    if isinstance(health, str):
+        return health
+    parts = {key: health.get(key) for key in ("ok", "pending_messages", "wal_depth", "commit", "maintenance")}
+    parts.update(
+        engine=health.get("engine"),
+        bad_files=health.get("bad_files"),
+        disk_full=(health.get("disk") or {}).get("full"),
+    )
+    return json.dumps(parts, default=str)[:2000]
 
 
 def _describe(entries: list) -> str:
