@@ -1,11 +1,11 @@
 // A @chainsafe/discv5 node on loopback for the discv5 interop tests.
-// node discv5_node.mjs [--protocol-id d5waku] [--bootnode ENR ...] [--lookup] [--seconds N]
+// node discv5_node.mjs [--protocol-id d5waku] [--bootnode ENR ...] [--lookup] [--want N] [--seconds N]
 // Prints JSON lines: {"enr", "nodeId"} once started; {"event": "session", "nodeId"}
 // for each session established; {"found": [enr texts]} after a lookup.
 import { register } from "node:module";
 import dgram from "node:dgram";
 
-const options = { protocolId: "d5waku", bootnodes: [], lookup: false, seconds: 30 };
+const options = { protocolId: "d5waku", bootnodes: [], lookup: false, seconds: 30, want: 0 };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const name = argv[i];
@@ -13,6 +13,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (name === "--bootnode") options.bootnodes.push(argv[++i]);
   else if (name === "--lookup") options.lookup = true;
   else if (name === "--seconds") options.seconds = Number(argv[++i]);
+  else if (name === "--want") options.want = Number(argv[++i]);
   else {
     console.error(`unknown argument ${name}`);
     process.exit(2);
@@ -54,8 +55,14 @@ setTimeout(async () => {
   process.exit(0);
 }, options.seconds * 1000);
 if (options.lookup) {
-  // Twice: the first walk also opens the sessions the second one uses.
-  let found = await node.findRandomNode();
-  found = found.concat(await node.findRandomNode());
-  print({ found: [...new Set(found.map((enr) => enr.encodeTxt()))] });
+  // At least twice (the first walk also opens the sessions the second one
+  // uses), then again while fewer than --want records were found (a loaded
+  // machine answers some FINDNODEs after the walk's timeout), until 5 s
+  // before the end.
+  const found = new Set();
+  const deadline = Date.now() + Math.max(options.seconds - 5, 1) * 1000;
+  for (let walk = 0; walk < 2 || (found.size < options.want && Date.now() < deadline); walk++) {
+    for (const enr of await node.findRandomNode()) found.add(enr.encodeTxt());
+  }
+  print({ found: [...found] });
 }

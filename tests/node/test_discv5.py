@@ -226,6 +226,8 @@ def test_chainsafe_discv5_on_d5waku_finds_our_nodes_and_ours_handshake_with_it(n
             "--bootnode",
             nodes[0].enr.text,
             "--lookup",
+            "--want",
+            str(len(nodes)),
             "--seconds",
             "40",
         ],
