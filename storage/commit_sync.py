@@ -7,12 +7,15 @@ and the write-ahead log, trimmed once the commit returned, would no longer
 hold the rows. :meth:`CommitSync.sync` runs after each commit and before
 the step that relies on it (the write-ahead log's trim): every data file
 the new versions add, then the directories they are in, then the log
-entries and checkpoints, then the log's directory, fsynced in that order.
+entries and checkpoints (any not synced yet, whatever their version),
+then the log's directory, fsynced in that order; then the marker
+(``_wakustore_synced``) names the newest version durable.
 
-What is still open after a power cut: a commit whose fsync had not
-finished may be torn; its rows are still in the write-ahead log (its trim
-waits for the sync). A table on object storage needs none of this (a put
-is durable when it returns).
+A commit whose sync had not finished at a power cut may be torn; its rows
+are still in the write-ahead log (its trim waits for the sync), and the
+next start puts the torn versions aside (:mod:`log_repair`, which trusts
+every version up to the marker). A table on object storage needs none of
+this (a put is durable when it returns).
 """
 
 from __future__ import annotations
