@@ -734,12 +734,14 @@ class Soak:
         self.node.start()
 
     @staticmethod
-    def _retain(store, cutoff_ns: int) -> None:
+    def _retain(store, cutoff_ns: int, today: dt.date | None = None) -> dict[str, int]:
+        """Retention at ``cutoff_ns``, then compaction as of ``today`` (a
+        later day: today's files are rewritten as a finished day's)."""
         from wakustore.storage import maintenance
 
         maintenance.delete_before(store.table, cutoff_ns)
         store.forget_before(cutoff_ns)
-        maintenance.compact(store.table, today=dt.datetime.now(dt.UTC).date())
+        return maintenance.compact(store.table, today=today or dt.datetime.now(dt.UTC).date())
 
 
 def _why_not_ok(health: dict | str) -> str:

@@ -107,14 +107,14 @@ def _actions(entry: Path, newline_ends: bool) -> list[dict] | str:
     return actions
 
 
-def _first_torn(root: Path, log_dir: Path, versions: list[int], after: int) -> tuple[int, str] | None:
+def _first_torn(root: Path, log_dir: Path, names: list[str], versions: list[int], after: int) -> tuple[int, str] | None:
     """The first version after ``after`` that is torn, with why."""
     checked = [v for v in versions if v > after]
     if not checked:
         return None
     # The first version after the synced one must be there, unless a
     # checkpoint covers what is gone (the log is trimmed behind one).
-    first = after + 1 if after >= 0 and not _checkpoint_from(log_dir, checked[0] - 1) else checked[0]
+    first = after + 1 if after >= 0 and not _checkpoint_from(names, checked[0] - 1) else checked[0]
     # How a durable entry of this table ends (none durable yet: either way).
     newline_ends = True
     durable = [v for v in versions if v <= after]
@@ -151,12 +151,8 @@ def _first_torn(root: Path, log_dir: Path, versions: list[int], after: int) -> t
     return None
 
 
-def _checkpoint_from(log_dir: Path, version: int) -> bool:
-    """Whether a checkpoint of ``version`` or later is in the log."""
-    try:
-        names = os.listdir(log_dir)
-    except FileNotFoundError:
-        return False
+def _checkpoint_from(names: list[str], version: int) -> bool:
+    """Whether the log (``names``) holds a checkpoint of ``version`` or later."""
     return any(".checkpoint." in n and (v := _version(n)) is not None and v >= version for n in names)
 
 
@@ -200,7 +196,7 @@ def repair(root: str | os.PathLike) -> Repair:
     versions = sorted(v for name in names if name.endswith(".json") and (v := _version(name)) is not None)
     result = Repair()
     moving: list[str] = []
-    torn = _first_torn(root, log_dir, versions, synced)
+    torn = _first_torn(root, log_dir, names, versions, synced)
     if torn is not None:
         first, result.reason = torn
         result.versions = [v for v in versions if v >= first]

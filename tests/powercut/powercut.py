@@ -397,7 +397,6 @@ def offline(spec_path: Path) -> int:
     replace), with an engine of its own."""
     from wakustore.node.config import NodeConfig
     from wakustore.node.store_service import open_store
-    from wakustore.storage import maintenance
     from wakustore.storage.engine import Engine
     from wakustore.storage.rows import Row
 
@@ -409,12 +408,8 @@ def offline(spec_path: Path) -> int:
         _, store = open_store(config, engine=engine)
         try:
             if spec["kind"] == "retain":
-                maintenance.delete_before(store.table, spec["cutoff"])
-                store.forget_before(spec["cutoff"])
-                today = dt.datetime.now(dt.UTC).date()
-                done = maintenance.compact(
-                    store.table, today=today + dt.timedelta(days=1 if spec["finish_today"] else 0)
-                )
+                today = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1 if spec["finish_today"] else 0)
+                done = Soak._retain(store, spec["cutoff"], today)
                 print(f"offline: retention, then {done.get('days_rewritten', 0)} days rewritten sorted", flush=True)
             else:
                 rows = [Row.build(p, decode_message(bytes.fromhex(m)), t) for p, m, t in spec["rows"]]
