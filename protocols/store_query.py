@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Protocol, cast
@@ -95,7 +95,7 @@ class StoredMessage:
 class Page:
     """Results in ascending order and the key to continue from, if any."""
 
-    messages: list[StoredMessage] = field(default_factory=list)
+    messages: Sequence[StoredMessage] = field(default_factory=list)
     next_cursor: StoredMessage | None = None
 
 

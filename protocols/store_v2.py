@@ -32,6 +32,7 @@ from enum import IntEnum
 from typing import cast
 
 from wakustore.protocols.errors import StoreError
+from wakustore.protocols.framing import encode_uvarint
 from wakustore.protocols.message import HASH_SIZE, WakuMessage
 from wakustore.protocols.message_codec import (
     MAX_ENCODED_MESSAGE_SIZE,
@@ -41,6 +42,7 @@ from wakustore.protocols.message_codec import (
     with_request_id,
     write_message_pb,
 )
+from wakustore.protocols.message_columns import V2_MESSAGES, MessageColumns
 from wakustore.protocols.store_query import (
     DEFAULT_PAGE_SIZE,
     MAX_CONTENT_TOPICS,
@@ -213,6 +215,8 @@ def encode_response(
     rpc = store_legacy_pb2.HistoryRPC(request_id=request_id)
     response = rpc.response  # built in place: no copy into the RPC
     response.error = cast(store_legacy_pb2.HistoryResponse.Error, int(error))
+    if page is not None and isinstance(page.messages, MessageColumns):
+        return _encode_columns(rpc, page.messages, page.next_cursor, forward)
     if page is not None:
         for stored in page.messages:
             if stored.message is not None:
@@ -223,6 +227,29 @@ def encode_response(
         if page.next_cursor is not None:
             _write_index(paging.cursor, page.next_cursor)
     return with_request_id(rpc.SerializeToString(), request_id)
+
+
+def _encode_columns(
+    rpc: store_legacy_pb2.HistoryRPC, rows: MessageColumns, cursor: StoredMessage | None, forward: bool
+) -> bytes:
+    """:func:`encode_response` of a page held in columns: the response's
+    fields in number order, as the runtime writes them (messages 2,
+    paging_info 3, error 4), inside the RPC's field 3 after its
+    request_id (1)."""
+    response = rpc.response
+    paging = response.paging_info
+    messages = b""
+    if rows.data is not None:
+        messages = rows.encode(V2_MESSAGES)
+        paging.page_size = len(rows)
+    else:
+        paging.page_size = 0
+    paging.direction = _FORWARD if forward else _BACKWARD
+    if cursor is not None:
+        _write_index(paging.cursor, cursor)
+    body = messages + response.SerializeToString()
+    head = store_legacy_pb2.HistoryRPC(request_id=rpc.request_id).SerializeToString()
+    return with_request_id(head + b"\x1a" + encode_uvarint(len(body)) + body, rpc.request_id)
 
 
 def encode_error(error: StoreError) -> bytes:

@@ -26,6 +26,7 @@ from wakustore.protocols.message_codec import (
     with_request_id,
     write_message_pb,
 )
+from wakustore.protocols.message_columns import V3_DATA, V3_KEYS, MessageColumns
 from wakustore.protocols.store_query import (
     HistoryQuery,
     Page,
@@ -91,6 +92,14 @@ def encode_response(
     Messages are written in the order given (ascending, per the spec).
     """
     pb = store_v3_pb2.StoreQueryResponse(request_id=request_id, status_code=int(status_code), status_desc=status_desc)
+    if page is not None and isinstance(page.messages, MessageColumns):
+        # The fields in number order, as the runtime writes them: the
+        # head (1, 10, 11), the entries (20), the cursor (51).
+        entries = page.messages.encode(V3_DATA if include_data and page.messages.data is not None else V3_KEYS)
+        tail = b""
+        if page.next_cursor is not None:
+            tail = store_v3_pb2.StoreQueryResponse(pagination_cursor=page.next_cursor.message_hash).SerializeToString()
+        return with_request_id(pb.SerializeToString(), request_id) + entries + tail
     if page is not None:
         for stored in page.messages:
             entry = pb.messages.add(message_hash=stored.message_hash)

@@ -13,7 +13,8 @@ goes to the table.
 Columnar: the tier keeps the puts' Arrow rows as they come (a chunk a
 put, small chunks merged), each chunk with numpy indexes (its rows by
 topic pair and time, its hash prefixes, its times sorted with their sizes
-summed), and builds row objects only for the rows a page returns. A
+summed), and answers a page as an Arrow table of the rows it returns
+(taken from the chunks, no object a row: see storage.page_table). A
 live node's messages all land here: with an object per row and sorted
 lists the tier cost ~15 us a message, two thirds of the put thread
 (``bench store --days 1``, 1M messages: 33k msg/s; 60k since). Rows
@@ -30,17 +31,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import cast
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
-from wakustore.protocols.store_query import HistoryQuery, Ordering, StoredMessage
+from wakustore.protocols.store_query import HistoryQuery, Ordering
+from wakustore.storage import schema
+from wakustore.storage.page_table import between, page_filter, query_order
+from wakustore.storage.page_table import empty as _empty
 from wakustore.storage.row_index import TopicPairs, key_prefixes, matching, topic_pair_ids
-from wakustore.storage.rows import Row, binary_prefixes, rows_from_arrow, to_arrow
+from wakustore.storage.rows import Row, binary_prefixes, to_arrow
 
 # Bytes a row costs beyond its payload, meta and topics: its other columns
 # (MUID, hash, digest, times, offsets: ~170 bytes) and the chunk's indexes
@@ -73,8 +76,6 @@ EVICT_TO = 0.9
 _NO_ROWS = np.empty(0, dtype=np.int64)
 # A take whose rows are this few a batch slices each row out instead.
 SLICED_ROWS_PER_BATCH = 8
-# What a lookup without data answers from (store_query.matcher's and the order's columns).
-_KEY_COLUMNS = ("message_hash", "pubsub_topic", "content_topic", "timestamp", "digest")
 
 
 def _columns(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -371,13 +372,13 @@ class HotTier:
 
     def timestamp_of(self, message_hash: bytes, wait: bool = True) -> int | None:
         with self._reading(wait):
-            found = self._by_hash([message_hash])
-        row = found.get(message_hash)
-        return row.timestamp if row is not None else None
+            found = self._table_by_hash([message_hash], ("timestamp",))
+        return int(found.column("timestamp")[0].as_py()) if found.num_rows else None
 
-    def page(self, query: HistoryQuery, key: Key | None, wait: bool = True) -> list[StoredMessage] | None:
-        """Up to limit + 1 matches in query order, or None when the answer
-        may reach outside the complete region (ask the table)."""
+    def page(self, query: HistoryQuery, key: Key | None, wait: bool = True) -> pa.Table | None:
+        """Up to limit + 1 matches in query order (the page's columns,
+        :func:`schema.page_columns`), or None when the answer may reach
+        outside the complete region (ask the table)."""
         if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
             return None
         with self._reading(wait):
@@ -398,12 +399,11 @@ class HotTier:
                         picked = self._scan(chunk, pair, low, high, query.forward, fetch)
                         if picked is not None:
                             picks.append((chunk, picked))
-            found = self._rows(picks, low, high, query.forward, fetch)
-            found.sort(key=_row_key(query.ordering), reverse=not query.forward)
-            found = found[:fetch]
-            if not self._complete(query, key, len(found) >= fetch):
+            columns = schema.page_columns(query.include_data, False)
+            found = query_order(self._rows(picks, low, high, query.forward, fetch, columns), query).slice(0, fetch)
+            if not self._complete(query, key, found.num_rows >= fetch):
                 return None
-            return [r.stored(query.include_data) for r in found]
+            return found
 
     # --- private ----------------------------------------------------------
 
@@ -553,13 +553,20 @@ class HotTier:
         return picked if len(picked) else None
 
     def _rows(
-        self, picks: list[tuple[_Chunk, np.ndarray]], low: Key | None, high: Key | None, forward: bool, fetch: int
-    ) -> list[Row]:
+        self,
+        picks: list[tuple[_Chunk, np.ndarray]],
+        low: Key | None,
+        high: Key | None,
+        forward: bool,
+        fetch: int,
+        columns: Sequence[str],
+    ) -> pa.Table:
         """The rows of the chunks' candidates (``_scan``) that can be among
-        the first ``fetch`` over all chunks: by time first (whole groups of
-        a time kept), then read and tested exactly."""
+        the first ``fetch`` over all chunks (by time first, whole groups of
+        a time kept), strictly between ``low`` and ``high``, of
+        ``columns``; in no particular order."""
         if not picks:
-            return []
+            return _empty(columns)
         times = np.concatenate([chunk.ts[rows] for chunk, rows in picks])
         # Rows at the bound's own time may fall to the cursor's hash.
         bound = low if forward else high
@@ -569,41 +576,28 @@ class HotTier:
             cut = ordered[need - 1] if forward else ordered[len(times) - need]
         else:
             cut = None
-        out: list[Row] = []
+        parts = []
         for chunk, rows in picks:
             if cut is not None:
                 rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
-            if not len(rows):
-                continue
-            out.extend(
-                r
-                for r in rows_from_arrow(chunk.take(rows.astype(np.int64)))
-                if (low is None or (r.timestamp, r.message_hash) > low)
-                and (high is None or (r.timestamp, r.message_hash) < high)
-            )
-        return out
+            if len(rows):
+                parts.append(chunk.take(rows.astype(np.int64), columns))
+        if not parts:
+            return _empty(columns)
+        found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        inside = between(found, low, high)
+        return found if inside is None else found.filter(inside)
 
-    def _by_hash(self, hashes: Sequence[bytes]) -> dict[bytes, Row]:
-        """The visible rows of the tier with one of ``hashes``."""
+    def _table_by_hash(self, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
+        """The visible rows of the tier with one of ``hashes`` (each at most
+        once: a hash is one MUID), of ``columns`` and their hash."""
         wanted = set(hashes)
-        found: dict[bytes, Row] = {}
-        for chunk, rows in self._matches(wanted, "hash_prefix", "hash_row"):
-            for row in rows_from_arrow(chunk.take(rows)):
-                if row.message_hash in wanted:
-                    found[row.message_hash] = row
-        return found
-
-    def _keys_by_hash(self, hashes: Sequence[bytes]) -> dict[bytes, tuple[StoredMessage, str]]:
-        """The visible rows with one of ``hashes`` as (stored message
-        without data, content topic): their key columns alone."""
-        wanted = set(hashes)
-        found: dict[bytes, tuple[StoredMessage, str]] = {}
-        for chunk, rows in self._matches(wanted, "hash_prefix", "hash_row"):
-            columns = chunk.take(rows, _KEY_COLUMNS).to_pydict()
-            for h, p, c, t, d in zip(*(columns[name] for name in _KEY_COLUMNS)):
-                if h in wanted:
-                    found[h] = (StoredMessage(h, p, None, t, d), c)
-        return found
+        columns = list(dict.fromkeys(("message_hash", *columns)))
+        parts = [chunk.take(rows, columns) for chunk, rows in self._matches(wanted, "hash_prefix", "hash_row")]
+        if not parts:
+            return _empty(columns)
+        found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return found.filter(pc.is_in(found.column("message_hash"), value_set=pa.array(list(wanted), pa.binary())))
 
     def _held_muids(self, muids: Sequence[bytes]) -> set[bytes]:
         """Those of ``muids`` that a visible row of the tier has."""
@@ -633,7 +627,7 @@ class HotTier:
 
     def lookup(
         self, query: HistoryQuery, key: Key | None, wait: bool = True
-    ) -> tuple[list[StoredMessage], tuple[bytes, ...]] | None:
+    ) -> tuple[pa.Table, tuple[bytes, ...]] | None:
         """A lookup by hash as far as the tier holds it: (the page's rows
         among the hashes it holds, in query order, at most limit + 1; the
         hashes it does not hold, which only the table may), or None when
@@ -645,33 +639,18 @@ class HotTier:
                 return None
             return self._by_hashes(query, key)
 
-    def _by_hashes(self, query: HistoryQuery, key: Key | None) -> tuple[list[StoredMessage], tuple[bytes, ...]]:
+    def _by_hashes(self, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]]:
         wanted = tuple(dict.fromkeys(query.message_hashes))
-        match = store_query.matcher(query, key)
-        if not query.include_data:
-            # status-go's presence checks: the key columns alone, no message built.
-            keys = self._keys_by_hash(wanted)
-            matched = [
-                stored
-                for stored, content_topic in (keys[h] for h in wanted if h in keys)
-                if match(stored.pubsub_topic, content_topic, stored.message_hash, stored.timestamp, stored.digest)
-            ]
-            matched.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
-            return matched[: query.limit + 1], tuple(h for h in wanted if h not in keys)
-        found = self._by_hash(wanted)
-        rows = [
-            row
-            for row in (found[h] for h in wanted if h in found)
-            if match(row.pubsub_topic, row.message.content_topic, row.message_hash, row.timestamp, row.digest)
-        ]
-        rows.sort(key=_row_key(query.ordering), reverse=not query.forward)
-        return [r.stored(True) for r in rows[: query.limit + 1]], tuple(h for h in wanted if h not in found)
-
-
-def _row_key(ordering: Ordering) -> Callable[[Row], Key]:
-    """:func:`store_query.sort_key` for rows: it reads only attributes a
-    :class:`Row` has too (its annotation names StoredMessage)."""
-    return cast("Callable[[Row], Key]", store_query.sort_key(ordering))
+        columns = schema.page_columns(query.include_data, True)
+        # The content topic too, for the query's topics (status-go's
+        # presence checks have none: their key columns alone are read).
+        matched = self._table_by_hash(wanted, (*columns, "content_topic") if query.content_topics else columns)
+        held = set(matched.column("message_hash").to_pylist())
+        keep = page_filter(matched, query, key)
+        if keep is not None:
+            matched = matched.filter(keep)
+        found = query_order(matched.select(list(columns)), query).slice(0, query.limit + 1)
+        return found, tuple(h for h in wanted if h not in held)
 
 
 def _combined(column):

@@ -18,6 +18,15 @@ this order, each at most once:
    each data file's key index where it is built (index-only answers for
    lookups without data), DataFusion over the files not yet indexed.
 
+Every source answers in Arrow (a table of the page's columns,
+:func:`schema.page_columns`), and so does the page until the Store
+encoder: :mod:`~wakustore.storage.page_table` merges, orders and finishes
+it, and hands the encoders its rows as Arrow's buffers
+(:class:`~wakustore.protocols.message_columns.MessageColumns`), which
+they write as protobuf with one compiled call. No row object is made on
+the way, except for the rows waiting for a commit, which are row objects
+in the write path's buffer.
+
 A cursor (a message hash) is placed by the cursors this node handed out
 (a bounded cache), then the hot tier, then the rows waiting for a commit,
 then the table.
@@ -26,7 +35,8 @@ then the table.
 tier and the cursor cache only, nothing that takes the write path's lock
 (finding a cursor among the pending rows may index the whole buffer), no
 file, and no waiting for a lock a thread holds (a commit writing the hot
-tier: it says :class:`~wakustore.storage.hot_tier.Busy` instead). When it cannot answer, :meth:`ReadPath.page` answers in a reader
+tier: it says :class:`~wakustore.storage.hot_tier.Busy` instead). When
+it cannot answer, :meth:`ReadPath.page` answers in a reader
 thread, told that memory was tried so that the hot tier is not probed a
 second time for the same page.
 
@@ -41,11 +51,14 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from wakustore.protocols import store_query
-from wakustore.protocols.store_query import HistoryQuery, Ordering, Page, StoredMessage, unknown_cursor
+from wakustore.protocols.store_query import HistoryQuery, Ordering, Page, unknown_cursor
+from wakustore.storage import page_table, schema
 from wakustore.storage.hot_tier import HotTier
 from wakustore.storage.reader import TableReader
-from wakustore.storage.rows import Row, from_arrow
+from wakustore.storage.rows import Row
 from wakustore.storage.write_path import WritePath
 
 Key = tuple[int, bytes]
@@ -94,10 +107,10 @@ class CursorCache:
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryPart:
     """What the hot tier answers of a lookup by hash: the page's rows among
-    the hashes it holds (query order, at most limit + 1), and the hashes
-    it does not hold."""
+    the hashes it holds (query order, at most limit + 1, the page's
+    columns), and the hashes it does not hold."""
 
-    found: list[StoredMessage]
+    found: pa.Table
     missing: tuple[bytes, ...]
 
 
@@ -142,51 +155,52 @@ class ReadPath:
         returned of a lookup by hash, so that only the hashes the tier does
         not hold are looked up."""
         key = self._cursor_key(query)
+        fetch = query.limit + 1
         if query.message_hashes and part is None and not memory_tried:
             looked = self.hot.lookup(query, key)
             part = None if looked is None else MemoryPart(*looked)
         if part is not None:
+            found = part.found
             if part.missing:
                 # The hot tier's rows, and those of the other hashes (a
                 # hash is one row: the two sets share none).
                 rest = dataclasses.replace(query, message_hashes=part.missing)
-                pending = self._pending_matches(rest, key)
-                found = from_arrow(self.reader.page(rest, key, query.limit + 1), query.include_data)
-                found = _merge_pending(query, found + part.found, pending)
-            else:
-                found = part.found
+                pending = self._pending(rest, key)
+                found = page_table.merge(query, [found, self.reader.page(rest, key, fetch)], pending)
             return self._finish(query, found)
         held = None if memory_tried or query.message_hashes else self.hot.page(query, key)
         if held is None:
-            pending = self._pending_matches(query, key)
-            held = _merge_pending(
-                query, from_arrow(self.reader.page(query, key, query.limit + 1), query.include_data), pending
-            )
+            # Pending rows first: a commit in between shows a row twice
+            # (dropped by hash), never zero times.
+            pending = self._pending(query, key)
+            held = page_table.merge(query, [self.reader.page(query, key, fetch)], pending)
         return self._finish(query, held)
 
     def forget_cursors(self) -> None:
         """Rows left the table (retention): a removed hash is no longer a cursor."""
         self.cursors.clear()
 
-    def _finish(self, query: HistoryQuery, found: list[StoredMessage], wait: bool = True) -> Page:
-        page = store_query.finish_page(query, found)
+    def _finish(self, query: HistoryQuery, found: pa.Table, wait: bool = True) -> Page:
+        page = page_table.finish(query, found)
         cursor = page.next_cursor
         if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
             self.cursors.put(cursor.message_hash, cursor.timestamp, wait=wait)
         return page
 
-    def _pending_matches(self, query: HistoryQuery, key: Key | None) -> list[Row]:
-        """The uncommitted rows that may be on the page, read from the
-        pending index: by hash for a lookup, else over the query's time
-        range in its topics only."""
+    def _pending(self, query: HistoryQuery, key: Key | None) -> pa.Table:
+        """The uncommitted rows that may be on the page (the page's
+        columns), read from the pending index: by hash for a lookup, else
+        over the query's time range in its topics only."""
         match = store_query.matcher(query, key)
+        columns = schema.page_columns(query.include_data, bool(query.message_hashes))
         if query.message_hashes:
-            return [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
+            rows = [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
+            return page_table.rows_table(rows, columns)
         low, high = store_query.key_range(query, key)
         groups = None
         if query.pubsub_topic is not None and query.content_topics:
             groups = [(query.pubsub_topic, topic) for topic in query.content_topics]
-        return self.writes.pending_scan(
+        rows = self.writes.pending_scan(
             None if low is None else low[0],
             None if high is None else high[0],
             query.forward,
@@ -194,6 +208,7 @@ class ReadPath:
             query.limit + 1,
             groups,
         )
+        return page_table.rows_table(rows, columns)
 
     def _cursor_key(self, query: HistoryQuery) -> Key | None:
         if query.cursor is None:
@@ -217,19 +232,6 @@ class ReadPath:
             if pending:
                 timestamp = pending[0].timestamp
         return timestamp
-
-
-def _merge_pending(query: HistoryQuery, found: list[StoredMessage], pending: list[Row]) -> list[StoredMessage]:
-    """The first limit + 1 of the table's rows and the matching pending
-    rows, in query order; a row in both (a flush ran between the two reads)
-    once."""
-    seen = {m.message_hash for m in found}
-    for row in pending:
-        if row.message_hash not in seen:
-            found.append(row.stored(query.include_data))
-            seen.add(row.message_hash)
-    found.sort(key=store_query.sort_key(query.ordering), reverse=not query.forward)
-    return found[: query.limit + 1]
 
 
 def _row_matches(match: Callable[..., bool], row: Row) -> bool:

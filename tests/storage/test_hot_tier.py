@@ -10,6 +10,7 @@ from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.store_query import validate_v3
 from wakustore.storage.hot_tier import MAX_SMALL_CHUNKS, ROW_OVERHEAD_BYTES, HotTier
 from wakustore.storage.message_store import MessageStore, StoreConfig
+from wakustore.storage.page_table import message_columns
 from wakustore.storage.rows import Row
 from wakustore.storage.table import DeltaTableRef
 
@@ -42,6 +43,12 @@ def _query(**kw):
     )
     base.update(kw)
     return validate_v3(**base)
+
+
+def _held(tier, query, key):
+    """The tier's page as messages (it answers in Arrow), or None."""
+    table = tier.page(query, key)
+    return None if table is None else message_columns(table)
 
 
 def _walk(store, query, max_pages=50):
@@ -139,10 +146,10 @@ def test_eviction_advances_the_complete_region():
     assert len(tier) <= 10 and tier.bytes <= tier.max_bytes
     assert tier.start_ns > now - 50
     # What a page from the complete region sees lies inside it.
-    page = tier.page(_query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=100), None)
+    page = _held(tier, _query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=100), None)
     assert len(page) == len(tier) and all(m.timestamp >= tier.start_ns for m in page)
     # A forward query from before the complete region is not answered from memory.
-    assert tier.page(_query(content_topics=[TOPICS[0]], time_start=now - 60), None) is None
+    assert _held(tier, _query(content_topics=[TOPICS[0]], time_start=now - 60), None) is None
 
 
 def test_a_full_tier_evicts_the_oldest_whole_timestamps_down_to_a_share_of_its_budget():
@@ -153,7 +160,7 @@ def test_a_full_tier_evicts_the_oldest_whole_timestamps_down_to_a_share_of_its_b
     for batch in range(30):  # many small puts: chunks merged as they come
         tier.add([_row(now - 1000 + batch * 10 + i // 2, batch * 10 + i) for i in range(10)], now)
         assert tier.bytes <= tier.max_bytes
-    kept = tier.page(_query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=1000), None)
+    kept = _held(tier, _query(content_topics=[TOPICS[0]], time_start=tier.start_ns, limit=1000), None)
     # Two rows a timestamp: eviction never splits them; the newest survive.
     stamps = [m.timestamp for m in kept]
     assert stamps == sorted(stamps) and stamps[-1] == now - 1000 + 29 * 10 + 4
@@ -167,7 +174,7 @@ def test_window_replacement_is_mirrored():
     now = 10**15
     tier.start(now - 1000, [_row(now - 100 + i, i) for i in range(10)], now)
     tier.replace(now - 100, now - 95, [TOPICS[0]], [_row(now - 97, 99)])
-    page = tier.page(_query(content_topics=[TOPICS[0]], time_start=now - 1000, limit=100), None)
+    page = _held(tier, _query(content_topics=[TOPICS[0]], time_start=now - 1000, limit=100), None)
     assert [m.timestamp - now for m in page] == [-97, -95, -94, -93, -92, -91]
 
 
@@ -254,14 +261,14 @@ def test_pages_from_many_chunks_are_the_table_pages_whenever_the_tier_answers(se
         query = _query(**kw)
         cursor = rng.choice(rows) if rng.random() < 0.5 else None
         key = None if cursor is None else (cursor.timestamp, cursor.message_hash)
-        page = tier.page(query, key)
+        page = _held(tier, query, key)
         if page is not None:
             answered += 1
             assert [m.message_hash for m in page] == _reference_page(rows, query, key), kw
     assert answered > 10
     hashes = [r.message_hash for r in rng.sample(rows, 5)]
     query = _query(pubsub_topic=None, content_topics=[], message_hashes=hashes, limit=20)
-    page = tier.page(query, None)
+    page = _held(tier, query, None)
     if page is not None:
         assert [m.message_hash for m in page] == _reference_page(rows, query, None)
 

@@ -600,7 +600,7 @@ def test_pages_and_cursors_of_pending_rows_copy_no_pending_rows(engine, tmp_path
     monkeypatch.setattr(s.writes, "pending_rows", copy_all)
     first = s.query(query(limit=4))
     second = s.query(query(limit=4, cursor=first.next_cursor.message_hash))
-    assert payloads(first.messages + second.messages) == [b"payload-%d" % i for i in range(8)]
+    assert payloads([*first.messages, *second.messages]) == [b"payload-%d" % i for i in range(8)]
     # A cursor the node did not hand out: looked up among the pending rows.
     third = s.query(query(limit=4, cursor=message_hash(PUBSUB, msg(6))))
     assert payloads(third.messages) == [b"payload-7", b"payload-8", b"payload-9"]

@@ -44,7 +44,7 @@ def test_store_over_a_remote_spark_connect_endpoint(engine, tmp_path):
         )
         first = store.query(query)
         second = store.query(dataclasses.replace(query, cursor=first.next_cursor.message_hash))
-        got = [m.message.payload for m in first.messages + second.messages]
+        got = [m.message.payload for m in [*first.messages, *second.messages]]
         assert got == [b"r-%d" % i for i in range(30)] and second.next_cursor is None
         store.close()
     finally:
