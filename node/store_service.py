@@ -23,7 +23,6 @@ from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, Page
 from wakustore.storage import maintenance
 from wakustore.storage.engine import Engine
-from wakustore.storage.hot_tier import Busy as HotTierBusy
 from wakustore.storage.message_store import MessageStore, PutResult, StoreConfig
 from wakustore.storage.table import DeltaTableRef
 
@@ -157,10 +156,7 @@ class StoreService:
         here on the event loop, with no thread hop and no queue; the others
         read the table in a reader thread, never waiting for engine work."""
         reads = self.store.reads
-        try:
-            answer = reads.from_memory(query)
-        except HotTierBusy:  # a commit is writing it: asked in the thread
-            return await trio.to_thread.run_sync(functools.partial(reads.page, query), limiter=self.read_limiter)
+        answer = reads.from_memory(query)
         if isinstance(answer, Page):
             return answer
         return await trio.to_thread.run_sync(

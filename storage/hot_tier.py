@@ -30,6 +30,8 @@ for a node that owns its table; a fleet sharing one table turns it off
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -181,12 +183,16 @@ class _Chunk:
             mask &= ~self.dead
         return mask
 
-    def kill(self, mask: np.ndarray) -> None:
-        """Mark rows dead: they leave the counts at once."""
-        self.dead = mask if self.dead is None else self.dead | mask
+    def killed(self, mask: np.ndarray) -> _Chunk:
+        """This chunk with the rows of ``mask`` dead too: they leave the
+        counts at once. A new chunk (sharing the rows and indexes): a
+        reader may hold this one."""
+        twin = copy.copy(self)
+        twin.dead = mask if self.dead is None else self.dead | mask
         by_time = np.argsort(self.ts, kind="stable")
-        self.size_sorted = np.where(self.dead[by_time], 0, self.size_sorted)
-        self.size_cum = np.concatenate(([0], np.cumsum(self.size_sorted)))
+        twin.size_sorted = np.where(twin.dead[by_time], 0, self.size_sorted)
+        twin.size_cum = np.concatenate(([0], np.cumsum(twin.size_sorted)))
+        return twin
 
     @property
     def nbytes(self) -> int:
@@ -216,12 +222,24 @@ class _Chunk:
         return None
 
 
-class Busy(Exception):
-    """The hot tier is being written; the event loop does not wait for it."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _View:
+    """What readers see of the tier: published whole by each write."""
+
+    start_ns: int | None
+    floor: int
+    chunks: tuple[_Chunk, ...]
 
 
 class HotTier:
-    """Thread-safe; complete for timestamps >= ``start_ns`` once started."""
+    """Thread-safe; complete for timestamps >= ``start_ns`` once started.
+
+    Readers take no lock: they read the view the last write published
+    (:class:`_View`: the complete region, the floor and the chunks, none
+    of which a write changes once published: a write makes new chunks
+    and publishes a new view). Writers take the tier's lock, among
+    themselves only. A page on the event loop thus never waits for a
+    commit putting its rows in, nor for an eviction."""
 
     def __init__(self, max_bytes: int, window_ns: int):
         self.max_bytes = max_bytes
@@ -234,14 +252,24 @@ class HotTier:
         # Rows below the floor are gone (evicted, or removed by retention):
         # start_ns when it is a time, and never below a retention cutoff.
         self._floor = ALL_TIME
+        self._view = _View(None, ALL_TIME, ())
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
     def __len__(self) -> int:
+        view = self._view
+        return sum(int(chunk.visible(view.floor).sum()) for chunk in view.chunks)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The writers' lock; what the write did is published as it ends."""
         with self._lock:
-            return sum(int(chunk.visible(self._floor).sum()) for chunk in self._chunks)
+            try:
+                yield
+            finally:
+                self._view = _View(self.start_ns, self._floor, tuple(self._chunks))
 
     # --- filling ----------------------------------------------------------
 
@@ -265,7 +293,7 @@ class HotTier:
         # Indexed before the lock is taken: pages on the event loop wait for
         # the lock, not for the sorting of up to the whole tier.
         chunk = _Chunk(table, self._pairs) if table.num_rows else None
-        with self._lock:
+        with self._writing():
             self._chunks = []
             self.start_ns = start_ns
             self._floor = start_ns
@@ -279,8 +307,7 @@ class HotTier:
         the engine came back, an import's."""
         if self.start_ns is None or not rows:
             return
-        with self._lock:
-            held = self._held_muids([r.muid for r in rows])
+        held = _held_muids(self._view, [r.muid for r in rows])
         seen: set[bytes] = set()
         fresh = [r for r in rows if r.muid not in held and r.muid not in seen and not seen.add(r.muid)]  # type: ignore[func-returns-value]  # adds the MUID, then True
         if fresh:
@@ -297,7 +324,7 @@ class HotTier:
         # the rare case the tier was restarted from another time meanwhile.
         start_ns = self.start_ns
         late, chunk = self._kept(table, start_ns, now_ns)
-        with self._lock:
+        with self._writing():
             if self.start_ns is None:
                 return
             if self.start_ns != start_ns:
@@ -321,7 +348,7 @@ class HotTier:
 
     def clear(self) -> None:
         """Cover nothing from now on: every query goes to the table."""
-        with self._lock:
+        with self._writing():
             self.start_ns = None
             self._chunks = []
             self._floor = ALL_TIME
@@ -329,21 +356,21 @@ class HotTier:
 
     def forget_before(self, cutoff_ns: int) -> None:
         """Rows older than ``cutoff_ns`` left the table (retention)."""
-        with self._lock:
+        with self._writing():
             self._raise_floor(cutoff_ns)
 
     def replace(self, start_ns: int, end_ns: int, content_topics: Sequence[str], rows: Sequence[Row]) -> None:
         """Mirror a window replacement in the table."""
         if self.start_ns is None:
             return
-        with self._lock:
+        with self._writing():
             if self.start_ns is None:
                 return
             topics = set(content_topics)
             doomed_pairs = np.array(
                 sorted(i for (_, content), i in self._pairs.items() if content in topics), dtype=np.int64
             )
-            for chunk in self._chunks:
+            for at, chunk in enumerate(self._chunks):
                 if not len(doomed_pairs):
                     break
                 pairs = np.empty(chunk.rows, dtype=np.int64)
@@ -351,59 +378,54 @@ class HotTier:
                     pairs[chunk.order[start:end]] = pair
                 mask = (chunk.ts >= start_ns) & (chunk.ts < end_ns) & np.isin(pairs, doomed_pairs)
                 if mask.any():
-                    chunk.kill(mask)
+                    self._chunks[at] = chunk.killed(mask)
             kept = to_arrow([r for r in rows if r.timestamp >= self.start_ns])
             self._append(_Chunk(kept, self._pairs) if kept.num_rows else None)
             self._tidy()
 
     # --- reading ----------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _reading(self, wait: bool) -> Iterator[None]:
-        """The tier's lock; without ``wait`` (the event loop), raises
-        :class:`Busy` instead of waiting for a writer (a commit's rows going
-        in, an eviction)."""
-        if not self._lock.acquire(blocking=wait):
-            raise Busy()
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    def timestamp_of(self, message_hash: bytes, wait: bool = True) -> int | None:
-        with self._reading(wait):
-            found = self._table_by_hash([message_hash], ("timestamp",))
+    def timestamp_of(self, message_hash: bytes) -> int | None:
+        found = _table_by_hash(self._view, [message_hash], ("timestamp",))
         return int(found.column("timestamp")[0].as_py()) if found.num_rows else None
 
-    def page(self, query: HistoryQuery, key: Key | None, wait: bool = True) -> pa.Table | None:
+    def page(self, query: HistoryQuery, key: Key | None) -> pa.Table | None:
         """Up to limit + 1 matches in query order (the page's columns,
         :func:`schema.page_columns`), or None when the answer may reach
         outside the complete region (ask the table)."""
-        if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
+        view = self._view
+        if view.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
             return None
-        with self._reading(wait):
-            if self.start_ns is None:
-                return None
-            if query.message_hashes:
-                held, missing = self._by_hashes(query, key)
-                return None if missing else held
-            if not query.content_topics or query.pubsub_topic is None:
-                return None
-            fetch = query.limit + 1
-            low, high = store_query.key_range(query, key)
-            picks = []
-            for topic in query.content_topics:
-                pair = self._pairs.get(query.pubsub_topic, topic)
-                if pair is not None:
-                    for chunk in self._chunks:
-                        picked = self._scan(chunk, pair, low, high, query.forward, fetch)
-                        if picked is not None:
-                            picks.append((chunk, picked))
-            columns = schema.page_columns(query.include_data, False)
-            found = query_order(self._rows(picks, low, high, query.forward, fetch, columns), query).slice(0, fetch)
-            if not self._complete(query, key, found.num_rows >= fetch):
-                return None
-            return found
+        if query.message_hashes:
+            held, missing = _by_hashes(view, query, key)
+            return None if missing else held
+        if not query.content_topics or query.pubsub_topic is None:
+            return None
+        fetch = query.limit + 1
+        low, high = store_query.key_range(query, key)
+        picks = []
+        for topic in query.content_topics:
+            pair = self._pairs.get(query.pubsub_topic, topic)
+            if pair is not None:
+                for chunk in view.chunks:
+                    picked = _scan(chunk, view.floor, pair, low, high, query.forward, fetch)
+                    if picked is not None:
+                        picks.append((chunk, picked))
+        columns = schema.page_columns(query.include_data, False)
+        found = query_order(_rows(picks, low, high, query.forward, fetch, columns), query).slice(0, fetch)
+        if not _complete(view.start_ns, query, key, found.num_rows >= fetch):
+            return None
+        return found
+
+    def lookup(self, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]] | None:
+        """A lookup by hash as far as the tier holds it: (the page's rows
+        among the hashes it holds, in query order, at most limit + 1; the
+        hashes it does not hold, which only the table may), or None when
+        the tier cannot say (not filled yet, or another order)."""
+        view = self._view
+        if view.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH or not query.message_hashes:
+            return None
+        return _by_hashes(view, query, key)
 
     # --- private ----------------------------------------------------------
 
@@ -504,153 +526,144 @@ class HotTier:
         ]
         return int(min(oldest)) if oldest else 2**63 - 1
 
-    def _complete(self, query: HistoryQuery, key: Key | None, filled: bool) -> bool:
-        """Is every row the answer could hold at or after start_ns?"""
-        assert self.start_ns is not None  # page() tested it under the lock
-        if self.start_ns == ALL_TIME:
-            return True
-        lower = query.time_start
-        if query.forward and key is not None:
-            lower = key[0] if lower is None else max(lower, key[0])
-        if lower is not None and lower >= self.start_ns:
-            return True
-        # Backward pages walk down from the newest: a full page from memory
-        # is the right page, since everything newer than start_ns is here.
-        return not query.forward and filled
 
-    def _scan(
-        self, chunk: _Chunk, pair: int, low: Key | None, high: Key | None, forward: bool, fetch: int
-    ) -> np.ndarray | None:
-        """Rows of one topic pair of a chunk that hold its first ``fetch``
-        visible rows strictly between ``low`` and ``high``
-        (store_query.key_range) in query order, and more: whole groups of
-        equal times at both ends, since the order within a time is by
-        hash, decided once the rows are read. None when there are none."""
-        low_ts = self._floor if low is None else max(low[0], self._floor)
-        if not chunk.rows or chunk.ts_sorted[-1] < low_ts or (high is not None and chunk.ts_sorted[0] > high[0]):
-            return None
-        segment = chunk.segment(pair)
-        if segment is None:
-            return None
-        start, end = segment
-        times = chunk.ts_ordered[start:end]
-        a = int(np.searchsorted(times, low_ts, "left"))
-        b = int(np.searchsorted(times, high[0], "right")) if high is not None else len(times)
-        if a >= b:
-            return None
-        if forward:
-            ties = int(np.searchsorted(times, times[a], "right")) - a
-            stop = min(b, a + fetch + ties)
-            stop = min(b, int(np.searchsorted(times, times[stop - 1], "right")))
-            picked = chunk.order[start + a : start + stop]
-        else:
-            ties = b - int(np.searchsorted(times, times[b - 1], "left"))
-            first = max(a, b - fetch - ties)
-            first = max(a, int(np.searchsorted(times, times[first], "left")))
-            picked = chunk.order[start + first : start + b]
+def _complete(start_ns: int, query: HistoryQuery, key: Key | None, filled: bool) -> bool:
+    """Is every row the answer could hold at or after ``start_ns``?"""
+    if start_ns == ALL_TIME:
+        return True
+    lower = query.time_start
+    if query.forward and key is not None:
+        lower = key[0] if lower is None else max(lower, key[0])
+    if lower is not None and lower >= start_ns:
+        return True
+    # Backward pages walk down from the newest: a full page from memory
+    # is the right page, since everything newer than start_ns is here.
+    return not query.forward and filled
+
+
+def _scan(
+    chunk: _Chunk, floor: int, pair: int, low: Key | None, high: Key | None, forward: bool, fetch: int
+) -> np.ndarray | None:
+    """Rows of one topic pair of a chunk that hold its first ``fetch``
+    rows at or above ``floor`` strictly between ``low`` and ``high``
+    (store_query.key_range) in query order, and more: whole groups of
+    equal times at both ends, since the order within a time is by
+    hash, decided once the rows are read. None when there are none."""
+    low_ts = floor if low is None else max(low[0], floor)
+    if not chunk.rows or chunk.ts_sorted[-1] < low_ts or (high is not None and chunk.ts_sorted[0] > high[0]):
+        return None
+    segment = chunk.segment(pair)
+    if segment is None:
+        return None
+    start, end = segment
+    times = chunk.ts_ordered[start:end]
+    a = int(np.searchsorted(times, low_ts, "left"))
+    b = int(np.searchsorted(times, high[0], "right")) if high is not None else len(times)
+    if a >= b:
+        return None
+    if forward:
+        ties = int(np.searchsorted(times, times[a], "right")) - a
+        stop = min(b, a + fetch + ties)
+        stop = min(b, int(np.searchsorted(times, times[stop - 1], "right")))
+        picked = chunk.order[start + a : start + stop]
+    else:
+        ties = b - int(np.searchsorted(times, times[b - 1], "left"))
+        first = max(a, b - fetch - ties)
+        first = max(a, int(np.searchsorted(times, times[first], "left")))
+        picked = chunk.order[start + first : start + b]
+    if chunk.dead is not None:
+        picked = picked[~chunk.dead[picked]]
+    return picked if len(picked) else None
+
+
+def _rows(
+    picks: list[tuple[_Chunk, np.ndarray]],
+    low: Key | None,
+    high: Key | None,
+    forward: bool,
+    fetch: int,
+    columns: Sequence[str],
+) -> pa.Table:
+    """The rows of the chunks' candidates (``_scan``) that can be among
+    the first ``fetch`` over all chunks (by time first, whole groups of
+    a time kept), strictly between ``low`` and ``high``, of
+    ``columns``; in no particular order."""
+    if not picks:
+        return _empty(columns)
+    times = np.concatenate([chunk.ts[rows] for chunk, rows in picks])
+    # Rows at the bound's own time may fall to the cursor's hash.
+    bound = low if forward else high
+    need = fetch + (int((times == bound[0]).sum()) if bound is not None else 0)
+    if need < len(times):
+        ordered = np.sort(times)
+        cut = ordered[need - 1] if forward else ordered[len(times) - need]
+    else:
+        cut = None
+    parts = []
+    for chunk, rows in picks:
+        if cut is not None:
+            rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
+        if len(rows):
+            parts.append(chunk.take(rows.astype(np.int64), columns))
+    if not parts:
+        return _empty(columns)
+    found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    inside = between(found, low, high)
+    return found if inside is None else found.filter(inside)
+
+
+def _table_by_hash(view: _View, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
+    """The visible rows of the tier with one of ``hashes`` (each at most
+    once: a hash is one MUID), of ``columns`` and their hash."""
+    wanted = set(hashes)
+    columns = list(dict.fromkeys(("message_hash", *columns)))
+    parts = [chunk.take(rows, columns) for chunk, rows in _matches(view, wanted, "hash_prefix", "hash_row")]
+    if not parts:
+        return _empty(columns)
+    found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return found.filter(pc.is_in(found.column("message_hash"), value_set=pa.array(list(wanted), pa.binary())))
+
+
+def _held_muids(view: _View, muids: Sequence[bytes]) -> set[bytes]:
+    """Those of ``muids`` that a visible row of the tier has."""
+    wanted = set(muids)
+    held: set[bytes] = set()
+    for chunk, rows in _matches(view, wanted, "muid_prefix", "muid_row"):
+        held.update(k for k in chunk.take(rows).column("muid").to_pylist() if k in wanted)
+    return held
+
+
+def _matches(view: _View, keys: set[bytes], prefixes_of: str, rows_of: str) -> Iterator[tuple[_Chunk, np.ndarray]]:
+    """(chunk, visible rows) whose key (hash or MUID) shares an 8-byte
+    prefix with one of ``keys``."""
+    if not keys:
+        return
+    prefixes = np.unique(key_prefixes(list(keys), 8))
+    for chunk in view.chunks:
+        at = matching(getattr(chunk, prefixes_of), prefixes)
+        if not len(at):
+            continue
+        rows = getattr(chunk, rows_of)[at].astype(np.int64)
+        keep = chunk.ts[rows] >= view.floor  # visible (see _Chunk.visible), for these rows alone
         if chunk.dead is not None:
-            picked = picked[~chunk.dead[picked]]
-        return picked if len(picked) else None
+            keep &= ~chunk.dead[rows]
+        rows = rows[keep]
+        if len(rows):
+            yield chunk, rows
 
-    def _rows(
-        self,
-        picks: list[tuple[_Chunk, np.ndarray]],
-        low: Key | None,
-        high: Key | None,
-        forward: bool,
-        fetch: int,
-        columns: Sequence[str],
-    ) -> pa.Table:
-        """The rows of the chunks' candidates (``_scan``) that can be among
-        the first ``fetch`` over all chunks (by time first, whole groups of
-        a time kept), strictly between ``low`` and ``high``, of
-        ``columns``; in no particular order."""
-        if not picks:
-            return _empty(columns)
-        times = np.concatenate([chunk.ts[rows] for chunk, rows in picks])
-        # Rows at the bound's own time may fall to the cursor's hash.
-        bound = low if forward else high
-        need = fetch + (int((times == bound[0]).sum()) if bound is not None else 0)
-        if need < len(times):
-            ordered = np.sort(times)
-            cut = ordered[need - 1] if forward else ordered[len(times) - need]
-        else:
-            cut = None
-        parts = []
-        for chunk, rows in picks:
-            if cut is not None:
-                rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
-            if len(rows):
-                parts.append(chunk.take(rows.astype(np.int64), columns))
-        if not parts:
-            return _empty(columns)
-        found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        inside = between(found, low, high)
-        return found if inside is None else found.filter(inside)
 
-    def _table_by_hash(self, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
-        """The visible rows of the tier with one of ``hashes`` (each at most
-        once: a hash is one MUID), of ``columns`` and their hash."""
-        wanted = set(hashes)
-        columns = list(dict.fromkeys(("message_hash", *columns)))
-        parts = [chunk.take(rows, columns) for chunk, rows in self._matches(wanted, "hash_prefix", "hash_row")]
-        if not parts:
-            return _empty(columns)
-        found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        return found.filter(pc.is_in(found.column("message_hash"), value_set=pa.array(list(wanted), pa.binary())))
-
-    def _held_muids(self, muids: Sequence[bytes]) -> set[bytes]:
-        """Those of ``muids`` that a visible row of the tier has."""
-        wanted = set(muids)
-        held: set[bytes] = set()
-        for chunk, rows in self._matches(wanted, "muid_prefix", "muid_row"):
-            held.update(k for k in chunk.take(rows).column("muid").to_pylist() if k in wanted)
-        return held
-
-    def _matches(self, keys: set[bytes], prefixes_of: str, rows_of: str):
-        """(chunk, visible rows) whose key (hash or MUID) shares an 8-byte
-        prefix with one of ``keys``."""
-        if not keys:
-            return
-        prefixes = np.unique(key_prefixes(list(keys), 8))
-        for chunk in self._chunks:
-            at = matching(getattr(chunk, prefixes_of), prefixes)
-            if not len(at):
-                continue
-            rows = getattr(chunk, rows_of)[at].astype(np.int64)
-            keep = chunk.ts[rows] >= self._floor  # visible (see _Chunk.visible), for these rows alone
-            if chunk.dead is not None:
-                keep &= ~chunk.dead[rows]
-            rows = rows[keep]
-            if len(rows):
-                yield chunk, rows
-
-    def lookup(
-        self, query: HistoryQuery, key: Key | None, wait: bool = True
-    ) -> tuple[pa.Table, tuple[bytes, ...]] | None:
-        """A lookup by hash as far as the tier holds it: (the page's rows
-        among the hashes it holds, in query order, at most limit + 1; the
-        hashes it does not hold, which only the table may), or None when
-        the tier cannot say (not filled yet, or another order)."""
-        if self.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH or not query.message_hashes:
-            return None
-        with self._reading(wait):
-            if self.start_ns is None:
-                return None
-            return self._by_hashes(query, key)
-
-    def _by_hashes(self, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]]:
-        wanted = tuple(dict.fromkeys(query.message_hashes))
-        columns = schema.page_columns(query.include_data, True)
-        # The content topic too, for the query's topics (status-go's
-        # presence checks have none: their key columns alone are read).
-        matched = self._table_by_hash(wanted, (*columns, "content_topic") if query.content_topics else columns)
-        held = set(matched.column("message_hash").to_pylist())
-        keep = page_filter(matched, query, key)
-        if keep is not None:
-            matched = matched.filter(keep)
-        found = query_order(matched.select(list(columns)), query).slice(0, query.limit + 1)
-        return found, tuple(h for h in wanted if h not in held)
+def _by_hashes(view: _View, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]]:
+    wanted = tuple(dict.fromkeys(query.message_hashes))
+    columns = schema.page_columns(query.include_data, True)
+    # The content topic too, for the query's topics (status-go's
+    # presence checks have none: their key columns alone are read).
+    matched = _table_by_hash(view, wanted, (*columns, "content_topic") if query.content_topics else columns)
+    held = set(matched.column("message_hash").to_pylist())
+    keep = page_filter(matched, query, key)
+    if keep is not None:
+        matched = matched.filter(keep)
+    found = query_order(matched.select(list(columns)), query).slice(0, query.limit + 1)
+    return found, tuple(h for h in wanted if h not in held)
 
 
 def _combined(column):

@@ -34,9 +34,10 @@ then the table.
 :meth:`ReadPath.from_memory` is the part the event loop may run: the hot
 tier and the cursor cache only, nothing that takes the write path's lock
 (finding a cursor among the pending rows may index the whole buffer), no
-file, and no waiting for a lock a thread holds (a commit writing the hot
-tier: it says :class:`~wakustore.storage.hot_tier.Busy` instead). When
-it cannot answer, :meth:`ReadPath.page` answers in a reader
+file, and no waiting for a lock a thread holds: the hot tier's readers
+take no lock (they read the view its last write published), and the
+cursor cache is skipped while a thread holds it. When it cannot answer,
+:meth:`ReadPath.page` answers in a reader
 thread, told that memory was tried so that the hot tier is not probed a
 second time for the same page.
 
@@ -128,24 +129,23 @@ class ReadPath:
         it and its cursor is known without the table or the pending rows;
         for a lookup by hash that the tier answers in part, that part
         (:meth:`page` completes it); None otherwise. For the event loop: no
-        file, no engine, and no waiting for a lock a thread holds: raises
-        :class:`~wakustore.storage.hot_tier.Busy` while a commit writes the
-        hot tier (:meth:`page` then asks it, in a thread)."""
+        file, no engine, and no waiting for a lock a thread holds (the hot
+        tier's readers take none; the cursor cache is skipped when held)."""
         key: Key | None
         if query.cursor is not None and query.ordering is Ordering.MESSAGE_HASH:
-            timestamp = self.cursors.get(query.cursor, wait=False) or self.hot.timestamp_of(query.cursor, wait=False)
+            timestamp = self.cursors.get(query.cursor, wait=False) or self.hot.timestamp_of(query.cursor)
             if timestamp is None:
                 return None
             key = (timestamp, query.cursor)
         else:
             key = self._cursor_key(query)
         if query.message_hashes:
-            part = self.hot.lookup(query, key, wait=False)
+            part = self.hot.lookup(query, key)
             if part is None:
                 return None
             found, missing = part
             return MemoryPart(found, missing) if missing else self._finish(query, found, wait=False)
-        held = self.hot.page(query, key, wait=False)
+        held = self.hot.page(query, key)
         return None if held is None else self._finish(query, held, wait=False)
 
     def page(self, query: HistoryQuery, *, memory_tried: bool = False, part: MemoryPart | None = None) -> Page:

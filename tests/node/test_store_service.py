@@ -493,27 +493,43 @@ def test_a_log_version_a_power_cut_tore_is_put_aside_and_reported(engine, tmp_pa
     assert seen["rows"] == 10
 
 
-def test_a_query_while_a_commit_writes_the_hot_tier_is_answered_in_a_thread(engine, tmp_path, monkeypatch):
+def test_a_query_while_a_commit_writes_the_hot_tier_is_answered_on_the_event_loop(engine, tmp_path, monkeypatch):
+    """A thread holding the hot tier's writers' lock (a commit putting its
+    rows in) neither blocks the event loop nor sends the page to a thread."""
     from wakustore.protocols.store_query import HistoryQuery
-    from wakustore.storage.hot_tier import Busy
 
     config = NodeConfig(data_dir=tmp_path / "node", flush_interval_s=60, maintenance_interval_s=3600)
     now = time.time_ns()
     messages = [(PUBSUB, WakuMessage(b"m%d" % i, "/busy/1/hot/proto", timestamp=now + i), now) for i in range(5)]
-    seen = {}
+    seen = {"threads": 0}
+    held, release = threading.Event(), threading.Event()
 
-    def busy(query):
-        seen["asked"] = threading.current_thread().name
-        raise Busy()
+    def writer(hot):
+        with hot._lock:
+            held.set()
+            release.wait(30)
 
     async def main():
         async with running_store(config, engine) as service:
             await service.put(messages)
             await service.flush()
-            monkeypatch.setattr(service.store.reads, "from_memory", busy)
-            page = await service.query(HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/busy/1/hot/proto",)))
-            seen["payloads"] = [m.message.payload for m in page.messages]
+            original = service.store.reads.page
+            monkeypatch.setattr(
+                service.store.reads,
+                "page",
+                lambda *a, **k: seen.__setitem__("threads", seen["threads"] + 1) or original(*a, **k),
+            )
+            thread = threading.Thread(target=writer, args=(service.store.hot,))
+            thread.start()
+            try:
+                assert await trio.to_thread.run_sync(held.wait, 10)
+                with trio.fail_after(10):
+                    page = await service.query(HistoryQuery(pubsub_topic=PUBSUB, content_topics=("/busy/1/hot/proto",)))
+                seen["payloads"] = [m.message.payload for m in page.messages]
+            finally:
+                release.set()
+                thread.join()
 
     trio.run(main)
-    assert seen["asked"] == "MainThread"
+    assert seen["threads"] == 0
     assert seen["payloads"] == [b"m%d" % i for i in range(5)]

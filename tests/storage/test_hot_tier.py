@@ -296,3 +296,23 @@ def test_a_lookup_partly_in_the_tier_asks_the_table_for_the_other_hashes_alone(p
         assert walked == _walk(cold, query) and sum(len(p) for p in walked) == 31
     # Each page asked the table for the two hashes the tier does not hold.
     assert asked and all(set(hashes) == {message_hash(PUBSUB, old), unknown} for hashes in asked)
+
+
+def test_a_write_publishes_a_new_view_and_leaves_the_one_a_reader_holds():
+    """Readers take no lock: what they hold is never changed under them
+    (a window replacement kills rows in a copy of the chunk)."""
+    tier = HotTier(max_bytes=10**9, window_ns=10**12)
+    now = 10**15
+    tier.start(now - 1000, [_row(now - 100 + i, i) for i in range(10)], now)
+    held = tier._view
+    dead_before = [None if c.dead is None else c.dead.copy() for c in held.chunks]
+    query = _query(content_topics=[TOPICS[0]], time_start=now - 1000, limit=100)
+    before = [m.timestamp - now for m in _held(tier, query, None)]
+    tier.replace(now - 100, now - 95, [TOPICS[0]], [])
+    tier.forget_before(now - 92)
+    assert tier._view is not held
+    assert [None if c.dead is None else c.dead.tolist() for c in held.chunks] == [
+        None if d is None else d.tolist() for d in dead_before
+    ]
+    assert [m.timestamp - now for m in _held(tier, query, None)] == [-92, -91]
+    assert before == list(range(-100, -90))
