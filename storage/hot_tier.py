@@ -40,17 +40,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wakustore.protocols import store_query
+from wakustore.protocols.message import HASH_SIZE
 from wakustore.protocols.store_query import HistoryQuery, Ordering
 from wakustore.storage import schema
-from wakustore.storage.page_table import between, page_filter, query_order
+from wakustore.storage.page_table import between, page_filter, page_schema, query_order
 from wakustore.storage.page_table import empty as _empty
 from wakustore.storage.row_index import TopicPairs, key_prefixes, matching, topic_pair_ids
-from wakustore.storage.rows import Row, binary_prefixes, to_arrow
+from wakustore.storage.rows import Row, binary_prefixes, leading_bytes, to_arrow
 
 # Bytes a row costs beyond its payload, meta and topics: its other columns
 # (MUID, hash, digest, times, offsets: ~170 bytes) and the chunk's indexes
-# (~70 bytes); checked by a test against what the tier really holds.
-ROW_OVERHEAD_BYTES = 256
+# (~110 bytes, the hash whole among them); checked by a test against what
+# the tier really holds.
+ROW_OVERHEAD_BYTES = 288
 
 Key = tuple[int, bytes]
 
@@ -76,6 +78,8 @@ REBUILD_SHARE = 0.5
 EVICT_TO = 0.9
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+# The columns a lookup reads from a chunk's indexes, with no take from its rows.
+_INDEXED_KEYS = {"message_hash", "pubsub_topic", "content_topic", "timestamp"}
 # A take whose rows are this few a batch slices each row out instead.
 SLICED_ROWS_PER_BATCH = 8
 
@@ -96,6 +100,8 @@ class _Chunk:
         "ts_ordered",
         "hash_prefix",
         "hash_row",
+        "hashes",
+        "row_pair",
         "muid_prefix",
         "muid_row",
         "ts_sorted",
@@ -121,6 +127,10 @@ class _Chunk:
         self.pair_bounds = np.stack([starts, np.append(starts[1:], n)], axis=1) if n else np.empty((0, 2), np.int64)
         self.order = order.astype(np.int32)
         self.ts_ordered = ts[order]
+        # A lookup's keys without a take from the rows (presence checks,
+        # cursors): the hashes whole and each row's topic pair.
+        self.hashes = np.array(leading_bytes(table.column("message_hash"), HASH_SIZE))
+        self.row_pair = pair.astype(np.int32)
         prefix = binary_prefixes(table.column("message_hash"), 8)
         by_prefix = np.argsort(prefix, kind="stable")
         self.hash_prefix = prefix[by_prefix]
@@ -206,6 +216,8 @@ class _Chunk:
                 self.ts_ordered,
                 self.hash_prefix,
                 self.hash_row,
+                self.hashes,
+                self.row_pair,
                 self.muid_prefix,
                 self.muid_row,
                 self.ts_sorted,
@@ -386,8 +398,8 @@ class HotTier:
     # --- reading ----------------------------------------------------------
 
     def timestamp_of(self, message_hash: bytes) -> int | None:
-        found = _table_by_hash(self._view, [message_hash], ("timestamp",))
-        return int(found.column("timestamp")[0].as_py()) if found.num_rows else None
+        _, timestamps, _ = _keys_by_hash(self._view, [message_hash])
+        return timestamps[0] if timestamps else None
 
     def page(self, query: HistoryQuery, key: Key | None) -> pa.Table | None:
         """Up to limit + 1 matches in query order (the page's columns,
@@ -397,7 +409,7 @@ class HotTier:
         if view.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
             return None
         if query.message_hashes:
-            held, missing = _by_hashes(view, query, key)
+            held, missing = _by_hashes(view, self._pairs, query, key)
             return None if missing else held
         if not query.content_topics or query.pubsub_topic is None:
             return None
@@ -425,7 +437,7 @@ class HotTier:
         view = self._view
         if view.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH or not query.message_hashes:
             return None
-        return _by_hashes(view, query, key)
+        return _by_hashes(view, self._pairs, query, key)
 
     # --- private ----------------------------------------------------------
 
@@ -599,15 +611,22 @@ def _rows(
         cut = ordered[need - 1] if forward else ordered[len(times) - need]
     else:
         cut = None
-    parts = []
+    # One take a chunk (its topics' rows together): a take costs ~15 us
+    # whatever it takes, and a page over five topics visits each chunk five times.
+    by_chunk: dict[int, tuple[_Chunk, list[np.ndarray]]] = {}
     for chunk, rows in picks:
         if cut is not None:
             rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
         if len(rows):
-            parts.append(chunk.take(rows.astype(np.int64), columns))
+            by_chunk.setdefault(id(chunk), (chunk, []))[1].append(rows)
+    parts = [
+        chunk.take(np.concatenate(rows).astype(np.int64) if len(rows) > 1 else rows[0].astype(np.int64), columns)
+        for chunk, rows in by_chunk.values()
+    ]
     if not parts:
         return _empty(columns)
-    found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    # One chunk: the page's filter, order and encoding then run once, not a chunk at a time.
+    found = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
     inside = between(found, low, high)
     return found if inside is None else found.filter(inside)
 
@@ -615,13 +634,22 @@ def _rows(
 def _table_by_hash(view: _View, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
     """The visible rows of the tier with one of ``hashes`` (each at most
     once: a hash is one MUID), of ``columns`` and their hash."""
-    wanted = set(hashes)
     columns = list(dict.fromkeys(("message_hash", *columns)))
-    parts = [chunk.take(rows, columns) for chunk, rows in _matches(view, wanted, "hash_prefix", "hash_row")]
+    parts = [chunk.take(rows, columns) for chunk, rows in _with_hashes(view, hashes)]
     if not parts:
         return _empty(columns)
-    found = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    return found.filter(pc.is_in(found.column("message_hash"), value_set=pa.array(list(wanted), pa.binary())))
+    # One chunk: the page's filter, order and encoding then run once, not a chunk at a time.
+    return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+
+
+def _with_hashes(view: _View, hashes: Sequence[bytes]) -> Iterator[tuple[_Chunk, np.ndarray]]:
+    """(chunk, visible rows) holding one of ``hashes``: the prefix index,
+    then the hashes whole."""
+    wanted = set(hashes)
+    for chunk, rows in _matches(view, wanted, "hash_prefix", "hash_row"):
+        exact = [row for row, value in zip(rows.tolist(), chunk.hashes[rows]) if value.tobytes() in wanted]
+        if exact:
+            yield chunk, np.array(exact, dtype=np.int64)
 
 
 def _held_muids(view: _View, muids: Sequence[bytes]) -> set[bytes]:
@@ -652,14 +680,47 @@ def _matches(view: _View, keys: set[bytes], prefixes_of: str, rows_of: str) -> I
             yield chunk, rows
 
 
-def _by_hashes(view: _View, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]]:
+def _keys_by_hash(view: _View, hashes: Sequence[bytes]) -> tuple[list[bytes], list[int], list[int]]:
+    """(hash, timestamp, topic pair) of each visible row with one of
+    ``hashes``, from the chunks' indexes alone (no take from the rows)."""
+    found: tuple[list[bytes], list[int], list[int]] = ([], [], [])
+    for chunk, rows in _with_hashes(view, hashes):
+        found[0].extend(value.tobytes() for value in chunk.hashes[rows])
+        found[1].extend(chunk.ts[rows].tolist())
+        found[2].extend(chunk.row_pair[rows].tolist())
+    return found
+
+
+def _key_table(view: _View, pairs: TopicPairs, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
+    """:func:`_table_by_hash` of key columns only (hash, pubsub and content
+    topics, timestamp), built from the indexes."""
+    keys, timestamps, pair_ids = _keys_by_hash(view, hashes)
+    names = pairs.names(pair_ids)
+    values = {
+        "message_hash": keys,
+        "timestamp": timestamps,
+        "pubsub_topic": [n[0] for n in names],
+        "content_topic": [n[1] for n in names],
+    }
+    target = page_schema(columns)
+    return pa.Table.from_arrays([pa.array(values[f.name], f.type) for f in target], schema=target)
+
+
+def _by_hashes(
+    view: _View, pairs: TopicPairs, query: HistoryQuery, key: Key | None
+) -> tuple[pa.Table, tuple[bytes, ...]]:
     wanted = tuple(dict.fromkeys(query.message_hashes))
     columns = schema.page_columns(query.include_data, True)
     # The content topic too, for the query's topics (status-go's
-    # presence checks have none: their key columns alone are read).
-    matched = _table_by_hash(view, wanted, (*columns, "content_topic") if query.content_topics else columns)
+    # presence checks have none).
+    read = list(dict.fromkeys((*columns, "content_topic") if query.content_topics else columns))
+    if set(read) <= _INDEXED_KEYS:
+        matched = _key_table(view, pairs, wanted, read)
+    else:
+        matched = _table_by_hash(view, wanted, read)
     held = set(matched.column("message_hash").to_pylist())
-    keep = page_filter(matched, query, key)
+    # Every row read holds one of the hashes: the other predicates remain.
+    keep = page_filter(matched, dataclasses.replace(query, message_hashes=()), key)
     if keep is not None:
         matched = matched.filter(keep)
     found = query_order(matched.select(list(columns)), query).slice(0, query.limit + 1)

@@ -88,7 +88,7 @@ class CrashFS(mfusepy.Operations):
     use_ns = True
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
+        self.mutex = threading.RLock()
         self.inodes: dict[int, Inode] = {}
         self.next_number = 1
         self.handles: dict[int, int] = {}  # file handle -> inode number
@@ -159,7 +159,7 @@ class CrashFS(mfusepy.Operations):
         ``strict``) a random prefix of what was not, torn at its end."""
         rng = random.Random(seed)
         chance = 0.0 if strict else 0.5
-        with self.lock:
+        with self.mutex:
             before = {"names_lost": 0, "writes_lost": 0, "writes_torn": 0}
             for inode in self.inodes.values():
                 if not inode.is_dir or not inode.ops:
@@ -210,7 +210,7 @@ class CrashFS(mfusepy.Operations):
     # -- FUSE operations -----------------------------------------------------
 
     def getattr(self, path, fh=None):
-        with self.lock:
+        with self.mutex:
             inode = self._file(path, fh)
             size = len(inode.target) if stat.S_ISLNK(inode.mode) else len(inode.data)
             return {
@@ -227,11 +227,11 @@ class CrashFS(mfusepy.Operations):
             }
 
     def readdir(self, path, fh):
-        with self.lock:
+        with self.mutex:
             return [".", "..", *self._lookup(path).entries]
 
     def mkdir(self, path, mode):
-        with self.lock:
+        with self.mutex:
             parent, name = self._parent(path)
             if name in parent.entries:
                 raise mfusepy.FuseOSError(errno.EEXIST)
@@ -242,7 +242,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def rmdir(self, path):
-        with self.lock:
+        with self.mutex:
             parent, name = self._parent(path)
             inode = self._lookup(path)
             if not inode.is_dir:
@@ -254,7 +254,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def create(self, path, mode, flags=0):
-        with self.lock:
+        with self.mutex:
             parent, name = self._parent(path)
             number = parent.entries.get(name)
             if number is None:
@@ -267,11 +267,11 @@ class CrashFS(mfusepy.Operations):
             return self._handle(number)
 
     def open(self, path, flags):
-        with self.lock:
+        with self.mutex:
             return self._handle(self._lookup(path).number)
 
     def release(self, path, fh):
-        with self.lock:
+        with self.mutex:
             self.handles.pop(fh, None)
             return 0
 
@@ -285,28 +285,28 @@ class CrashFS(mfusepy.Operations):
         return 0
 
     def read(self, path, size, offset, fh):
-        with self.lock:
+        with self.mutex:
             return bytes(self._file(path, fh).data[offset : offset + size])
 
     def write(self, path, data, offset, fh):
-        with self.lock:
+        with self.mutex:
             self._write(self._file(path, fh), ("w", offset, bytes(data)))
             return len(data)
 
     def truncate(self, path, length, fh=None):
-        with self.lock:
+        with self.mutex:
             self._write(self._file(path, fh), ("t", length))
             return 0
 
     def fallocate(self, path, mode, offset, length, fh):
-        with self.lock:
+        with self.mutex:
             inode = self._file(path, fh)
             if mode == 0 and offset + length > len(inode.data):
                 self._write(inode, ("t", offset + length))
             return 0
 
     def fsync(self, path, datasync, fh):
-        with self.lock:
+        with self.mutex:
             inode = self._file(path, fh)
             if inode.is_dir:
                 return self.fsyncdir(path, datasync, fh)
@@ -317,7 +317,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def fsyncdir(self, path, datasync, fh):
-        with self.lock:
+        with self.mutex:
             inode = self._lookup(path)
             for op in inode.ops:
                 _apply_entry(inode.synced_entries, op)
@@ -326,7 +326,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def unlink(self, path):
-        with self.lock:
+        with self.mutex:
             parent, name = self._parent(path)
             inode = self._lookup(path)
             if inode.is_dir:
@@ -350,7 +350,7 @@ class CrashFS(mfusepy.Operations):
         self.inodes = {n: i for n, i in self.inodes.items() if n in kept}
 
     def link(self, target, source):
-        with self.lock:
+        with self.mutex:
             inode = self._lookup(source)
             parent, name = self._parent(target)
             if name in parent.entries:
@@ -360,7 +360,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def symlink(self, target, source):
-        with self.lock:
+        with self.mutex:
             parent, name = self._parent(target)
             if name in parent.entries:
                 raise mfusepy.FuseOSError(errno.EEXIST)
@@ -371,11 +371,11 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def readlink(self, path):
-        with self.lock:
+        with self.mutex:
             return self._lookup(path).target
 
     def rename(self, old, new, flags=0):
-        with self.lock:
+        with self.mutex:
             old_parent, old_name = self._parent(old)
             new_parent, new_name = self._parent(new)
             inode = self._lookup(old)
@@ -402,7 +402,7 @@ class CrashFS(mfusepy.Operations):
             return 0
 
     def chmod(self, path, mode):
-        with self.lock:
+        with self.mutex:
             inode = self._lookup(path)
             inode.mode = stat.S_IFMT(inode.mode) | (mode & 0o7777)
             return 0
@@ -411,13 +411,13 @@ class CrashFS(mfusepy.Operations):
         return 0
 
     def utimens(self, path, times=None):
-        with self.lock:
+        with self.mutex:
             inode = self._lookup(path)
             inode.mtime_ns = times[1] if times else time.time_ns()
             return 0
 
     def access(self, path, amode):
-        with self.lock:
+        with self.mutex:
             self._lookup(path)
             return 0
 
@@ -456,7 +456,7 @@ def _serve_control(fs: CrashFS, path: str) -> None:
             if line[0] == "cut":
                 answer = fs.cut(int(line[1]), strict="strict" in line[2:])
             else:
-                with fs.lock:
+                with fs.mutex:
                     answer = dict(fs.totals, files=sum(1 for i in fs.inodes.values() if not i.is_dir))
             connection.sendall((json.dumps(answer) + "\n").encode())
 

@@ -118,10 +118,38 @@ class _CutNode(NodeProcess):
         self.on_kill = on_kill
 
     def kill(self) -> None:
-        was_running = self.process is not None
+        if self.process is None:
+            return
+        # Its engine runs in a session of its own (a node's kill -9 leaves
+        # it to notice and exit): at a power cut it dies with the node.
+        descendants = _descendants(self.process.pid)
         super().kill()
-        if was_running:
-            self.on_kill()
+        _kill_all(descendants)
+        self.on_kill()
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(processes: list) -> None:
+    """SIGKILL ``processes`` (psutil) and wait until every one is gone:
+    nothing may write to the disk after the power is off."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    if alive:
+        raise RuntimeError(f"processes outlived the power cut: {[p.pid for p in alive]}")
 
 
 @dataclass
@@ -290,8 +318,10 @@ class PowerCut(Soak):
             # Its engine starts in ~3 s, the work takes a few more.
             child.wait(timeout=self.rng.uniform(1.0, 10.0))
         except subprocess.TimeoutExpired:
+            descendants = _descendants(child.pid)
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+            _kill_all(descendants)
             self._cut()
             self.cuts.in_offline += 1
         else:

@@ -143,7 +143,22 @@ def test_columns_of_any_arrow_layout_read_the_same():
             ]
         )
     )
-    for layout in (sliced, chunked, large):
+    views = sliced.cast(
+        pa.schema(
+            [
+                pa.field(
+                    f.name,
+                    pa.binary_view()
+                    if f.type == pa.binary()
+                    else pa.string_view()
+                    if f.type == pa.string()
+                    else f.type,
+                )
+                for f in sliced.schema
+            ]
+        )
+    )
+    for layout in (sliced, chunked, large, views):
         columns = page_table.message_columns(layout)
         assert list(columns) == expected
         assert columns.encode(1) == page_table.message_columns(sliced.combine_chunks()).encode(1)
