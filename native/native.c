@@ -21,8 +21,9 @@
  *     of storage.index_files, mapped from disk): one call for a lookup
  *     over every data file, where numpy took ~10 us a file.
  *
- * encode_entries(form, count, columns...)
- *     A Store page's rows, column by column as Arrow holds them, written
+ * encode_entries(form, count, order, columns...)
+ *     A Store page's rows, column by column as Arrow holds them and in
+ *     the order given (positions: no take of the rows first), written
  *     as the protobuf fields of a StoreQueryResponse (messages = 20) or a
  *     legacy HistoryResponse (messages = 2), byte for byte what the
  *     protobuf runtime writes for the same rows (a test holds the two
@@ -1049,16 +1050,20 @@ static PyObject *encode_entries(PyObject *self, PyObject *args)
     int form;
     Py_ssize_t count;
     PyObject *pairs[6];
-    Py_buffer version = {0}, sender = {0};
+    Py_buffer version = {0}, sender = {0}, order;
     PyObject *version_obj, *sender_obj;
     static const char *names[6] = {"message_hash", "pubsub_topic", "payload", "content_topic", "meta", "rate_limit_proof"};
-    if (!PyArg_ParseTuple(args, "inOOOOOOOO", &form, &count, &pairs[0], &pairs[1], &pairs[2], &pairs[3], &pairs[4],
-                          &pairs[5], &version_obj, &sender_obj))
+    if (!PyArg_ParseTuple(args, "iny*OOOOOOOO", &form, &count, &order, &pairs[0], &pairs[1], &pairs[2], &pairs[3],
+                          &pairs[4], &pairs[5], &version_obj, &sender_obj))
         return NULL;
-    if (form < FORM_V3_KEYS || form > FORM_V2 || count < 0) {
-        PyErr_SetString(PyExc_ValueError, "unknown form or negative count");
+    if (form < FORM_V3_KEYS || form > FORM_V2 || count < 0 || order.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "unknown form, negative count or order not int64");
+        PyBuffer_Release(&order);
         return NULL;
     }
+    /* The rows written, in this order: positions among the columns' count rows. */
+    const int64_t *rows = order.buf;
+    Py_ssize_t written = order.len / (Py_ssize_t)sizeof(int64_t);
     column cols[6];
     PyObject *out = NULL;
     int data = form != FORM_V3_KEYS, ok = 1;
@@ -1073,6 +1078,11 @@ static PyObject *encode_entries(PyObject *self, PyObject *args)
         } else if (needed && column_get(pairs[c], &cols[c], count, names[c]))
             ok = 0;
     }
+    for (Py_ssize_t k = 0; k < written && ok; k++)
+        if (rows[k] < 0 || rows[k] >= count) {
+            PyErr_SetString(PyExc_ValueError, "order names a row past the columns");
+            ok = 0;
+        }
     if (ok && data) {
         if (PyObject_GetBuffer(version_obj, &version, PyBUF_SIMPLE) ||
             PyObject_GetBuffer(sender_obj, &sender, PyBUF_SIMPLE))
@@ -1095,7 +1105,8 @@ static PyObject *encode_entries(PyObject *self, PyObject *args)
         const int32_t *v = version.buf;
         const int64_t *ts = sender.buf;
         size_t total = 0;
-        for (Py_ssize_t i = 0; i < count; i++) {
+        for (Py_ssize_t k = 0; k < written; k++) {
+            Py_ssize_t i = (Py_ssize_t)rows[k];
             if (form == FORM_V2) {
                 total += field_size(1, message_size(message, v, ts, i));
                 continue;
@@ -1109,7 +1120,8 @@ static PyObject *encode_entries(PyObject *self, PyObject *args)
         if (out != NULL) {
             uint8_t *at = (uint8_t *)PyBytes_AS_STRING(out);
             static const uint8_t entry_tag[] = {0xa2, 0x01}, hash_tag[] = {0x0a}, pubsub_tag[] = {0x1a};
-            for (Py_ssize_t i = 0; i < count; i++) {
+            for (Py_ssize_t k = 0; k < written; k++) {
+                Py_ssize_t i = (Py_ssize_t)rows[k];
                 if (form == FORM_V2) {
                     *at++ = 0x12;
                     at = put_varint(at, message_size(message, v, ts, i));
@@ -1139,6 +1151,7 @@ static PyObject *encode_entries(PyObject *self, PyObject *args)
         PyBuffer_Release(&version);
     if (sender.obj != NULL)
         PyBuffer_Release(&sender);
+    PyBuffer_Release(&order);
     return out;
 }
 
@@ -1159,9 +1172,10 @@ static PyMethodDef methods[] = {
      "as int64 [count][max_pages][3] (-1 past its pages) and each one's page count; None when one\n"
      "is not an OffsetIndex of at most max_pages pages."},
     {"encode_entries", encode_entries, METH_VARARGS,
-     "encode_entries(form, count, message_hash, pubsub_topic, payload, content_topic, meta, rate_limit_proof,\n"
-     "version, sender_timestamp) -> bytes: a Store page's rows as protobuf fields (form 0: v3 entries\n"
-     "without data, 1: v3 entries with data, 2: legacy v2 messages), from Arrow-style columns."},
+     "encode_entries(form, count, order, message_hash, pubsub_topic, payload, content_topic, meta,\n"
+     "rate_limit_proof, version, sender_timestamp) -> bytes: the rows at the int64 positions of order\n"
+     "among count rows held in Arrow-style columns, as protobuf fields (form 0: v3 entries without\n"
+     "data, 1: v3 entries with data, 2: legacy v2 messages)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "wakustore._native",

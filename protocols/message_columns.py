@@ -50,10 +50,13 @@ class MessageData:
 
 
 class MessageColumns(Sequence[StoredMessage]):
-    """``length`` rows: their hashes, pubsub topics and ordering times, the
-    legacy digests when known, and the messages when the page has data."""
+    """Rows held in columns: their hashes, pubsub topics and ordering
+    times, the legacy digests when known, and the messages when the page
+    has data; the page is the rows at ``order`` (positions among the
+    columns' rows, in page order; None: every row as it stands), so that
+    a page is ordered without a copy of its rows."""
 
-    __slots__ = ("length", "message_hash", "pubsub_topic", "timestamp", "digest", "data")
+    __slots__ = ("rows", "order", "length", "message_hash", "pubsub_topic", "timestamp", "digest", "data")
 
     def __init__(
         self,
@@ -62,13 +65,20 @@ class MessageColumns(Sequence[StoredMessage]):
         timestamp: np.ndarray,
         digest: Binary | None = None,
         data: MessageData | None = None,
+        order: np.ndarray | None = None,
     ):
-        self.length = len(timestamp)
+        self.rows = len(timestamp)
         for column in (message_hash, pubsub_topic, digest) + (
             () if data is None else (data.content_topic, data.payload, data.meta, data.rate_limit_proof)
         ):
-            if column is not None and len(column[0]) != self.length + 1:
+            if column is not None and len(column[0]) != self.rows + 1:
                 raise ValueError("columns of different lengths")
+        if order is None:
+            order = np.arange(self.rows, dtype=np.int64)
+        self.order = np.ascontiguousarray(order, dtype=np.int64)
+        if len(self.order) and (self.order.min() < 0 or self.order.max() >= self.rows):
+            raise ValueError("order names a row past the columns")
+        self.length = len(self.order)
         self.message_hash = message_hash
         self.pubsub_topic = pubsub_topic
         self.timestamp = timestamp
@@ -116,7 +126,8 @@ class MessageColumns(Sequence[StoredMessage]):
         try:
             encoded: bytes = _native.encode_entries(
                 form,
-                self.length,
+                self.rows,
+                self.order,
                 self.message_hash,
                 self.pubsub_topic,
                 *message_columns,
@@ -127,7 +138,8 @@ class MessageColumns(Sequence[StoredMessage]):
             raise MessageError(f"message does not fit the wire format: {exc}") from None
         return encoded
 
-    def _row(self, i: int) -> StoredMessage:
+    def _row(self, at: int) -> StoredMessage:
+        i = int(self.order[at])
         data = self.data
         message = None
         if data is not None:

@@ -43,7 +43,7 @@ from wakustore.protocols import store_query
 from wakustore.protocols.message import HASH_SIZE
 from wakustore.protocols.store_query import HistoryQuery, Ordering
 from wakustore.storage import schema
-from wakustore.storage.page_table import between, page_filter, page_schema, query_order
+from wakustore.storage.page_table import Rows, page_schema, select
 from wakustore.storage.page_table import empty as _empty
 from wakustore.storage.row_index import TopicPairs, key_prefixes, matching, topic_pair_ids
 from wakustore.storage.rows import Row, binary_prefixes, leading_bytes, to_arrow
@@ -401,10 +401,11 @@ class HotTier:
         _, timestamps, _ = _keys_by_hash(self._view, [message_hash])
         return timestamps[0] if timestamps else None
 
-    def page(self, query: HistoryQuery, key: Key | None) -> pa.Table | None:
-        """Up to limit + 1 matches in query order (the page's columns,
-        :func:`schema.page_columns`), or None when the answer may reach
-        outside the complete region (ask the table)."""
+    def page(self, query: HistoryQuery, key: Key | None) -> Rows | None:
+        """Up to limit + 1 matches in query order (a table of the page's
+        columns, :func:`schema.page_columns`, and their order), or None
+        when the answer may reach outside the complete region (ask the
+        table)."""
         view = self._view
         if view.start_ns is None or query.ordering is not Ordering.MESSAGE_HASH:
             return None
@@ -424,12 +425,15 @@ class HotTier:
                     if picked is not None:
                         picks.append((chunk, picked))
         columns = schema.page_columns(query.include_data, False)
-        found = query_order(_rows(picks, low, high, query.forward, fetch, columns), query).slice(0, fetch)
-        if not _complete(view.start_ns, query, key, found.num_rows >= fetch):
+        # The candidates lie in the query's topics and times: the order
+        # and the key range remain.
+        candidates = _rows(picks, low, high, query.forward, fetch, columns)
+        found = select(candidates, _order_only(query), None, fetch, low, high)
+        if not _complete(view.start_ns, query, key, found.count >= fetch):
             return None
         return found
 
-    def lookup(self, query: HistoryQuery, key: Key | None) -> tuple[pa.Table, tuple[bytes, ...]] | None:
+    def lookup(self, query: HistoryQuery, key: Key | None) -> tuple[Rows, tuple[bytes, ...]] | None:
         """A lookup by hash as far as the tier holds it: (the page's rows
         among the hashes it holds, in query order, at most limit + 1; the
         hashes it does not hold, which only the table may), or None when
@@ -598,8 +602,9 @@ def _rows(
 ) -> pa.Table:
     """The rows of the chunks' candidates (``_scan``) that can be among
     the first ``fetch`` over all chunks (by time first, whole groups of
-    a time kept), strictly between ``low`` and ``high``, of
-    ``columns``; in no particular order."""
+    a time kept), of ``columns``, in no particular order; some may lie
+    at ``low``'s or ``high``'s time on the wrong side of its key (the
+    caller's :func:`page_table.select` drops them)."""
     if not picks:
         return _empty(columns)
     times = np.concatenate([chunk.ts[rows] for chunk, rows in picks])
@@ -626,9 +631,7 @@ def _rows(
     if not parts:
         return _empty(columns)
     # One chunk: the page's filter, order and encoding then run once, not a chunk at a time.
-    found = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-    inside = between(found, low, high)
-    return found if inside is None else found.filter(inside)
+    return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
 
 
 def _table_by_hash(view: _View, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
@@ -706,9 +709,7 @@ def _key_table(view: _View, pairs: TopicPairs, hashes: Sequence[bytes], columns:
     return pa.Table.from_arrays([pa.array(values[f.name], f.type) for f in target], schema=target)
 
 
-def _by_hashes(
-    view: _View, pairs: TopicPairs, query: HistoryQuery, key: Key | None
-) -> tuple[pa.Table, tuple[bytes, ...]]:
+def _by_hashes(view: _View, pairs: TopicPairs, query: HistoryQuery, key: Key | None) -> tuple[Rows, tuple[bytes, ...]]:
     wanted = tuple(dict.fromkeys(query.message_hashes))
     columns = schema.page_columns(query.include_data, True)
     # The content topic too, for the query's topics (status-go's
@@ -720,11 +721,13 @@ def _by_hashes(
         matched = _table_by_hash(view, wanted, read)
     held = set(matched.column("message_hash").to_pylist())
     # Every row read holds one of the hashes: the other predicates remain.
-    keep = page_filter(matched, dataclasses.replace(query, message_hashes=()), key)
-    if keep is not None:
-        matched = matched.filter(keep)
-    found = query_order(matched.select(list(columns)), query).slice(0, query.limit + 1)
-    return found, tuple(h for h in wanted if h not in held)
+    found = select(matched, dataclasses.replace(query, message_hashes=()), key)
+    return Rows(found.table.select(list(columns)), found.order), tuple(h for h in wanted if h not in held)
+
+
+def _order_only(query: HistoryQuery) -> HistoryQuery:
+    """``query`` with its order and size alone: no predicate."""
+    return dataclasses.replace(query, pubsub_topic=None, content_topics=(), time_start=None, time_end=None)
 
 
 def _combined(column):

@@ -16,8 +16,10 @@ hold the two equal.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +29,7 @@ from wakustore.protocols import store_query
 from wakustore.protocols.message_columns import Binary, MessageColumns, MessageData
 from wakustore.protocols.store_query import HistoryQuery, Page
 from wakustore.storage import schema
-from wakustore.storage.rows import Row
+from wakustore.storage.rows import Row, binary_prefixes
 
 Key = tuple[int, bytes]
 
@@ -43,127 +45,186 @@ def empty(columns: Sequence[str]) -> pa.Table:
     return page_schema(columns).empty_table()
 
 
-# --- filters ------------------------------------------------------------------
+# --- the rows of a source ------------------------------------------------------
 
 
-def between(table: pa.Table, low: Key | None, high: Key | None, column: str = "message_hash") -> pa.Array | None:
-    """Mask of the rows whose (timestamp, ``column``) lies strictly between
-    ``low`` and ``high`` (:func:`store_query.key_range`); None when both are
-    None (every row)."""
-    masks = []
-    if low is not None:
-        masks.append(_beyond(table, low, column, pc.greater))
-    if high is not None:
-        masks.append(_beyond(table, high, column, pc.less))
-    return _all(masks)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rows:
+    """A source's part of a page: a table of the page's columns (one
+    chunk) and the positions of its rows on the page, in query order.
+    Filters and orders are positions: the rows are copied at most once,
+    when two sources are merged."""
+
+    table: pa.Table
+    order: np.ndarray  # int64
+
+    @property
+    def count(self) -> int:
+        return len(self.order)
+
+    def hashes(self) -> list[bytes]:
+        return self.table.column("message_hash").take(self.order).to_pylist()
 
 
-def page_filter(table: pa.Table, query: HistoryQuery, key: Key | None) -> pa.Array | None:
-    """Mask of the rows on the page of ``query`` from ``key``
-    (:func:`store_query.predicates`); None when every row is. The table
-    holds the columns the predicates name."""
+def in_order(table: pa.Table) -> Rows:
+    """The rows of a table already in query order (the reader's pages)."""
+    return Rows(_one_chunk(table), np.arange(table.num_rows, dtype=np.int64))
+
+
+def select(
+    table: pa.Table,
+    query: HistoryQuery,
+    key: Key | None = None,
+    fetch: int | None = None,
+    low: Key | None = None,
+    high: Key | None = None,
+) -> Rows:
+    """The first ``fetch`` (default limit + 1) rows of ``table`` in query
+    order that are on the page of ``query`` from ``key``
+    (:func:`store_query.predicates`) and strictly between ``low`` and
+    ``high`` (:func:`store_query.key_range`). The table holds the columns
+    the predicates name."""
+    table = _one_chunk(table)
+    mask = page_mask(table, query, key, low, high)
+    positions = np.arange(table.num_rows, dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    positions = _sorted(table, positions, query)
+    return Rows(table, positions[: query.limit + 1 if fetch is None else fetch])
+
+
+def page_mask(
+    table: pa.Table, query: HistoryQuery, key: Key | None, low: Key | None = None, high: Key | None = None
+) -> np.ndarray | None:
+    """Mask of the rows on the page of ``query`` from ``key``, strictly
+    between ``low`` and ``high``; None when every row is. Times are
+    compared in numpy, keys only for the rows at a bound's time."""
     preds, after = store_query.predicates(query, key)
-    masks = []
+    timestamps = table.column("timestamp").to_numpy()
+    masks: list[np.ndarray] = []
     for p in preds:
-        column = table.column(p.column)
-        if p.op == store_query.EQ:
-            masks.append(pc.equal(column, pa.scalar(p.value, column.type)))
-        elif p.op == store_query.IN:
-            masks.append(pc.is_in(column, value_set=pa.array(list(p.value), column.type)))  # type: ignore[call-overload]
-        elif p.op == store_query.GE:
-            masks.append(pc.greater_equal(column, p.value))
+        if p.op == store_query.GE:
+            masks.append(timestamps >= p.value)
         elif p.op == store_query.LT:
-            masks.append(pc.less(column, p.value))
+            masks.append(timestamps < p.value)
+        elif p.op == store_query.EQ:
+            column = table.column(p.column)
+            masks.append(_numpy(pc.equal(column, pa.scalar(p.value, column.type))))
+        elif p.op == store_query.IN:
+            column = table.column(p.column)
+            values = pa.array(list(cast("tuple[object, ...]", p.value)), column.type)
+            masks.append(_numpy(pc.is_in(column, value_set=values)))
         else:
             raise ValueError(f"unknown predicate operator {p.op!r}")
     if after is not None:
         bound = (after.timestamp, after.key)
-        masks.append(_beyond(table, bound, after.column, pc.greater if after.forward else pc.less))
-    return _all(masks)
-
-
-def _beyond(table: pa.Table, bound: Key, column: str, compare: Callable) -> pa.Array:
-    """(timestamp, column) compared with ``bound`` (pc.greater or pc.less)."""
-    timestamps = table.column("timestamp")
-    keys = table.column(column)
-    return pc.or_(
-        compare(timestamps, bound[0]),
-        pc.and_(pc.equal(timestamps, bound[0]), compare(keys, pa.scalar(bound[1], keys.type))),
-    )
-
-
-def _all(masks: list) -> pa.Array | None:
+        masks.append(_beyond(table, timestamps, bound, after.column, after.forward))
+    if low is not None:
+        masks.append(_beyond(table, timestamps, low, "message_hash", True))
+    if high is not None:
+        masks.append(_beyond(table, timestamps, high, "message_hash", False))
     if not masks:
         return None
     mask = masks[0]
     for more in masks[1:]:
-        mask = pc.and_(mask, more)
+        mask = mask & more
     return mask
 
 
-# --- order ------------------------------------------------------------------
+def _beyond(table: pa.Table, timestamps: np.ndarray, bound: Key, column: str, above: bool) -> np.ndarray:
+    """Rows whose (timestamp, ``column``) is above (or below) ``bound``."""
+    mask = timestamps > bound[0] if above else timestamps < bound[0]
+    ties = np.flatnonzero(timestamps == bound[0])
+    if len(ties):
+        keys = table.column(column).take(ties).to_pylist()
+        mask[ties] = [(k > bound[1]) if above else (k < bound[1]) for k in keys]
+    return mask
 
 
-def query_order(table: pa.Table, query: HistoryQuery) -> pa.Table:
-    """The rows in query order: (timestamp, order column) ascending forward,
-    descending backward (:func:`store_query.sort_key`)."""
-    if table.num_rows < 2:
-        return table
-    direction = "ascending" if query.forward else "descending"
-    return table.sort_by([("timestamp", direction), (store_query.order_column(query.ordering), direction)])
+def _numpy(mask) -> np.ndarray:
+    return mask.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
-def merge(query: HistoryQuery, ordered: Sequence[pa.Table], pending: pa.Table | None = None) -> pa.Table:
-    """The first limit + 1 rows in query order of sources each already in
-    query order (``ordered``) and of rows in any order (``pending``); a
+def _sorted(table: pa.Table, positions: np.ndarray, query: HistoryQuery) -> np.ndarray:
+    """``positions`` in query order: (timestamp, order column) ascending
+    forward, descending backward (:func:`store_query.sort_key`)."""
+    if len(positions) < 2:
+        return positions
+    timestamps = table.column("timestamp").to_numpy()[positions]
+    keys = table.column(store_query.order_column(query.ordering)).take(positions)
+    try:
+        # By time, then the key's first 8 bytes; the whole key only when
+        # two rows share both (never seen with hashes; a test makes it).
+        prefixes = binary_prefixes(keys, 8)
+    except ValueError:  # a key shorter than 8 bytes
+        prefixes = None
+    if prefixes is not None:
+        by = np.lexsort((prefixes, timestamps))
+        same = (timestamps[by][1:] == timestamps[by][:-1]) & (prefixes[by][1:] == prefixes[by][:-1])
+        if not same.any():
+            ordered = positions[by]
+            return ordered if query.forward else ordered[::-1].copy()
+    values = keys.to_pylist()
+    by_key = sorted(range(len(positions)), key=lambda i: (int(timestamps[i]), values[i]), reverse=not query.forward)
+    return positions[np.array(by_key, dtype=np.int64)]
+
+
+def merge(query: HistoryQuery, sources: Sequence[Rows], pending: pa.Table | None = None) -> Rows:
+    """The first limit + 1 rows in query order of sources (each in query
+    order) and of rows in any order that are on the page (``pending``); a
     row in two of them (a commit ran between two reads) once."""
     fetch = query.limit + 1
-    tables = [t for t in ordered if t.num_rows]
+    parts = [r for r in sources if r.count]
+    if pending is None or not pending.num_rows:
+        if len(parts) == 1:
+            return Rows(parts[0].table, parts[0].order[:fetch])
+        if not parts:
+            return (
+                sources[0]
+                if sources
+                else in_order(empty(schema.page_columns(query.include_data, bool(query.message_hashes))))
+            )
+    tables = [r.table.take(r.order) for r in parts]
     if pending is not None and pending.num_rows:
         tables.append(pending)
-    elif len(tables) == 1:
-        return tables[0].slice(0, fetch)
-    if not tables:
-        return ordered[0] if ordered else empty(schema.page_columns(query.include_data, bool(query.message_hashes)))
     target = tables[0].schema
-    merged = pa.concat_tables([t if t.schema.equals(target) else t.cast(target) for t in tables])
+    merged = pa.concat_tables([t if t.schema.equals(target) else t.cast(target) for t in tables]).combine_chunks()
     seen: set[bytes] = set()
     first = [h not in seen and not seen.add(h) for h in merged.column("message_hash").to_pylist()]  # type: ignore[func-returns-value]  # adds h, then True
-    if not all(first):
-        merged = merged.filter(pa.array(first))
-    return query_order(merged, query).slice(0, fetch)
+    positions = np.flatnonzero(np.array(first, dtype=bool))
+    return Rows(merged, _sorted(merged, positions, query)[:fetch])
 
 
 # --- the page ---------------------------------------------------------------
 
 
-def finish(query: HistoryQuery, found: pa.Table) -> Page:
+def finish(query: HistoryQuery, found: Rows) -> Page:
     """:func:`store_query.finish_page` of up to limit + 1 rows in query
     order: at most ``limit`` messages, ascending, held in columns, and the
     cursor to continue from when there were more."""
-    more = found.num_rows > query.limit
-    page = found.slice(0, query.limit)
-    if not query.forward and page.num_rows > 1:
-        page = page.take(pa.array(np.arange(page.num_rows - 1, -1, -1)))
-    messages = message_columns(page)
+    more = found.count > query.limit
+    order = found.order[: query.limit]
+    if not query.forward:
+        order = order[::-1]
+    messages = message_columns(found.table, order)
     cursor = None
     if more and len(messages):
         cursor = messages[-1] if query.forward else messages[0]
     return Page(messages=messages, next_cursor=cursor)
 
 
-def message_columns(table: pa.Table) -> MessageColumns:
+def message_columns(table: pa.Table, order: np.ndarray | None = None) -> MessageColumns:
     """A page's rows (the columns of :data:`schema.DATA_COLUMNS`, or of the
-    keys alone) as the Store encoders take them: Arrow's buffers. Raises
-    ValueError on a null."""
-    table = table.combine_chunks()
+    keys alone) as the Store encoders take them: Arrow's buffers, and the
+    positions of the page's rows among them (``order``; None: all, as they
+    stand). Raises ValueError on a null."""
+    table = _one_chunk(table)
+    names = set(table.column_names)
 
     def binary(name: str) -> Binary:
         column = table.column(name)
         values = column.chunk(0) if column.num_chunks else pa.array([], column.type)
         if values.null_count:
             raise ValueError(f"null values in column {name}")
-        if values.type not in (pa.binary(), pa.string()):
+        if values.type not in _PLAIN:
             values = values.cast(pa.binary())
         _, offsets, data = values.buffers()
         if offsets is None:
@@ -174,7 +235,6 @@ def message_columns(table: pa.Table) -> MessageColumns:
     def numbers(name: str, dtype: type) -> np.ndarray:
         return table.column(name).to_numpy().astype(dtype, copy=False)
 
-    names = set(table.column_names)
     data = None
     if "payload" in names:
         data = MessageData(
@@ -191,9 +251,15 @@ def message_columns(table: pa.Table) -> MessageColumns:
         numbers("timestamp", np.int64),
         binary("digest") if "digest" in names else None,
         data,
+        order,
     )
 
 
+def _one_chunk(table: pa.Table) -> pa.Table:
+    return table.combine_chunks() if any(c.num_chunks > 1 for c in table.columns) else table
+
+
+_PLAIN = (pa.binary(), pa.string())
 _NO_OFFSETS = np.zeros(1, dtype=np.int32)
 
 

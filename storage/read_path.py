@@ -111,7 +111,7 @@ class MemoryPart:
     the hashes it holds (query order, at most limit + 1, the page's
     columns), and the hashes it does not hold."""
 
-    found: pa.Table
+    found: page_table.Rows
     missing: tuple[bytes, ...]
 
 
@@ -166,21 +166,22 @@ class ReadPath:
                 # hash is one row: the two sets share none).
                 rest = dataclasses.replace(query, message_hashes=part.missing)
                 pending = self._pending(rest, key)
-                found = page_table.merge(query, [found, self.reader.page(rest, key, fetch)], pending)
+                table = page_table.in_order(self.reader.page(rest, key, fetch))
+                found = page_table.merge(query, [found, table], pending)
             return self._finish(query, found)
         held = None if memory_tried or query.message_hashes else self.hot.page(query, key)
         if held is None:
             # Pending rows first: a commit in between shows a row twice
             # (dropped by hash), never zero times.
             pending = self._pending(query, key)
-            held = page_table.merge(query, [self.reader.page(query, key, fetch)], pending)
+            held = page_table.merge(query, [page_table.in_order(self.reader.page(query, key, fetch))], pending)
         return self._finish(query, held)
 
     def forget_cursors(self) -> None:
         """Rows left the table (retention): a removed hash is no longer a cursor."""
         self.cursors.clear()
 
-    def _finish(self, query: HistoryQuery, found: pa.Table, wait: bool = True) -> Page:
+    def _finish(self, query: HistoryQuery, found: page_table.Rows, wait: bool = True) -> Page:
         page = page_table.finish(query, found)
         cursor = page.next_cursor
         if cursor is not None and query.ordering is Ordering.MESSAGE_HASH:

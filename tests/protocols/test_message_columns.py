@@ -133,3 +133,20 @@ def test_bad_columns_are_refused_not_read():
         store_v3.encode_response(
             "r", Page(MessageColumns(good.message_hash, good.pubsub_topic, good.timestamp, None, bad), None)
         )
+
+
+def test_an_order_picks_and_orders_the_rows_without_a_copy():
+    rows = _random_rows(random.Random(11), 12)
+    full = _columns(rows)
+    picked = [7, 2, 11, 0]
+    ordered = MessageColumns(
+        full.message_hash, full.pubsub_topic, full.timestamp, full.digest, full.data, np.array(picked)
+    )
+    assert list(ordered) == [rows[i] for i in picked] and len(ordered) == 4
+    expected = store_v3.encode_response("r", Page([rows[i] for i in picked], rows[0]))
+    assert store_v3.encode_response("r", Page(ordered, rows[0])) == expected
+    assert store_v2.encode_response("r", Page(ordered, None)) == store_v2.encode_response(
+        "r", Page([rows[i] for i in picked], None)
+    )
+    with pytest.raises(ValueError, match="past the columns"):
+        MessageColumns(full.message_hash, full.pubsub_topic, full.timestamp, order=np.array([12]))

@@ -184,14 +184,14 @@ def test_hot_tier_keeps_one_row_per_muid_and_forgets_cleanly():
         limit=20,
         include_data=True,
     )
-    assert tier.page(query, None).column("message_hash").to_pylist() == sorted(
+    assert tier.page(query, None).hashes() == sorted(
         [row.message_hash, other.message_hash], key=lambda h: (now - SECOND, h)
     )
     tier.add([copy, row], now)
     assert len(tier) == 2
     tier.forget_before(now)
     assert len(tier) == 0
-    assert tier.page(query, None).num_rows == 0
+    assert tier.page(query, None).count == 0
 
 
 class EngineDownForLookups(DeltaTableRef):

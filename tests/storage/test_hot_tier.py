@@ -47,8 +47,8 @@ def _query(**kw):
 
 def _held(tier, query, key):
     """The tier's page as messages (it answers in Arrow), or None."""
-    table = tier.page(query, key)
-    return None if table is None else message_columns(table)
+    rows = tier.page(query, key)
+    return None if rows is None else message_columns(rows.table, rows.order)
 
 
 def _walk(store, query, max_pages=50):

@@ -1,6 +1,7 @@
 """Pages in Arrow hold store_query's semantics: the same rows, order and
 cursor as its Python evaluation, from any split of the rows into sources."""
 
+import dataclasses
 import random
 
 import pyarrow as pa
@@ -84,11 +85,12 @@ def test_a_page_from_split_sources_is_the_reference_page(seed):
     for _ in range(10):
         query, key = _query(rng, rows)
         columns = schema.page_columns(query.include_data, bool(query.message_hashes))
-        # The rows a source would hold: filtered here as each source does.
-        table = page_table.rows_table(rows, list(dict.fromkeys((*columns, "content_topic"))))
-        mask = page_table.page_filter(table, query, key)
-        matching = (table if mask is None else table.filter(mask)).select(list(columns))
-        ordered = page_table.query_order(matching, query)
+        # The rows a source would hold, in a random order, filtered and
+        # ordered here as each source does.
+        shuffled = rng.sample(rows, len(rows))
+        table = page_table.rows_table(shuffled, list(dict.fromkeys((*columns, "content_topic"))))
+        matching = page_table.select(table, query, key, fetch=len(rows))
+        ordered = matching.table.select(list(columns)).take(matching.order)
         # Split: two ordered sources that share rows, and the rest pending.
         picks = [rng.random() for _ in range(ordered.num_rows)]
         first = ordered.filter(pa.array([p < 0.5 for p in picks], pa.bool_()))
@@ -96,29 +98,41 @@ def test_a_page_from_split_sources_is_the_reference_page(seed):
         pending = ordered.filter(pa.array([p > 0.7 for p in picks], pa.bool_()))
         pending = pending.take(pa.array(rng.sample(range(pending.num_rows), pending.num_rows), pa.int64()))
         fetch = query.limit + 1
-        merged = page_table.merge(query, [first.slice(0, fetch), second.slice(0, fetch)], pending)
-        got = page_table.finish(query, merged)
+        sources = [page_table.in_order(first.slice(0, fetch)), page_table.in_order(second.slice(0, fetch))]
+        got = page_table.finish(query, page_table.merge(query, sources, pending))
         assert _stripped(got, query) == _stripped(_expected(query, key, rows), query), (seed, query, key)
+        # One source alone: its rows as they stand, no copy.
+        alone = page_table.finish(query, page_table.merge(query, [page_table.select(table, query, key)]))
+        assert _stripped(alone, query) == _stripped(_expected(query, key, rows), query), (seed, query, key)
 
 
-def test_between_is_the_key_range():
+def test_the_key_range_and_ties_on_a_keys_first_bytes():
+    """Bounds on (timestamp, key), and an order that cannot stop at the
+    keys' first 8 bytes (digests made to share them)."""
     rng = random.Random(5)
     rows = _rows(rng, 80)
     table = page_table.rows_table(rows, schema.KEY_COLUMNS)
+    forward = HistoryQuery(forward=True, limit=1000)
     for _ in range(50):
         low, high = (rng.choice([None, (r.timestamp, r.message_hash), (r.timestamp, b"")]) for r in rng.sample(rows, 2))
-        mask = page_table.between(table, low, high)
-        got = (
-            table.column("message_hash").to_pylist()
-            if mask is None
-            else table.filter(mask).column("message_hash").to_pylist()
-        )
-        assert got == [
-            r.message_hash
-            for r in rows
+        got = page_table.select(table, forward, None, None, low, high).order
+        assert sorted(got.tolist()) == [
+            i
+            for i, r in enumerate(rows)
             if (low is None or (r.timestamp, r.message_hash) > low)
             and (high is None or (r.timestamp, r.message_hash) < high)
         ]
+    shared = [
+        dataclasses.replace(r, digest=b"\x01" * 8 + rng.randbytes(24), timestamp=1000 + i % 3)
+        for i, r in enumerate(rows)
+    ]
+    table = page_table.rows_table(shared, schema.KEY_COLUMNS)
+    for direction in (True, False):
+        query = HistoryQuery(forward=direction, limit=1000, ordering=Ordering.DIGEST)
+        got = page_table.select(table, query).order.tolist()
+        assert got == sorted(
+            range(len(shared)), key=lambda i: (shared[i].timestamp, shared[i].digest), reverse=not direction
+        )
 
 
 def test_columns_of_any_arrow_layout_read_the_same():
