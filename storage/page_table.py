@@ -9,6 +9,11 @@ Arrow's buffers, no object a row (a page of 100 messages with 1 KiB
 payloads: ~0.1 ms to encode, ~0.9 ms through row objects and the
 protobuf runtime).
 
+Filters and orders are positions (:class:`Rows`): a source's rows are
+not copied to be filtered, sorted or reversed; the encoder writes the
+rows at the page's positions. Only a merge of two sources copies their
+page's rows (at most limit + 1 each) into one table.
+
 Semantics are :mod:`~wakustore.protocols.store_query`'s (``predicates``,
 ``key_range``, ``finish_page``), evaluated a column at a time; the tests
 hold the two equal.

@@ -19,9 +19,11 @@ this order, each at most once:
    lookups without data), DataFusion over the files not yet indexed.
 
 Every source answers in Arrow (a table of the page's columns,
-:func:`schema.page_columns`), and so does the page until the Store
-encoder: :mod:`~wakustore.storage.page_table` merges, orders and finishes
-it, and hands the encoders its rows as Arrow's buffers
+:func:`schema.page_columns`, and the positions of its rows in query
+order: :class:`~wakustore.storage.page_table.Rows`), and so does the
+page until the Store encoder: :mod:`~wakustore.storage.page_table`
+merges, orders and finishes it, and hands the encoders Arrow's buffers
+and the positions of the page's rows
 (:class:`~wakustore.protocols.message_columns.MessageColumns`), which
 they write as protobuf with one compiled call. No row object is made on
 the way, except for the rows waiting for a commit, which are row objects
