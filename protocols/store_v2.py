@@ -215,41 +215,33 @@ def encode_response(
     rpc = store_legacy_pb2.HistoryRPC(request_id=request_id)
     response = rpc.response  # built in place: no copy into the RPC
     response.error = cast(store_legacy_pb2.HistoryResponse.Error, int(error))
-    if page is not None and isinstance(page.messages, MessageColumns):
-        return _encode_columns(rpc, page.messages, page.next_cursor, forward)
-    if page is not None:
+    if page is None:
+        return with_request_id(rpc.SerializeToString(), request_id)
+    columns = page.messages if isinstance(page.messages, MessageColumns) else None
+    encoded = b""
+    if columns is None:
         for stored in page.messages:
             if stored.message is not None:
                 write_message_pb(response.messages.add(), stored.message)
-        paging = response.paging_info
-        paging.page_size = len(response.messages)
-        paging.direction = _FORWARD if forward else _BACKWARD
-        if page.next_cursor is not None:
-            _write_index(paging.cursor, page.next_cursor)
-    return with_request_id(rpc.SerializeToString(), request_id)
-
-
-def _encode_columns(
-    rpc: store_legacy_pb2.HistoryRPC, rows: MessageColumns, cursor: StoredMessage | None, forward: bool
-) -> bytes:
-    """:func:`encode_response` of a page held in columns: the response's
-    fields in number order, as the runtime writes them (messages 2,
-    paging_info 3, error 4), inside the RPC's field 3 after its
-    request_id (1)."""
-    response = rpc.response
-    paging = response.paging_info
-    messages = b""
-    if rows.data is not None:
-        messages = rows.encode(V2_MESSAGES)
-        paging.page_size = len(rows)
+        count = len(response.messages)
+    elif columns.data is not None:
+        encoded = columns.encode(V2_MESSAGES)
+        count = len(columns)
     else:
-        paging.page_size = 0
+        count = 0
+    paging = response.paging_info
+    paging.page_size = count
     paging.direction = _FORWARD if forward else _BACKWARD
-    if cursor is not None:
-        _write_index(paging.cursor, cursor)
-    body = messages + response.SerializeToString()
-    head = store_legacy_pb2.HistoryRPC(request_id=rpc.request_id).SerializeToString()
-    return with_request_id(head + b"\x1a" + encode_uvarint(len(body)) + body, rpc.request_id)
+    if page.next_cursor is not None:
+        _write_index(paging.cursor, page.next_cursor)
+    if columns is None:
+        return with_request_id(rpc.SerializeToString(), request_id)
+    # Rows held in columns: the response's fields in number order, as the
+    # runtime writes them (messages 2, paging_info 3, error 4), inside the
+    # RPC's field 3 after its request_id (1).
+    body = encoded + response.SerializeToString()
+    head = store_legacy_pb2.HistoryRPC(request_id=request_id).SerializeToString()
+    return with_request_id(head + b"\x1a" + encode_uvarint(len(body)) + body, request_id)
 
 
 def encode_error(error: StoreError) -> bytes:

@@ -43,10 +43,9 @@ from wakustore.protocols import store_query
 from wakustore.protocols.message import HASH_SIZE
 from wakustore.protocols.store_query import HistoryQuery, Ordering
 from wakustore.storage import schema
-from wakustore.storage.page_table import Rows, page_schema, select
-from wakustore.storage.page_table import empty as _empty
+from wakustore.storage.page_table import Rows, select
 from wakustore.storage.row_index import TopicPairs, key_prefixes, matching, topic_pair_ids
-from wakustore.storage.rows import Row, binary_prefixes, leading_bytes, to_arrow
+from wakustore.storage.rows import Row, binary_prefixes, byte_prefixes, leading_bytes, to_arrow
 
 # Bytes a row costs beyond its payload, meta and topics: its other columns
 # (MUID, hash, digest, times, offsets: ~170 bytes) and the chunk's indexes
@@ -131,7 +130,7 @@ class _Chunk:
         # cursors): the hashes whole and each row's topic pair.
         self.hashes = np.array(leading_bytes(table.column("message_hash"), HASH_SIZE))
         self.row_pair = pair.astype(np.int32)
-        prefix = binary_prefixes(table.column("message_hash"), 8)
+        prefix = byte_prefixes(self.hashes, 8)
         by_prefix = np.argsort(prefix, kind="stable")
         self.hash_prefix = prefix[by_prefix]
         self.hash_row = by_prefix.astype(np.int32)
@@ -606,7 +605,7 @@ def _rows(
     at ``low``'s or ``high``'s time on the wrong side of its key (the
     caller's :func:`page_table.select` drops them)."""
     if not picks:
-        return _empty(columns)
+        return schema.empty_page(columns)
     times = np.concatenate([chunk.ts[rows] for chunk, rows in picks])
     # Rows at the bound's own time may fall to the cursor's hash.
     bound = low if forward else high
@@ -624,24 +623,23 @@ def _rows(
             rows = rows[chunk.ts[rows] <= cut] if forward else rows[chunk.ts[rows] >= cut]
         if len(rows):
             by_chunk.setdefault(id(chunk), (chunk, []))[1].append(rows)
-    parts = [
-        chunk.take(np.concatenate(rows).astype(np.int64) if len(rows) > 1 else rows[0].astype(np.int64), columns)
-        for chunk, rows in by_chunk.values()
-    ]
-    if not parts:
-        return _empty(columns)
-    # One chunk: the page's filter, order and encoding then run once, not a chunk at a time.
-    return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+    return _joined(
+        [chunk.take(np.concatenate(rows).astype(np.int64), columns) for chunk, rows in by_chunk.values()], columns
+    )
 
 
 def _table_by_hash(view: _View, hashes: Sequence[bytes], columns: Sequence[str]) -> pa.Table:
     """The visible rows of the tier with one of ``hashes`` (each at most
     once: a hash is one MUID), of ``columns`` and their hash."""
     columns = list(dict.fromkeys(("message_hash", *columns)))
-    parts = [chunk.take(rows, columns) for chunk, rows in _with_hashes(view, hashes)]
+    return _joined([chunk.take(rows, columns) for chunk, rows in _with_hashes(view, hashes)], columns)
+
+
+def _joined(parts: list[pa.Table], columns: Sequence[str]) -> pa.Table:
+    """The rows taken from several chunks as one Arrow chunk: the page's
+    filter, order and encoding then run once, not a chunk at a time."""
     if not parts:
-        return _empty(columns)
-    # One chunk: the page's filter, order and encoding then run once, not a chunk at a time.
+        return schema.empty_page(columns)
     return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
 
 
@@ -705,7 +703,7 @@ def _key_table(view: _View, pairs: TopicPairs, hashes: Sequence[bytes], columns:
         "pubsub_topic": [n[0] for n in names],
         "content_topic": [n[1] for n in names],
     }
-    target = page_schema(columns)
+    target = schema.page_schema(columns)
     return pa.Table.from_arrays([pa.array(values[f.name], f.type) for f in target], schema=target)
 
 

@@ -22,9 +22,7 @@ hold the two equal.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Sequence
-from operator import attrgetter
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -35,30 +33,8 @@ from wakustore.protocols import store_query
 from wakustore.protocols.message_columns import Binary, MessageColumns, MessageData
 from wakustore.protocols.store_query import HistoryQuery, Page
 from wakustore.storage import schema
-from wakustore.storage.rows import Row
 
 Key = tuple[int, bytes]
-
-_FIELDS = {f.name: f for f in schema.MESSAGES}
-
-
-def page_schema(columns: Sequence[str]) -> pa.Schema:
-    """The schema of a page of ``columns`` (the table's types)."""
-    return _schema(tuple(columns))
-
-
-def empty(columns: Sequence[str]) -> pa.Table:
-    return _empty(tuple(columns))
-
-
-@functools.lru_cache(maxsize=64)
-def _schema(columns: tuple[str, ...]) -> pa.Schema:
-    return pa.schema([_FIELDS[c] for c in columns])
-
-
-@functools.lru_cache(maxsize=64)
-def _empty(columns: tuple[str, ...]) -> pa.Table:
-    return _schema(columns).empty_table()
 
 
 # --- the rows of a source ------------------------------------------------------
@@ -77,9 +53,6 @@ class Rows:
     @property
     def count(self) -> int:
         return len(self.order)
-
-    def hashes(self) -> list[bytes]:
-        return self.table.column("message_hash").take(self.order).to_pylist()
 
 
 def in_order(table: pa.Table) -> Rows:
@@ -186,7 +159,7 @@ def merge(query: HistoryQuery, sources: Sequence[Rows], pending: pa.Table | None
             return (
                 sources[0]
                 if sources
-                else in_order(empty(schema.page_columns(query.include_data, bool(query.message_hashes))))
+                else in_order(schema.empty_page(schema.page_columns(query.include_data, bool(query.message_hashes))))
             )
     tables = [r.table.take(r.order) for r in parts]
     if pending is not None and pending.num_rows:
@@ -267,27 +240,3 @@ def _one_chunk(table: pa.Table) -> pa.Table:
 
 _PLAIN = (pa.binary(), pa.string())
 _NO_OFFSETS = np.zeros(1, dtype=np.int32)
-
-
-# --- rows waiting for a commit ------------------------------------------------
-
-_VALUES: dict[str, Callable[[Row], object]] = {
-    "message_hash": attrgetter("message_hash"),
-    "digest": attrgetter("digest"),
-    "pubsub_topic": attrgetter("pubsub_topic"),
-    "timestamp": attrgetter("timestamp"),
-    "content_topic": attrgetter("message.content_topic"),
-    "payload": attrgetter("message.payload"),
-    "meta": attrgetter("message.meta"),
-    "version": attrgetter("message.version"),
-    "sender_timestamp": attrgetter("message.timestamp"),
-    "rate_limit_proof": attrgetter("message.rate_limit_proof"),
-}
-
-
-def rows_table(rows: Sequence[Row], columns: Sequence[str]) -> pa.Table:
-    """Row objects (the write path's buffer) as a page of ``columns``."""
-    if not rows:
-        return empty(columns)
-    target = page_schema(columns)
-    return pa.Table.from_arrays([pa.array([_VALUES[f.name](r) for r in rows], f.type) for f in target], schema=target)

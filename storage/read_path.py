@@ -61,7 +61,7 @@ from wakustore.protocols.store_query import HistoryQuery, Ordering, Page, unknow
 from wakustore.storage import page_table, schema
 from wakustore.storage.hot_tier import HotTier
 from wakustore.storage.reader import TableReader
-from wakustore.storage.rows import Row
+from wakustore.storage.rows import Row, rows_table
 from wakustore.storage.write_path import WritePath
 
 Key = tuple[int, bytes]
@@ -198,7 +198,7 @@ class ReadPath:
         columns = schema.page_columns(query.include_data, bool(query.message_hashes))
         if query.message_hashes:
             rows = [r for r in self.writes.pending_by_hash(query.message_hashes) if _row_matches(match, r)]
-            return page_table.rows_table(rows, columns)
+            return rows_table(rows, columns)
         low, high = store_query.key_range(query, key)
         groups = None
         if query.pubsub_topic is not None and query.content_topics:
@@ -211,7 +211,7 @@ class ReadPath:
             query.limit + 1,
             groups,
         )
-        return page_table.rows_table(rows, columns)
+        return rows_table(rows, columns)
 
     def _cursor_key(self, query: HistoryQuery) -> Key | None:
         if query.cursor is None:

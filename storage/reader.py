@@ -742,7 +742,7 @@ class TableReader:
             pieces.append(read)
         table = pa.concat_tables(pieces, promote_options="permissive") if len(pieces) > 1 else next(iter(pieces), None)
         found = row_index.finish(table, query, key, fetch)
-        return _result_schema(columns).empty_table() if found is None else found
+        return schema.page_schema(columns).empty_table() if found is None else found
 
     def _read_pages(self, index: row_index.FileIndex, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """``columns`` of ``rows`` (sorted file rows) of a file written by page."""
@@ -934,7 +934,7 @@ class TableReader:
                     row_index.hash_keys(indexes, query.message_hashes, self._pairs), query, key, fetch
                 )
                 self.indexed_answers += 1
-                return _result_schema(columns).empty_table() if found is None else found
+                return schema.page_schema(columns).empty_table() if found is None else found
             candidates = row_index.hash_candidates(indexes, query.message_hashes)
         elif query.pubsub_topic is not None and query.content_topics:
             # Files not indexed yet (a new version; the background thread
@@ -1037,7 +1037,7 @@ class TableReader:
             row_index.Candidates(files, rows), columns, functools.partial(self._read_group, cache=False)
         )
         if table is None:
-            table = _result_schema(columns).empty_table()
+            table = schema.page_schema(columns).empty_table()
         days = pc.cast(pc.divide(table.column("timestamp"), schema.NS_PER_DAY), pa.int32())
         return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32())), cut
 
@@ -1096,7 +1096,7 @@ class TableReader:
                 raise
             except Exception as exc:
                 raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
-        return result.select(list(columns)).cast(_result_schema(columns))
+        return result.select(list(columns)).cast(schema.page_schema(columns))
 
 
 def _has_page_crcs(path: str) -> bool:
@@ -1206,13 +1206,6 @@ def _page_days(snapshot: _Snapshot, query: HistoryQuery, key: tuple[int, bytes] 
             high = cursor_day if high is None else min(high, cursor_day)
     days = [d for d in snapshot.days if (low is None or d >= low) and (high is None or d <= high)]
     return days if query.forward else days[::-1]
-
-
-_FIELDS = {f.name: f for f in schema.MESSAGES}
-
-
-def _result_schema(columns: Sequence[str]) -> pa.Schema:
-    return pa.schema([_FIELDS[c] for c in columns])
 
 
 # --- SQL ----------------------------------------------------------------------

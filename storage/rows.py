@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,29 +114,44 @@ def decode_record(record: bytes) -> Row:
 # --- Arrow ----------------------------------------------------------------
 
 
+# Each stored column of row objects (the day is derived), from the rows
+# and their messages: a comprehension a column (a map over attrgetter
+# takes twice as long, a getattr a value longer still).
+_ROW_VALUES: dict[str, Callable[[list[Row], list[WakuMessage]], list]] = {
+    "muid": lambda rows, _: [r.muid for r in rows],
+    "message_hash": lambda rows, _: [r.message_hash for r in rows],
+    "digest": lambda rows, _: [r.digest for r in rows],
+    "pubsub_topic": lambda rows, _: [r.pubsub_topic for r in rows],
+    "content_topic": lambda _, messages: [m.content_topic for m in messages],
+    "payload": lambda _, messages: [m.payload for m in messages],
+    "meta": lambda _, messages: [m.meta for m in messages],
+    "version": lambda _, messages: [m.version for m in messages],
+    "timestamp": lambda rows, _: [r.timestamp for r in rows],
+    "sender_timestamp": lambda _, messages: [m.timestamp for m in messages],
+    "rate_limit_proof": lambda _, messages: [m.rate_limit_proof for m in messages],
+    "arrival_time": lambda rows, _: [r.arrival_time for r in rows],
+}
+_STORED = tuple(f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION)
+
+
 def to_arrow(rows: Iterable[Row]) -> pa.Table:
     rows = list(rows)
     if not rows:
         return schema.MESSAGES.empty_table()
-    messages = [r.message for r in rows]
-    timestamps = pa.array([r.timestamp for r in rows], pa.int64())
+    table = rows_table(rows, _STORED)
+    partition = schema.MESSAGES.field(schema.MESSAGES_PARTITION)
+    return table.append_column(partition, _days(table.column("timestamp")))
+
+
+def rows_table(rows: Sequence[Row], columns: Sequence[str]) -> pa.Table:
+    """Row objects as a table of ``columns`` (the table's types; not the day)."""
+    if not rows:
+        return schema.empty_page(columns)
+    listed = list(rows)
+    messages = [r.message for r in listed]
+    target = schema.page_schema(columns)
     return pa.Table.from_arrays(
-        [
-            pa.array([r.muid for r in rows], pa.binary()),
-            pa.array([r.message_hash for r in rows], pa.binary()),
-            pa.array([r.digest for r in rows], pa.binary()),
-            pa.array([r.pubsub_topic for r in rows], pa.string()),
-            pa.array([m.content_topic for m in messages], pa.string()),
-            pa.array([m.payload for m in messages], pa.binary()),
-            pa.array([m.meta for m in messages], pa.binary()),
-            pa.array([m.version for m in messages], pa.int32()),
-            timestamps,
-            pa.array([m.timestamp for m in messages], pa.int64()),
-            pa.array([m.rate_limit_proof for m in messages], pa.binary()),
-            pa.array([r.arrival_time for r in rows], pa.int64()),
-            _days(timestamps),
-        ],
-        schema=schema.MESSAGES,
+        [pa.array(_ROW_VALUES[f.name](listed, messages), f.type) for f in target], schema=target
     )
 
 
@@ -338,9 +353,14 @@ def binary_prefixes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarra
     """The first ``width`` (4 or 8) bytes of each value of a binary column
     (hashes) as big-endian unsigned integers, without a Python object per
     value. Raises ValueError on a null or a value shorter than ``width``."""
+    return byte_prefixes(leading_bytes(values, width), width)
+
+
+def byte_prefixes(matrix: np.ndarray, width: int) -> np.ndarray:
+    """The first ``width`` (4 or 8) columns of an (n, >= width) array of
+    bytes (:func:`leading_bytes`) as big-endian unsigned integers."""
     dtype = {4: np.uint32, 8: np.uint64}[width]
-    picked = leading_bytes(values, width)
-    return np.ascontiguousarray(picked).view(f">u{width}").ravel().astype(dtype)
+    return np.ascontiguousarray(matrix[:, :width]).view(f">u{width}").ravel().astype(dtype)
 
 
 def leading_bytes(values: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:

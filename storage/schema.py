@@ -13,6 +13,8 @@ to the next (none yet: version 1 is the first).
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -91,6 +93,27 @@ def page_columns(include_data: bool, by_hash: bool) -> tuple[str, ...]:
     if include_data:
         return DATA_COLUMNS
     return LOOKUP_COLUMNS if by_hash else KEY_COLUMNS
+
+
+def page_schema(columns: Sequence[str]) -> pa.Schema:
+    """The schema of a result of ``columns`` of the messages table (its types)."""
+    return _schema_of(tuple(columns))
+
+
+def empty_page(columns: Sequence[str]) -> pa.Table:
+    """An empty result of ``columns`` (shared: tables are immutable)."""
+    return _empty_of(tuple(columns))
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_of(columns: tuple[str, ...]) -> pa.Table:
+    return _schema_of(columns).empty_table()
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_of(columns: tuple[str, ...]) -> pa.Schema:
+    fields = {f.name: f for f in MESSAGES}
+    return pa.schema([fields[c] for c in columns])
 
 
 _EPOCH = dt.date(1970, 1, 1)

@@ -11,7 +11,7 @@ from wakustore.protocols import store_query
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.store_query import HistoryQuery, Ordering
 from wakustore.storage import page_table, schema
-from wakustore.storage.rows import Row
+from wakustore.storage.rows import Row, rows_table
 
 PUBSUBS = ["/waku/2/rs/16/32", "/waku/2/rs/16/64"]
 TOPICS = ["/app/1/a/proto", "/app/1/b/proto", "/app/1/c/proto"]
@@ -88,7 +88,7 @@ def test_a_page_from_split_sources_is_the_reference_page(seed):
         # The rows a source would hold, in a random order, filtered and
         # ordered here as each source does.
         shuffled = rng.sample(rows, len(rows))
-        table = page_table.rows_table(shuffled, list(dict.fromkeys((*columns, "content_topic"))))
+        table = rows_table(shuffled, list(dict.fromkeys((*columns, "content_topic"))))
         matching = page_table.select(table, query, key, fetch=len(rows))
         ordered = matching.table.select(list(columns)).take(matching.order)
         # Split: two ordered sources that share rows, and the rest pending.
@@ -111,7 +111,7 @@ def test_the_key_range_and_ties_on_a_keys_first_bytes():
     keys' first 8 bytes (digests made to share them)."""
     rng = random.Random(5)
     rows = _rows(rng, 80)
-    table = page_table.rows_table(rows, schema.KEY_COLUMNS)
+    table = rows_table(rows, schema.KEY_COLUMNS)
     forward = HistoryQuery(forward=True, limit=1000)
     for _ in range(50):
         low, high = (rng.choice([None, (r.timestamp, r.message_hash), (r.timestamp, b"")]) for r in rng.sample(rows, 2))
@@ -126,7 +126,7 @@ def test_the_key_range_and_ties_on_a_keys_first_bytes():
         dataclasses.replace(r, digest=b"\x01" * 8 + rng.randbytes(24), timestamp=1000 + i % 3)
         for i, r in enumerate(rows)
     ]
-    table = page_table.rows_table(shared, schema.KEY_COLUMNS)
+    table = rows_table(shared, schema.KEY_COLUMNS)
     for direction in (True, False):
         query = HistoryQuery(forward=direction, limit=1000, ordering=Ordering.DIGEST)
         got = page_table.select(table, query).order.tolist()
@@ -142,7 +142,7 @@ def _recast(table: pa.Table, types: dict) -> pa.Table:
 def test_columns_of_any_arrow_layout_read_the_same():
     """Slices (an offset into the buffers), several chunks, large and view types."""
     rows = _rows(random.Random(9), 30)
-    table = page_table.rows_table(rows, schema.DATA_COLUMNS)
+    table = rows_table(rows, schema.DATA_COLUMNS)
     expected = [r.stored() for r in rows[5:25]]
     sliced = table.slice(5, 20)
     chunked = pa.concat_tables([table.slice(5, 7), table.slice(12, 13)])
