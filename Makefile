@@ -15,10 +15,13 @@ ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py native/native.c
+# The spark engine's Delta Lake jars (pinned, checked) come from Maven
+# Central into the virtualenv's cache dir (storage/spark_jars.py).
+$(STAMP): pyproject.toml setup.py native/native.c storage/spark_jars.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m wakustore.storage.spark_jars
 	touch $(STAMP)
 
 # ARGS reaches the node word by word and never the shell: a ';' in a

@@ -51,7 +51,9 @@ def add_common_arguments(verb: argparse.ArgumentParser, data_dir_help: str) -> N
     verb.add_argument("--json", type=Path, help="write the figures here")
     verb.add_argument("--data-dir", type=Path, help=data_dir_help)
     verb.add_argument("--config", type=Path, help="node TOML configuration (engine, flush size)")
-    verb.add_argument("--engine", help="'embedded' or sc://host:port")
+    verb.add_argument(
+        "--engine", help="'sail' (embedded, the default), 'spark' (embedded Apache Spark with Delta) or sc://host:port"
+    )
 
 
 def wait_for_node_info(process: subprocess.Popen, data_dir: Path, timeout_s: float, name: str, log_path: Path) -> dict:

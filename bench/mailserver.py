@@ -84,7 +84,6 @@ def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
     else on a new engine as configured."""
     from wakustore.bench.store import percentile
     from wakustore.node.mailserver import open_envelope_store
-    from wakustore.storage.engine import Engine
 
     if args.page > 1000:
         raise UsageError("--page: the mailserver serves at most 1000 envelopes per request")
@@ -109,7 +108,7 @@ def run_mailserver_bench(args: argparse.Namespace, engine=None) -> int:
         owned = engine is None
         if owned:
             _say(f"mailserver bench: starting the engine ({config.engine}) under {config.data_dir}")
-            engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * MIB)
+            engine = node_config.new_engine(config)
             engine.start()
         try:
             store = open_envelope_store(config, engine)

@@ -196,7 +196,6 @@ def _say(text: str) -> None:
 def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
     """Run the benchmark; on ``engine`` (started, left running) when given,
     else on a new engine as configured."""
-    from wakustore.storage.engine import Engine
 
     table_of = getattr(args, "table_of", None)
     if table_of is not None and args.data_dir is not None:
@@ -254,7 +253,7 @@ def run_wire_bench(args: argparse.Namespace, engine=None) -> int:
         owned = engine is None
         if owned:
             _say(f"wire bench: starting the engine ({config.engine}) under {config.data_dir}")
-            engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * MIB)
+            engine = node_config.new_engine(config)
             engine.start()
         try:
             if kept is None:

@@ -113,7 +113,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _store_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
     parser.add_argument("--config", type=Path, help="node TOML configuration (engine, shards)")
-    parser.add_argument("--engine", help="'embedded' or sc://host:port")
+    parser.add_argument(
+        "--engine", help="'sail' (embedded, the default), 'spark' (embedded Apache Spark with Delta) or sc://host:port"
+    )
     parser.add_argument("--pubsub-topic", help="the community's shard (default: the node's first shard)")
 
 

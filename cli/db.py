@@ -54,7 +54,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub = verbs.add_parser(verb, help=summary)
         sub.add_argument("--data-dir", type=Path, required=True, help="the node's data directory (required)")
         sub.add_argument("--config", type=Path, help="node TOML configuration")
-        sub.add_argument("--engine", help="'embedded' or sc://host:port (default: from the configuration)")
+        sub.add_argument("--engine", help="'sail', 'spark' or sc://host:port (default: from the configuration)")
         if verb == "vacuum":
             sub.add_argument(
                 "--retention-hours",
@@ -117,7 +117,6 @@ def _open_read_only(args):
     the write-ahead log is neither replayed nor trimmed), so it runs beside
     a node that writes the same data dir."""
     from wakustore.node import data_dir
-    from wakustore.storage.engine import Engine
     from wakustore.storage.table import DeltaTableRef
 
     config = _config(args)
@@ -125,7 +124,7 @@ def _open_read_only(args):
     uri = config.messages_uri
     if "://" not in uri and not (Path(uri) / "_delta_log").is_dir():
         raise UsageError(f"no message table at {uri} (nothing was stored with data dir {config.data_dir})")
-    engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
+    engine = node_config.new_engine(config)
     engine.start()
     return config, engine, DeltaTableRef(engine, uri)
 

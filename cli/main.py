@@ -194,3 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"wakustore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:
+        from wakustore.storage.engine import EngineUnavailable
+
+        if not isinstance(exc, EngineUnavailable):
+            raise
+        # The engine did not start or cannot be reached (its jars missing,
+        # no Java, a remote address that does not answer): one line.
+        print(f"wakustore: error: the engine is unavailable: {exc}", file=sys.stderr)
+        return 1

@@ -39,7 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--data-dir", type=Path, help=f"tables, log, key and node-info.json (default: {os.path.join('.', d.data_dir)})"
     )
-    serve.add_argument("--engine", help=f"'embedded' or sc://host:port (default: {d.engine})")
+    serve.add_argument(
+        "--engine",
+        help=f"'sail' or 'spark' (started and supervised by the node), or sc://host:port (default: {d.engine})",
+    )
     serve.add_argument("--tcp-port", type=int, help=f"libp2p TCP port, 0: any (default: {d.tcp_port})")
     serve.add_argument("--ws-port", type=int, help=f"libp2p WebSocket port, 0: any (default: {d.ws_port})")
     serve.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from wakustore.protocols.errors import ProtocolError
 
 if TYPE_CHECKING:
     from wakustore.protocols.dos_protection import ProtectedTopic
+    from wakustore.storage.engine import Engine
 
 # What validate() checks with is imported there: the command line builds
 # its parser (and --help, --version) from this module's defaults without
@@ -79,8 +81,11 @@ class NodeConfig:
     # (text on a terminal, JSON lines otherwise). WAKUSTORE_LOG_LEVEL too.
     log_level: str = "INFO"
     log_format: str = "auto"
-    # "embedded" (a supervised Sail server) or "sc://host:port".
-    engine: str = "embedded"
+    # The engine the node starts and supervises on loopback: "sail" (the
+    # default; "embedded" is the same) or "spark" (Apache Spark with Delta
+    # Lake, a JVM); or "sc://host:port", a Spark Connect server (Spark with
+    # Delta, or a Sail cluster) that a fleet shares.
+    engine: str = "sail"
     # Where the tables live; default <data_dir>/tables. A fleet points every
     # node at the same location (shared file system or object store).
     table_root: str = ""
@@ -130,7 +135,11 @@ class NodeConfig:
     flush_interval_s: float = 1.0
     flush_max_messages: int = 5000
     max_message_size: int = 150 * 1024
+    # The embedded Sail server is restarted above this resident memory.
     engine_memory_ceiling_mb: int = 2048
+    # The embedded Spark server's JVM heap (spark.driver.memory: "1g",
+    # "2048m"); the JVM bounds itself, and exits on running out.
+    spark_driver_memory: str = "1g"
     maintenance_interval_s: float = 3600.0
     # Data files a compaction or a retention removed from the table are
     # deleted by each maintenance run this many hours after their removal
@@ -250,8 +259,12 @@ class NodeConfig:
         for server in self.dns_discovery_name_servers:
             if parse_name_server(server) is None:
                 raise ConfigError(f"dns_discovery_name_server {server!r} is not an IP address with an optional :port")
-        if not (self.engine == "embedded" or self.engine.startswith("sc://")):
-            raise ConfigError(f"engine must be 'embedded' or 'sc://host:port', got {self.engine!r}")
+        if not (self.engine in ("sail", "spark", "embedded") or self.engine.startswith("sc://")):
+            raise ConfigError(f"engine must be 'sail', 'spark' or 'sc://host:port', got {self.engine!r}")
+        if not re.fullmatch(r"[1-9][0-9]*[kmgtKMGT]?", self.spark_driver_memory):
+            raise ConfigError(
+                f"spark_driver_memory must be a JVM size such as '1g' or '2048m', got {self.spark_driver_memory!r}"
+            )
         for name in ("tcp_port", "ws_port", "metrics_port", "mailserver_port", "rest_port", "discv5_udp_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -331,6 +344,17 @@ class NodeConfig:
             except ValueError as exc:
                 raise ConfigError(f"rate_limits: {exc}") from None
         return self
+
+
+def new_engine(config: NodeConfig) -> Engine:
+    """The engine ``config`` names, not started yet."""
+    from wakustore.storage.engine import Engine
+
+    return Engine(
+        config.engine,
+        memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024,
+        spark_driver_memory=config.spark_driver_memory,
+    )
 
 
 def parse_protected_topics(value: Any) -> list[ProtectedTopic]:

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from wakustore.durable import make_dirs
-from wakustore.node.config import NodeConfig
+from wakustore.node.config import NodeConfig, new_engine
 from wakustore.node.disk import DiskGuard
 from wakustore.node.flush_loop import FlushLoop
 from wakustore.node.metrics import NodeMetrics
@@ -377,7 +377,7 @@ def open_store(config: NodeConfig, engine: Engine | None = None) -> tuple[Engine
     shutil.rmtree(config.data_dir / "muids", ignore_errors=True)
     owned = engine is None
     if engine is None:
-        engine = Engine(config.engine, memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024)
+        engine = new_engine(config)
     try:
         if owned:
             engine.start()

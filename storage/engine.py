@@ -1,16 +1,22 @@
 """The Spark Connect engine behind the message store.
 
 :class:`Engine` owns the one PySpark Spark Connect session the storage
-layer uses, on either of two engines:
+layer uses, on one of three targets:
 
-- ``"embedded"`` (the default): a Sail server on loopback that the engine
-  starts as a child process (:mod:`wakustore.storage.sail_server`) and
-  supervises. Sail's memory grows with every MERGE and is never returned
+- ``"sail"`` (the default; ``"embedded"`` is the same): a Sail server on
+  loopback that the engine starts as a child process
+  (:mod:`wakustore.storage.sail_server`) and supervises. Sail's memory
+  grows with every MERGE and is never returned
   (``reference/engine-notes.md``), so the child is restarted when its
   resident memory passes a ceiling, when it dies, or on demand.
+- ``"spark"``: Apache Spark's own Spark Connect server with Delta Lake
+  (:mod:`wakustore.storage.spark_server`), a JVM on loopback, started and
+  supervised the same way; its heap is bounded by the JVM
+  (``spark_driver_memory``), so no memory ceiling applies.
 - ``"sc://host:port"``: a remote Spark Connect server (Spark 4 with Delta
-  Lake, or a Sail cluster). The engine only connects, and reconnects after
-  a failure; it never restarts a server it does not own.
+  Lake, or a Sail cluster; :attr:`Engine.kind` says which once connected).
+  The engine only connects, and reconnects after a failure; it never
+  restarts a server it does not own.
 
 Everything blocks; the node calls it from ``trio.to_thread.run_sync``
 worker threads, and every method is safe to call from several threads at
@@ -36,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from wakustore.storage import sail_server
+from wakustore.storage import dialect, engine_process, sail_server, spark_jars, spark_server
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +51,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+SAIL = dialect.SAIL
+SPARK = dialect.SPARK
+# The name the Sail target had before there were two embedded engines.
 EMBEDDED = "embedded"
+OWNED_TARGETS = (SAIL, SPARK, EMBEDDED)
 REMOTE_SCHEME = "sc://"
 LOOPBACK = "127.0.0.1"
 
@@ -58,10 +68,17 @@ DEFAULT_MEMORY_CEILING_BYTES = 2 * 1024**3
 # Spawning the child, importing pysail and listening took ~0.05 s and the
 # first SELECT 1 ~0.6 s more on a 2-core machine; 30 s covers a loaded host.
 START_TIMEOUT_S = 30.0
+# Spark's JVM listened after 8 s on an idle 2-core machine and 19 s on a
+# loaded one; its first session takes a few more.
+SPARK_START_TIMEOUT_S = 120.0
 
 # A SELECT 1 round trip costs 5-8 ms on Sail (engine-notes); an engine that
 # has not answered within 5 s is treated as failed.
 PROBE_TIMEOUT_S = 5.0
+# Spark plans a SELECT 1 in a few ms too, but a JVM in a full garbage
+# collection or compiling a MERGE's code on a busy 2-core host stalls for
+# seconds.
+SPARK_PROBE_TIMEOUT_S = 20.0
 
 # How long run()/session() wait for a restart before raising
 # EngineUnavailable: one full start plus one failed probe.
@@ -75,6 +92,8 @@ DRAIN_TIMEOUT_S = 30.0
 # Grace between SIGTERM and SIGKILL when stopping the child, and the bound
 # on closing a client whose server may not answer.
 STOP_TIMEOUT_S = 5.0
+# The Spark child gives its JVM this long to run its shutdown hooks.
+SPARK_STOP_TIMEOUT_S = spark_server.JVM_STOP_TIMEOUT_S + STOP_TIMEOUT_S
 
 # Client-side retries of an RPC that failed as UNAVAILABLE, with PySpark's
 # exponential backoff (50 ms, x4 per retry). PySpark's own default (15
@@ -123,21 +142,6 @@ SAIL_DEFAULT_ENV = {
 DEFAULT_SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
 
 
-# Commit conflicts: another writer committed to the table first; the commit
-# may be retried after re-reading. Spark with Delta names them by error
-# condition (DELTA_CONCURRENT_APPEND, ...); Sail (pysail 0.7.2) sends a
-# SparkRuntimeException without a condition whose text is "Failed to commit
-# transaction: <version>" (seen with two writers on one table), and "Missing
-# commit file" when it listed the log while another writer added to it (a
-# re-read succeeds). The text is matched here, where the engine's error is
-# caught, and nowhere else.
-_CONFLICT_CONDITIONS = ("DELTA_CONCURRENT", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
-_CONFLICT_TEXT = re.compile(
-    r"(?i)concurrent|conflict|failed to commit transaction|version \d+ already exists|"
-    r"transaction.*(retry|failed)|ProtocolChanged|MetadataChanged|missing commit file"
-)
-
-
 class CommitConflict(Exception):
     """Another writer committed to the table first: re-read and retry.
     The engine's own error is the ``__cause__``."""
@@ -147,14 +151,7 @@ def commit_conflict(exc: BaseException) -> CommitConflict | None:
     """``exc`` as a :class:`CommitConflict` when it is one, else None."""
     if isinstance(exc, CommitConflict):
         return exc
-    condition = None
-    get_condition = getattr(exc, "getCondition", None)
-    if callable(get_condition):
-        with contextlib.suppress(Exception):
-            condition = get_condition()
-    if (condition and condition.startswith(_CONFLICT_CONDITIONS)) or _CONFLICT_TEXT.search(
-        f"{type(exc).__name__}: {exc}"
-    ):
+    if dialect.is_commit_conflict(exc):
         conflict = CommitConflict(_describe(exc))
         conflict.__cause__ = exc
         return conflict
@@ -179,34 +176,48 @@ class EngineHealth:
 
 
 class Engine:
-    """A supervised Spark Connect session on the embedded Sail server or a
-    remote endpoint.
+    """A supervised Spark Connect session on an embedded server (Sail or
+    Spark) or a remote endpoint.
 
-    ``target`` is ``"embedded"`` or ``"sc://host:port"``. The server starts on
-    :meth:`start` or on first use. ``memory_ceiling_bytes`` (embedded only;
-    ``None`` turns it off; the attribute may be changed at any time) is
-    checked after every :meth:`run` and in :meth:`supervise`. ``sail_env`` adds ``SAIL_*`` variables for the
-    embedded server; ``session_conf`` replaces the Spark settings applied to
-    each new session.
+    ``target`` is ``"sail"`` (or ``"embedded"``), ``"spark"`` or
+    ``"sc://host:port"``. The server starts on :meth:`start` or on first
+    use. ``memory_ceiling_bytes`` (embedded Sail only; ``None`` turns it
+    off; the attribute may be changed at any time) is checked after every
+    :meth:`run` and in :meth:`supervise`. ``sail_env`` adds ``SAIL_*``
+    variables for the embedded Sail server; ``spark_driver_memory`` is the
+    embedded Spark server's heap; ``session_conf`` replaces the Spark
+    settings applied to each new session. Timeouts left at None take the
+    engine's own default.
     """
 
     def __init__(
         self,
-        target: str = EMBEDDED,
+        target: str = SAIL,
         *,
         memory_ceiling_bytes: int | None = DEFAULT_MEMORY_CEILING_BYTES,
-        wait_timeout_s: float = WAIT_TIMEOUT_S,
-        probe_timeout_s: float = PROBE_TIMEOUT_S,
-        start_timeout_s: float = START_TIMEOUT_S,
+        wait_timeout_s: float | None = None,
+        probe_timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
         sail_env: Mapping[str, str] | None = None,
+        spark_driver_memory: str = spark_server.DEFAULT_DRIVER_MEMORY,
         session_conf: Mapping[str, str] | None = None,
     ):
-        if target != EMBEDDED and not (target.startswith(REMOTE_SCHEME) and len(target) > len(REMOTE_SCHEME)):
-            raise ValueError(f"engine target must be 'embedded' or 'sc://host:port', got {target!r}")
+        if target not in OWNED_TARGETS and not (target.startswith(REMOTE_SCHEME) and len(target) > len(REMOTE_SCHEME)):
+            raise ValueError(f"engine target must be 'sail', 'spark' or 'sc://host:port', got {target!r}")
         self.target = target
-        self.memory_ceiling_bytes = memory_ceiling_bytes
-        self.wait_timeout_s = wait_timeout_s
+        # Which engine answers (dialect.SAIL or SPARK); a remote one's is
+        # known once connected (None before).
+        self.kind: str | None = SPARK if target == SPARK else SAIL if target in OWNED_TARGETS else None
+        spark = self.kind == SPARK
+        self.memory_ceiling_bytes = None if spark else memory_ceiling_bytes
+        if start_timeout_s is None:
+            start_timeout_s = SPARK_START_TIMEOUT_S if spark else START_TIMEOUT_S
+        if probe_timeout_s is None:
+            probe_timeout_s = SPARK_PROBE_TIMEOUT_S if spark else PROBE_TIMEOUT_S
+        self.wait_timeout_s = start_timeout_s + probe_timeout_s if wait_timeout_s is None else wait_timeout_s
         self.probe_timeout_s = probe_timeout_s
+        self._stop_timeout_s = SPARK_STOP_TIMEOUT_S if spark else STOP_TIMEOUT_S
+        self._spark_driver_memory = spark_driver_memory
         # A probe thread still waiting on a session that never answered (see
         # _probe), when it started, and the session: while it waits, that
         # session is not probed again, so a hung engine holds one thread,
@@ -229,8 +240,9 @@ class Engine:
 
     @property
     def is_embedded(self) -> bool:
-        """True when the engine is the Sail child process this object owns."""
-        return self.target == EMBEDDED
+        """True when the engine is a child process this object owns (Sail or
+        Spark) on this machine: it sees the same files as the node."""
+        return self.target in OWNED_TARGETS
 
     @property
     def generation(self) -> int:
@@ -252,9 +264,10 @@ class Engine:
         return self._url
 
     def rss_bytes(self) -> int | None:
-        """Resident memory of the embedded server in bytes, None if unknown."""
+        """Resident memory of the embedded server in bytes (its process and
+        theirs it started: Spark's JVM), None if unknown."""
         pid = self.pid
-        return _rss_bytes(pid) if pid is not None else None
+        return _rss_bytes(pid, tree=self.kind == SPARK) if pid is not None else None
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -460,9 +473,9 @@ class Engine:
         if session is None:
             return EngineHealth(False, generation, pid, None, None, "not started"), True
         if child is not None and child.poll() is not None:
-            problem = f"the Sail server exited with status {child.returncode}"
+            problem = f"the {self.kind} server exited with status {child.returncode}"
             return EngineHealth(False, generation, pid, None, None, problem), True
-        rss = _rss_bytes(pid) if pid is not None else None
+        rss = _rss_bytes(pid, tree=self.kind == SPARK) if pid is not None else None
         ceiling = self.memory_ceiling_bytes
         if rss is not None and ceiling is not None and rss > ceiling:
             problem = f"RSS {rss} B above the ceiling {ceiling} B"
@@ -533,9 +546,9 @@ class Engine:
             try:
                 return self._connect(self._url), child, self._url
             except EngineUnavailable as exc:
-                log.warning("a new session on the running Sail server failed (%s); restarting it", exc)
+                log.warning("a new session on the running %s server failed (%s); restarting it", self.kind, exc)
         if child is not None:
-            _terminate(child)
+            self._terminate(child)
         _discard(old_session, release=False)
         with self._cond:
             self._child, self._url = None, None
@@ -543,7 +556,7 @@ class Engine:
         try:
             return self._connect(url), child, url
         except BaseException:
-            _terminate(child)
+            self._terminate(child)
             raise
 
     def _connect(self, url: str) -> SparkSession:
@@ -569,6 +582,8 @@ class Engine:
             self._probe(session)
             for key, value in self._session_conf.items():
                 session.conf.set(key, value)
+            if self.kind is None:
+                self.kind = dialect.kind_of_version(session.sql("SELECT version()").collect()[0][0])
         except BaseException as exc:
             _discard(session, release=False)
             if isinstance(exc, EngineUnavailable):
@@ -615,26 +630,35 @@ class Engine:
     # --- internals: the child process --------------------------------------
 
     def _spawn(self) -> tuple[subprocess.Popen, str]:
-        """Start the Sail server process; return it and its sc:// address."""
-        env = {**SAIL_DEFAULT_ENV, **os.environ, **self._sail_env}
+        """Start the server process; return it and its sc:// address."""
         try:
-            child, port = sail_server.spawn(env, self.start_timeout_s, LOOPBACK)
-        except sail_server.ServerStartError as exc:
+            if self.kind == SPARK:
+                child, port = spark_server.spawn(
+                    os.environ, self.start_timeout_s, LOOPBACK, driver_memory=self._spark_driver_memory
+                )
+            else:
+                env = {**SAIL_DEFAULT_ENV, **os.environ, **self._sail_env}
+                child, port = sail_server.spawn(env, self.start_timeout_s, LOOPBACK)
+        except (engine_process.ServerStartError, spark_jars.JarsMissing) as exc:
             raise EngineUnavailable(str(exc)) from exc
         return child, f"{REMOTE_SCHEME}{LOOPBACK}:{port}"
 
+    def _terminate(self, child: subprocess.Popen) -> None:
+        if not engine_process.stop(child, self._stop_timeout_s):
+            log.warning(
+                "the %s server (pid %d) ignored SIGTERM for %g s and was killed",
+                self.kind,
+                child.pid,
+                self._stop_timeout_s,
+            )
+
     def _teardown(self, session, child) -> None:
         if child is not None:
-            _terminate(child)
+            self._terminate(child)
         _discard(session, release=child is None)
 
 
 # --- helpers -----------------------------------------------------------------
-
-
-def _terminate(child: subprocess.Popen) -> None:
-    if not sail_server.stop(child, STOP_TIMEOUT_S):
-        log.warning("the Sail server (pid %d) ignored SIGTERM for %g s and was killed", child.pid, STOP_TIMEOUT_S)
 
 
 def _discard(session, *, release: bool) -> None:
@@ -660,16 +684,20 @@ def _discard(session, *, release: bool) -> None:
     thread.join(STOP_TIMEOUT_S)
 
 
-def _rss_bytes(pid: int) -> int | None:
-    """VmRSS of ``pid`` from /proc, in bytes; None if it is gone."""
+def _rss_bytes(pid: int, tree: bool = False) -> int | None:
+    """VmRSS of ``pid``, with ``tree`` plus the processes it started (the
+    Spark child's JVM), in bytes; None if it is gone."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except (OSError, ValueError, IndexError):
+        process = psutil.Process(pid)
+        total = process.memory_info().rss
+        for child in process.children(recursive=True) if tree else ():
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return total
+    except psutil.Error:
         return None
-    return None
 
 
 def _describe(exc: BaseException) -> str:

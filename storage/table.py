@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wakustore.storage import schema, window_files
+from wakustore.storage import dialect, schema, window_files
 from wakustore.storage.commit_sync import CommitSync
 from wakustore.storage.rows import binary_prefixes
 from wakustore.storage.staging import is_local, staging_dir
@@ -144,15 +144,14 @@ class DeltaTableRef:
             columns = ", ".join(f"`{f.name}` {_spark_type(f.type)}" for f in arrow_schema)
 
             def create(spark):
-                try:
+                if dialect.creates_path_tables(self.engine.kind):
                     spark.sql(
                         f"CREATE TABLE IF NOT EXISTS delta.`{self.uri}` ({columns}) USING delta "
                         f"PARTITIONED BY ({partition}) "
                         f"TBLPROPERTIES ('{schema.SCHEMA_VERSION_PROPERTY}' = '{schema.SCHEMA_VERSION}')"
                     ).collect()
-                except Exception:
-                    # A Sail cluster has no CREATE TABLE for path tables: an
-                    # empty append creates the table (schema version 1 implied).
+                else:
+                    # An empty append creates the table (schema version 1 implied).
                     empty = spark.createDataFrame([], _spark_schema(spark, arrow_schema))
                     empty.write.format("delta").mode("append").partitionBy(partition).save(self.uri)
 
@@ -348,7 +347,7 @@ class DeltaTableRef:
                 frame.write.format("delta")
                 .mode("overwrite")
                 .option("replaceWhere", predicate)
-                .option("targetFileSize", str(REPLACE_TARGET_FILE_BYTES))
+                .options(**dialect.window_write_options(self.engine.kind, REPLACE_TARGET_FILE_BYTES))
                 .save(self.uri)
             )
 
@@ -376,7 +375,7 @@ class DeltaTableRef:
                 ).collect()
             finally:
                 spark.catalog.dropTempView(view)
-            return _inserted_rows(result)
+            return dialect.inserted_rows(result)
 
         inserted = self.engine.run(run)
         self.sync_commits()
@@ -537,16 +536,6 @@ class DeltaTableRef:
         """Run ``sql`` with ``{table}`` replaced by this table; first column of the first row."""
         rows = self.engine.run(lambda spark: spark.sql(sql.format(table=f"delta.`{self.uri}`")).collect())
         return rows[0][0] if rows else None
-
-
-def _inserted_rows(result: list) -> int:
-    """Rows a MERGE inserted, from the one row it answers: Spark with Delta
-    names the column ``num_inserted_rows``; Sail answers one ``count``
-    column, the rows written (only inserts here)."""
-    if not result:
-        raise RuntimeError("the engine reported no outcome for a MERGE")
-    row = result[0].asDict()
-    return int(row["num_inserted_rows"] if "num_inserted_rows" in row else row.get("count", next(iter(row.values()))))
 
 
 def _sql_literal(value: Any) -> str:
