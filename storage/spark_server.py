@@ -2,7 +2,8 @@
 Delta Lake, on loopback.
 
 Run as ``python -m wakustore.storage.spark_server --port N [--host H]
-[--driver-memory 1g] [--cores N]``. It is a small Python process that
+[--driver-memory 1g] [--master URL] [--conf KEY=VALUE ...]``. It is a
+small Python process that
 starts the JVM (``spark-submit`` of the pinned pyspark's jars, class
 ``SparkConnectServer``, Delta's jars from the cache,
 :mod:`spark_jars`), forwards its log to stderr, and keeps
@@ -16,6 +17,14 @@ its warehouse, scratch files and Derby's log in the working directory.
 Its heap is bounded by ``--driver-memory`` (``spark_driver_memory`` in the
 node's configuration), and it exits on an OutOfMemoryError, so that the
 node's supervision starts a new one instead of talking to a broken JVM.
+
+The same command is a fleet's shared engine: ``--host 0.0.0.0 --port
+15002 --master spark://master:7077`` runs the Spark Connect server (the
+fleet's one Spark driver) on a standalone cluster, ``--conf`` passing
+any other Spark setting. Tables in S3-compatible buckets (``s3://``)
+go through Hadoop's S3A with the endpoint, region and keys of the
+standard ``AWS_*`` variables, and Delta's single-driver log store: safe
+while every commit to the table goes through this one server.
 """
 
 from __future__ import annotations
@@ -122,24 +131,59 @@ def spark_home() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def s3_conf(environ: Mapping[str, str]) -> dict[str, str]:
+    """Spark settings for ``s3://`` and ``s3a://`` tables from the ``AWS_*``
+    variables the nodes and delta-rs read (README, A fleet): S3A for both
+    schemes; an endpoint (MinIO, Ceph RGW, R2) with path-style requests,
+    over http when it says so; the region; the keys, when set, in Hadoop's
+    configuration, which reaches a cluster's executors too (else S3A's own
+    chain: instance and pod roles)."""
+    conf = {
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+    }
+    endpoint = environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https://")).lower()
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    if environ.get("AWS_ACCESS_KEY_ID") and environ.get("AWS_SECRET_ACCESS_KEY"):
+        conf["spark.hadoop.fs.s3a.access.key"] = environ["AWS_ACCESS_KEY_ID"]
+        conf["spark.hadoop.fs.s3a.secret.key"] = environ["AWS_SECRET_ACCESS_KEY"]
+    return conf
+
+
 class SparkProcess:
     """The JVM of one Spark Connect server; :func:`engine_process.serve`'s
-    :class:`~engine_process.Server`."""
+    :class:`~engine_process.Server`. ``master`` None: Spark in this JVM
+    (``local[<cores>]``); ``conf`` adds or overrides settings."""
 
-    def __init__(self, host: str, port: int, driver_memory: str):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        driver_memory: str,
+        master: str | None = None,
+        conf: Mapping[str, str] | None = None,
+    ):
         jars = spark_jars.installed()
         home = spark_home()
         self._workdir = Path(tempfile.mkdtemp(prefix="wakustore-spark-"))
         conf_dir = self._workdir / "conf"
         conf_dir.mkdir()
         (conf_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
-        conf = {
+        settings = {
             **SERVER_CONF,
+            **s3_conf(os.environ),
             "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port),
             "spark.sql.warehouse.dir": str(self._workdir / "warehouse"),
+            **(conf or {}),
         }
-        (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
+        (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
         env = {
             **os.environ,
             "SPARK_HOME": str(home),
@@ -152,7 +196,7 @@ class SparkProcess:
             "--class",
             SERVER_CLASS,
             "--master",
-            f"local[{os.cpu_count() or 2}]",
+            master or f"local[{os.cpu_count() or 2}]",
             "--driver-memory",
             driver_memory,
             "--jars",
@@ -242,10 +286,18 @@ def main(argv: list[str] | None = None) -> int:
         "Run Apache Spark's Spark Connect server with Delta Lake (the node's embedded spark engine).",
     )
     command.add_argument("--driver-memory", default=DEFAULT_DRIVER_MEMORY, help="the JVM's heap (spark.driver.memory)")
+    command.add_argument("--master", help="a cluster's master URL (spark://host:7077, k8s://...); default: local")
+    command.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting")
     args = command.parse_args(argv)
+    extra = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            command.error(f"--conf {item!r}: expected KEY=VALUE")
+        extra[key] = value
 
     def start() -> SparkProcess:
-        server = SparkProcess(args.host, args.port, args.driver_memory)
+        server = SparkProcess(args.host, args.port, args.driver_memory, args.master, extra)
         try:
             server.wait_ready()
         except BaseException:

@@ -1,22 +1,59 @@
-"""Shared fixtures: one embedded engine for the whole session; small file
-systems to fill up."""
+"""Shared fixtures: one embedded engine of each kind for the whole session
+(Sail, and Apache Spark with Delta Lake, started on first use); small file
+systems to fill up.
+
+``engine`` is Sail for the tests whose subject is not the engine (wire
+protocols, interop, the node's services). The storage tests, and the node
+tests that run the pipeline (``both_engines`` below), take ``engine`` from
+:func:`any_engine` instead: each of them runs on both engines, the Sail
+ones first, then the Spark ones (pytest groups a session fixture's
+parameters, so each engine starts once).
+"""
 
 import contextlib
 import subprocess
 
 import pytest
 
+ENGINES = ("sail", "spark")
 
-@pytest.fixture(scope="session")
-def engine():
+
+def _session_engine(kind: str):
     from wakustore.storage.engine import Engine
 
-    engine = Engine("embedded")
+    engine = Engine(kind)
     engine.start()
     try:
         yield engine
     finally:
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def sail_engine():
+    yield from _session_engine("sail")
+
+
+@pytest.fixture(scope="session")
+def spark_engine():
+    yield from _session_engine("spark")
+
+
+@pytest.fixture(scope="session")
+def engine(sail_engine):
+    return sail_engine
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def any_engine(request):
+    """Each engine in turn, the session's."""
+    return request.getfixturevalue(f"{request.param}_engine")
+
+
+@pytest.fixture(scope="session")
+def engine_kind(engine) -> str:
+    """The kind of the ``engine`` a test gets ("sail" or "spark")."""
+    return engine.kind
 
 
 @pytest.fixture

@@ -1,10 +1,16 @@
-"""Fixtures of the storage tests (the engine is the session's, tests/conftest.py)."""
+"""Fixtures of the storage tests: every one runs on both engines (the
+session's, tests/conftest.py)."""
 
 import pytest
 
 from wakustore.storage import schema
 from wakustore.storage.message_store import MessageStore
 from wakustore.storage.table import DeltaTableRef
+
+
+@pytest.fixture(scope="session")
+def engine(any_engine):
+    return any_engine
 
 
 @pytest.fixture
