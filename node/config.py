@@ -354,6 +354,7 @@ def new_engine(config: NodeConfig) -> Engine:
         config.engine,
         memory_ceiling_bytes=config.engine_memory_ceiling_mb * 1024 * 1024,
         spark_driver_memory=config.spark_driver_memory,
+        spark_s3=config.table_root.startswith(("s3://", "s3a://")),
     )
 
 

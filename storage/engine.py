@@ -185,7 +185,8 @@ class Engine:
     off; the attribute may be changed at any time) is checked after every
     :meth:`run` and in :meth:`supervise`. ``sail_env`` adds ``SAIL_*``
     variables for the embedded Sail server; ``spark_driver_memory`` is the
-    embedded Spark server's heap; ``session_conf`` replaces the Spark
+    embedded Spark server's heap, ``spark_s3`` lets it reach tables in
+    S3-compatible buckets (``AWS_*`` variables); ``session_conf`` replaces the Spark
     settings applied to each new session. Timeouts left at None take the
     engine's own default.
     """
@@ -200,6 +201,7 @@ class Engine:
         start_timeout_s: float | None = None,
         sail_env: Mapping[str, str] | None = None,
         spark_driver_memory: str = spark_server.DEFAULT_DRIVER_MEMORY,
+        spark_s3: bool = False,
         session_conf: Mapping[str, str] | None = None,
     ):
         if target not in OWNED_TARGETS and not (target.startswith(REMOTE_SCHEME) and len(target) > len(REMOTE_SCHEME)):
@@ -218,6 +220,7 @@ class Engine:
         self.probe_timeout_s = probe_timeout_s
         self._stop_timeout_s = SPARK_STOP_TIMEOUT_S if spark else STOP_TIMEOUT_S
         self._spark_driver_memory = spark_driver_memory
+        self._spark_s3 = spark_s3
         # A probe thread still waiting on a session that never answered (see
         # _probe), when it started, and the session: while it waits, that
         # session is not probed again, so a hung engine holds one thread,
@@ -634,7 +637,11 @@ class Engine:
         try:
             if self.kind == SPARK:
                 child, port = spark_server.spawn(
-                    os.environ, self.start_timeout_s, LOOPBACK, driver_memory=self._spark_driver_memory
+                    os.environ,
+                    self.start_timeout_s,
+                    LOOPBACK,
+                    driver_memory=self._spark_driver_memory,
+                    s3=self._spark_s3,
                 )
             else:
                 env = {**SAIL_DEFAULT_ENV, **os.environ, **self._sail_env}

@@ -2,7 +2,7 @@
 Delta Lake, on loopback.
 
 Run as ``python -m wakustore.storage.spark_server --port N [--host H]
-[--driver-memory 1g] [--master URL] [--conf KEY=VALUE ...]``. It is a
+[--driver-memory 1g] [--master URL] [--s3] [--conf KEY=VALUE ...]``. It is a
 small Python process that
 starts the JVM (``spark-submit`` of the pinned pyspark's jars, class
 ``SparkConnectServer``, Delta's jars from the cache,
@@ -21,10 +21,10 @@ node's supervision starts a new one instead of talking to a broken JVM.
 The same command is a fleet's shared engine: ``--host 0.0.0.0 --port
 15002 --master spark://master:7077`` runs the Spark Connect server (the
 fleet's one Spark driver) on a standalone cluster, ``--conf`` passing
-any other Spark setting. Tables in S3-compatible buckets (``s3://``)
-go through Hadoop's S3A with the endpoint, region and keys of the
-standard ``AWS_*`` variables, and Delta's single-driver log store: safe
-while every commit to the table goes through this one server.
+any other Spark setting. With ``--s3``, tables in S3-compatible buckets
+(``s3://``) go through Hadoop's S3A with the endpoint, region and keys of
+the standard ``AWS_*`` variables, and Delta's single-driver log store:
+safe while every commit to the table goes through this one server.
 """
 
 from __future__ import annotations
@@ -113,13 +113,16 @@ def spawn(
     timeout_s: float,
     host: str = "127.0.0.1",
     driver_memory: str = DEFAULT_DRIVER_MEMORY,
+    s3: bool = False,
 ) -> tuple[subprocess.Popen, int]:
     """Start the server as a child of this process on a port the system
-    chooses (:func:`engine_process.spawn`); return it and its port.
-    Raises :class:`spark_jars.JarsMissing` before starting anything when
-    Delta's jars are not installed."""
-    spark_jars.installed()
-    return engine_process.spawn(__name__, NAME, READY_PREFIX, env, timeout_s, host, ["--driver-memory", driver_memory])
+    chooses (:func:`engine_process.spawn`); return it and its port. With
+    ``s3``, it reaches tables in buckets. Raises
+    :class:`spark_jars.JarsMissing` before starting anything when the jars
+    are not installed."""
+    spark_jars.installed(s3=s3)
+    args = ["--driver-memory", driver_memory, *(["--s3"] if s3 else [])]
+    return engine_process.spawn(__name__, NAME, READY_PREFIX, env, timeout_s, host, args)
 
 
 def spark_home() -> Path:
@@ -159,7 +162,8 @@ def s3_conf(environ: Mapping[str, str]) -> dict[str, str]:
 class SparkProcess:
     """The JVM of one Spark Connect server; :func:`engine_process.serve`'s
     :class:`~engine_process.Server`. ``master`` None: Spark in this JVM
-    (``local[<cores>]``); ``conf`` adds or overrides settings."""
+    (``local[<cores>]``); ``s3``: tables in buckets too; ``conf`` adds or
+    overrides settings."""
 
     def __init__(
         self,
@@ -168,8 +172,9 @@ class SparkProcess:
         driver_memory: str,
         master: str | None = None,
         conf: Mapping[str, str] | None = None,
+        s3: bool = False,
     ):
-        jars = spark_jars.installed()
+        jars = spark_jars.installed(s3=s3)
         home = spark_home()
         self._workdir = Path(tempfile.mkdtemp(prefix="wakustore-spark-"))
         conf_dir = self._workdir / "conf"
@@ -177,7 +182,7 @@ class SparkProcess:
         (conf_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
         settings = {
             **SERVER_CONF,
-            **s3_conf(os.environ),
+            **(s3_conf(os.environ) if s3 else {}),
             "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port),
             "spark.sql.warehouse.dir": str(self._workdir / "warehouse"),
@@ -287,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command.add_argument("--driver-memory", default=DEFAULT_DRIVER_MEMORY, help="the JVM's heap (spark.driver.memory)")
     command.add_argument("--master", help="a cluster's master URL (spark://host:7077, k8s://...); default: local")
+    command.add_argument("--s3", action="store_true", help="reach tables in S3-compatible buckets (AWS_* variables)")
     command.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting")
     args = command.parse_args(argv)
     extra = {}
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = value
 
     def start() -> SparkProcess:
-        server = SparkProcess(args.host, args.port, args.driver_memory, args.master, extra)
+        server = SparkProcess(args.host, args.port, args.driver_memory, args.master, extra, args.s3)
         try:
             server.wait_ready()
         except BaseException:
