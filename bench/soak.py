@@ -14,6 +14,9 @@ generator runs steps against both:
 - SIGKILL of the node (at a random moment after the last acknowledgement,
   so often in the middle of a commit) and restart; a clean restart;
 - SIGKILL of the engine the node supervises;
+- SIGKILL, then 16 bytes flipped inside a write-ahead log record that has
+  whole records after it (a bad sector): its messages are lost unless a
+  commit had landed them (asked), nothing else is, and /health names it;
 - maintenance with the node stopped, through the same routine ``serve``
   runs: retention at a cutoff between messages, compaction; and a window
   replace (what an archive import does).
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +81,19 @@ MAX_MODEL_MESSAGES = 1500
 # still accepts their timestamp, as a client retrying would.
 DUPLICATE_AGE_NS = 12 * 10**9
 
-STEPS = ("push", "relay", "flush", "kill", "kill_mid_push", "restart", "kill_engine", "maintain", "replace")
-STEP_WEIGHTS = (14, 5, 2, 2, 2, 1, 1, 1, 1)
+STEPS = (
+    "push",
+    "relay",
+    "flush",
+    "kill",
+    "kill_mid_push",
+    "restart",
+    "kill_engine",
+    "maintain",
+    "replace",
+    "damage_log",
+)
+STEP_WEIGHTS = (14, 5, 2, 2, 2, 1, 1, 1, 1, 1)
 
 
 class Mismatch(Exception):
@@ -167,7 +182,13 @@ def _chunk(matches: list[Entry], query: HistoryQuery, key) -> list[list[Entry]]:
 class NodeProcess:
     """``wakustore serve`` in a child process on kernel-chosen ports."""
 
-    def __init__(self, data_dir: Path, log_path: Path, config_path: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        config_path: Path | None = None,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+    ):
         self.data_dir = data_dir
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
@@ -179,7 +200,7 @@ class NodeProcess:
             'listen_host = "127.0.0.1"\n'
             "tcp_port = 0\nws_port = 0\nmetrics_port = 0\nmailserver_port = 0\n"
             f"cluster_id = {CLUSTER_ID}\nshards = {list(SHARDS)}\n"
-            f"flush_interval_s = {FLUSH_INTERVAL_S}\n"
+            f"flush_interval_s = {flush_interval_s}\n"
             # The node's own maintenance (retention of 30 days: nothing here
             # is that old; compaction racing the commits) runs all along.
             f"maintenance_interval_s = {MAINTENANCE_INTERVAL_S}\n"
@@ -370,6 +391,51 @@ class Soak:
         self.node.start()
         if in_flight:
             self._trio(self._resolve, list(in_flight))
+
+    def _step_damage_log(self) -> None:
+        self._trio(self._push, self._messages(self.rng.randint(5, 25)), False)
+        self.node.kill()
+        self.totals.node_kills += 1
+        damaged = self._damage_log_record()
+        self.node.start()
+        if damaged is not None:
+            segment, at, keys = damaged
+            self._wait(
+                lambda h: any(d["segment"] == segment and d["start"] <= at < d["end"] for d in h.get("wal_damage", ())),
+                "/health to name the damaged log record",
+            )
+            # Lost, unless a commit had landed them before the kill: ask.
+            doubt = [self.model.rows.pop(key) for key in keys if key in self.model.rows]
+            self._trio(self._resolve, [(e.pubsub_topic, e.message) for e in doubt])
+
+    def _damage_log_record(self) -> tuple[str, int, list[bytes]] | None:
+        """Flip 16 bytes in the body of a random record (not the newest
+        segment's last: that would be a torn tail) of the messages' log;
+        returns (segment, offset, the MUIDs the record held), None when the
+        log holds no such record."""
+        from wakustore.storage.write_path import read_batch_record
+
+        segments = sorted((self.data_dir / "wal" / "messages").glob("*.wal"), key=lambda p: int(p.stem))
+        records = []  # (segment, start of body, end) of each record, up to any damage an earlier step left
+        for index, path in enumerate(segments):
+            data, at, found = path.read_bytes(), 0, []
+            while at + 8 <= len(data) and (length := int.from_bytes(data[at : at + 4], "big")) > 0:
+                if zlib.crc32(data[at + 8 : at + 8 + length]) != int.from_bytes(data[at + 4 : at + 8], "big"):
+                    break
+                found.append((path, at + 8, at + 8 + length))
+                at += 8 + length
+            records += found if index < len(segments) - 1 else found[:-1]
+        if not records:
+            return None
+        path, start, end = self.rng.choice(records)
+        data = path.read_bytes()
+        keys = read_batch_record(data[start:end]).column("muid").to_pylist()
+        at = self.rng.randrange(start, end - 16)
+        with open(path, "r+b") as handle:
+            handle.seek(at)
+            handle.write(bytes(b ^ 0xFF for b in data[at : at + 16]))
+            os.fsync(handle.fileno())
+        return str(path), at, keys
 
     def _step_restart(self) -> None:
         self.node.stop()

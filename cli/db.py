@@ -188,7 +188,7 @@ def _check(args) -> int:
         print(finding.line(), flush=True)
     wal_root = config.data_dir / "wal"
     for log in sorted(p for p in wal_root.iterdir() if p.is_dir()) if wal_root.is_dir() else []:
-        for finding in check.check_wal(log, totals):
+        for finding in check.check_wal(log, totals, check.log_times(log.name)):
             findings.append(finding)
             print(finding.line(), flush=True)
     damage = [f for f in findings if f.damage]

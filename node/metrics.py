@@ -70,6 +70,19 @@ class NodeMetrics:
             ["table"],
             registry=r,
         )
+        self.wal_damaged_regions = Gauge(
+            "wakustore_wal_damaged_regions",
+            "Damaged regions of the write-ahead log skipped at a start, their copies kept until removed "
+            "(see /health wal_damage)",
+            ["table"],
+            registry=r,
+        )
+        self.wal_damaged_bytes = Gauge(
+            "wakustore_wal_damaged_bytes",
+            "Bytes of the damaged write-ahead log regions /health wal_damage lists",
+            ["table"],
+            registry=r,
+        )
         self.engine_rss = Gauge("wakustore_engine_rss_bytes", "Resident memory of the embedded engine", registry=r)
         self.refused = Counter(
             "wakustore_peer_limits_refused",

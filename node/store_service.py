@@ -25,6 +25,7 @@ from wakustore.storage import maintenance
 from wakustore.storage.engine import Engine
 from wakustore.storage.message_store import MessageStore, PutResult, StoreConfig
 from wakustore.storage.table import DeltaTableRef
+from wakustore.storage.wal import DamagedRegion, kept_damage
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,9 @@ class StoreService:
         self._full_since: float | None = None
         self.metrics.table_bad_files.labels("messages").set_function(lambda: len(self.store.reader.bad_files()))
         self.metrics.table_log_repaired.labels("messages").set(len(self.store.repaired.versions))
+        for table in self.wal_damage():
+            self.metrics.wal_damaged_regions.labels(table).set_function(functools.partial(self._damaged_regions, table))
+            self.metrics.wal_damaged_bytes.labels(table).set_function(functools.partial(self._damaged_bytes, table))
 
     async def put(self, messages: list[tuple[str, WakuMessage, int]], source: str = "lightpush") -> PutResult:
         """Durably store ``messages``; concurrent callers share one log write
@@ -251,8 +255,36 @@ class StoreService:
             # Log versions a power cut tore, put aside when the node started
             # (their rows came back from the write-ahead log).
             "log_repair": self._log_repair(),
+            # Damaged regions of the write-ahead logs a start skipped (the
+            # messages in them are lost, the records after them were
+            # replayed), listed until an operator removes their copies. Not
+            # a reason for ok: false: the node stores and serves everything
+            # else, and the restart a failing probe leads to brings nothing
+            # back.
+            "wal_damage": [
+                {"table": table, **region.describe()}
+                for table, regions in self.wal_damage().items()
+                for region in regions
+            ],
             "config": self.effective_config(),
         }
+
+    def wal_damage(self) -> dict[str, list[DamagedRegion]]:
+        """The damaged regions of each table's write-ahead log (by table)
+        that a start skipped, kept under the log's ``damaged/`` until an
+        operator removes them (storage/wal.py). The mailserver's log is
+        read from its directory: a region whose copy failed is in the log
+        lines only."""
+        return {
+            "messages": self.store.wal_damage(),
+            "envelopes": kept_damage(self.config.data_dir / "wal" / "envelopes"),
+        }
+
+    def _damaged_regions(self, table: str) -> int:
+        return len(self.wal_damage()[table])
+
+    def _damaged_bytes(self, table: str) -> int:
+        return sum(region.size for region in self.wal_damage()[table])
 
     def _log_repair(self) -> dict:
         repaired = self.store.repaired

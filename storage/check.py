@@ -12,8 +12,10 @@ What is checked, reading without writing (beside a running node):
 - **the key index files**: whole (header, body CRC) and of a live data
   file; a damaged or missing one is rebuilt by the node from its data file;
 - **the write-ahead log**: every record's CRC; a torn tail of the newest
-  segment is what a crash mid-write leaves (cut on the next start), a bad
-  record anywhere else is damage.
+  segment is what a crash mid-write leaves (cut on the next start), a
+  damaged region anywhere else is damage (the node skips it, replays the
+  records after it and keeps a copy under ``damaged/``), and so is every
+  copy kept there, until an operator removes it.
 """
 
 from __future__ import annotations
@@ -175,37 +177,67 @@ def check_indexes(directory: Path, uri: str, totals: Totals) -> Iterator[Finding
                 )
 
 
-def check_wal(directory: Path, totals: Totals) -> Iterator[Finding]:
-    """Every record of the write-ahead log."""
+def check_wal(directory: Path, totals: Totals, times: wal.Times | None = None) -> Iterator[Finding]:
+    """Every record of the write-ahead log at ``directory`` (storage/wal.py),
+    and the copies of damaged regions the node kept aside there. ``times``:
+    the time range a record holds (:func:`log_times`)."""
     if not directory.is_dir():
         return
-    segments = sorted((int(p.stem), p) for p in directory.iterdir() if p.suffix == wal._SUFFIX and p.stem.isdigit())
-    for index, (_, path) in enumerate(segments):
-        totals.wal_segments += 1
-        count = good = 0
-        try:
-            for count, good, _ in wal._scan_frames(path):  # noqa: B007  (the last frame's counts)
-                pass
-            size = path.stat().st_size
-        except FileNotFoundError:  # trimmed by the node meanwhile
-            continue
-        totals.wal_records += count
-        if good == size:
-            continue
-        if index == len(segments) - 1:
-            yield Finding(
-                "write-ahead log",
-                str(path),
-                f"torn tail: {size - good} bytes after record {count} (a crash mid-write, or a write in "
-                "progress; cut at the next start)",
-                damage=False,
-            )
-        else:
-            yield Finding(
-                "write-ahead log",
-                str(path),
-                f"damaged after record {count} (byte {good} of {size}): the records after it cannot be replayed",
-            )
+    segments = wal.segment_paths(directory)
+    found = wal.survey(segments, times)
+    totals.wal_segments += len(segments)
+    totals.wal_records += sum(found.records)
+    if found.torn is not None:
+        yield Finding(
+            "write-ahead log",
+            str(found.torn.segment),
+            f"torn tail: {found.torn.size} bytes from byte {found.torn.start} (a crash mid-write, or a write in "
+            "progress; cut at the next start)",
+            damage=False,
+        )
+    kept = {(region.segment.name, region.start, region.end): region for region in wal.kept_damage(directory)}
+    for region in found.damage:
+        copy = kept.pop((region.segment.name, region.start, region.end), None)
+        yield Finding(
+            "write-ahead log",
+            str(region.segment),
+            f"damaged: bytes {region.start} to {region.end} ({region.size} bytes) hold no whole record; the node "
+            "skips them and replays the records after them"
+            + (" (a copy is kept at its next start)" if copy is None else f" (a copy is kept at {copy.kept})"),
+            _wal_lost(region),
+        )
+    for region in kept.values():
+        found_at = region.describe()["found_at"]
+        when = "" if found_at is None else f" on {found_at}"
+        yield Finding(
+            "write-ahead log",
+            str(region.kept),
+            f"bytes {region.start} to {region.end} of {region.segment.name}, damaged, skipped by the node{when} "
+            "and kept here (the segment is gone; remove the copy once seen)",
+            _wal_lost(region),
+        )
+
+
+def log_times(name: str) -> wal.Times | None:
+    """The time range a record of the node's log ``<data dir>/wal/<name>`` holds."""
+    from wakustore.storage.write_path import record_times
+
+    if name == "messages":
+        from wakustore.storage.message_store import MESSAGE_CODEC
+
+        return record_times(MESSAGE_CODEC)
+    if name == "envelopes":
+        from wakustore.storage.envelope_store import ENVELOPE_CODEC
+
+        return record_times(ENVELOPE_CODEC)
+    return None
+
+
+def _wal_lost(region: wal.DamagedRegion) -> str:
+    lost = "the records in them"
+    if region.times is not None:
+        lost += f", logged between whole records holding times {region.time_range()}"
+    return lost
 
 
 def _one_line(exc: BaseException) -> str:

@@ -96,6 +96,8 @@ ENVELOPE_CODEC = RowCodec(
     from_arrow=_from_arrow,
     key_column="envelope_hash",
     partition_column=schema.ENVELOPES_PARTITION,
+    time_column="sent",
+    time_unit_ns=1_000_000_000,
 )
 
 

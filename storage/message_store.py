@@ -49,6 +49,7 @@ from wakustore.storage.rows import (
 )
 from wakustore.storage.staging import StagedRows, is_local
 from wakustore.storage.table import LOG_RETENTION, SHARED_LOG_RETENTION, DeltaTableRef
+from wakustore.storage.wal import DamagedRegion
 from wakustore.storage.window_files import StagedFiles
 from wakustore.storage.write_path import RowCodec, WritePath, retry_on_conflict
 
@@ -339,7 +340,17 @@ class MessageStore:
             if keys:
                 log.info("key filter: %d MUIDs from the table", keys)
         replayed = self.writes.replay()
-        if replayed:
+        damage = self.writes.log_damage
+        if damage:
+            # Each region was logged as it was found (storage/wal.py).
+            log.warning(
+                "replayed %d messages from the write-ahead log, %d damaged region(s) of it (%d bytes) skipped: "
+                "the messages in them are lost",
+                replayed,
+                len(damage),
+                sum(region.size for region in damage),
+            )
+        elif replayed:
             log.info("replayed %d messages from the write-ahead log", replayed)
         if self.hot.enabled:
             self._warm_hot_tier()
@@ -520,6 +531,11 @@ class MessageStore:
     @property
     def wal_depth(self) -> int:
         return self.writes.wal_depth
+
+    def wal_damage(self) -> list[DamagedRegion]:
+        """The write-ahead log's damaged regions that a start skipped, until
+        an operator removes their copies (storage/wal.py)."""
+        return self.writes.reported_log_damage()
 
     def memory_held(self) -> dict[str, int]:
         """What the store holds in memory now, in bytes (``recent_keys``

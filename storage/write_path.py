@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 from wakustore.storage.engine import CommitConflict
 from wakustore.storage.key_filter import DayKeyFilter
 from wakustore.storage.table import LOG_RETENTION, DeltaTableRef
-from wakustore.storage.wal import MAX_RECORD_SIZE, WriteAheadLog
+from wakustore.storage.wal import MAX_RECORD_SIZE, DamagedRegion, Times, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class RowCodec(Generic[R]):
     # With ``order``: the group (topics) a query may name, indexed apart
     # so that a scan reads only the groups asked for.
     group: Callable[[R], object] | None = None
+    # The column of a row's time, and its unit in nanoseconds: what the
+    # log's damage reports give as the time range a record holds.
+    time_column: str = "timestamp"
+    time_unit_ns: int = 1
 
 
 class BufferFull(Exception):
@@ -355,7 +359,7 @@ class WritePath(Generic[R]):
         self.codec = codec
         self.flush_interval_s = flush_interval_s
         self.flush_max_rows = flush_max_rows
-        self._wal = WriteAheadLog(wal_dir)
+        self._wal = WriteAheadLog(wal_dir, times=record_times(codec))
         self._lock = threading.Lock()  # buffer, in-flight rows, recent keys
         self._put_lock = threading.Lock()  # one put at a time
         self._flush_lock = threading.Lock()
@@ -691,6 +695,17 @@ class WritePath(Generic[R]):
         """Rows in the log not yet trimmed (a log record holds many)."""
         return self._logged_rows
 
+    @property
+    def log_damage(self) -> list[DamagedRegion]:
+        """The damaged regions of the log that opening it found and
+        :meth:`replay` skips (storage/wal.py)."""
+        return self._wal.damage
+
+    def reported_log_damage(self) -> list[DamagedRegion]:
+        """The log's damaged regions to report, kept aside until an
+        operator removes them (:meth:`WriteAheadLog.reported_damage`)."""
+        return self._wal.reported_damage()
+
     def flush_due(self) -> bool:
         if not self._buffer:
             return False
@@ -931,6 +946,20 @@ def read_batch_record(record: bytes) -> pa.Table:
 def record_rows(record: bytes) -> int:
     """How many rows a log record holds (a row-per-record log: one)."""
     return read_batch_record(record).num_rows if is_batch_record(record) else 1
+
+
+def record_times(codec: RowCodec) -> Times:
+    """The lowest and highest time (ns) of the rows a log record of
+    ``codec``'s table holds (None for a record without rows)."""
+
+    def times(record: bytes) -> tuple[int, int] | None:
+        table = read_batch_record(record) if is_batch_record(record) else codec.to_arrow([codec.decode(record)])
+        if table.num_rows == 0:
+            return None
+        bounds = pc.min_max(table.column(codec.time_column))
+        return bounds["min"].as_py() * codec.time_unit_ns, bounds["max"].as_py() * codec.time_unit_ns
+
+    return times
 
 
 def retry_on_conflict(commit: Callable[[], object]) -> None:

@@ -28,6 +28,8 @@ SCHEDULE = [
     "restart",
     "kill_mid_push",
     "push",
+    "damage_log",
+    "push",
     "kill",
 ]
 

@@ -14,9 +14,12 @@ from deltalake import DeltaTable
 
 from wakustore.protocols.message import WakuMessage
 from wakustore.storage import maintenance, wal
-from wakustore.storage.message_store import MessageStore
+from wakustore.storage.check import log_times
+from wakustore.storage.message_store import MESSAGE_CODEC, MessageStore
 from wakustore.storage.reader import TableReader
+from wakustore.storage.rows import Row
 from wakustore.storage.table import DeltaTableRef
+from wakustore.storage.write_path import batch_records
 
 DAY = 86_400 * 10**9
 
@@ -156,8 +159,58 @@ def test_the_write_ahead_log_torn_tail_is_not_damage_a_bad_record_before_it_is(c
     segments[0].write_bytes(bytes(raw))
     result = _check(data)
     assert result.returncode == 1
-    (line,) = [line for line in result.stdout.splitlines() if "damaged after record" in line]
-    assert line.startswith(f"write-ahead log {segments[0]}: damaged after record 0")
+    (line,) = [line for line in result.stdout.splitlines() if "damaged" in line]
+    assert line.startswith(f"write-ahead log {segments[0]}: damaged: bytes 0 to 1008 (1008 bytes) hold no whole record")
+    assert "a copy is kept at its next start" in line and line.endswith("the records in them")
+    assert "1 problem" in result.stdout.splitlines()[-1]
+
+
+def test_a_damaged_write_ahead_log_record_is_named_with_its_times_until_its_copy_is_removed(checked, tmp_path):
+    """The node skipped a damaged record and kept a copy; once the segment
+    is trimmed, the copy is what db check reports, with the time range of
+    the records either side, until an operator removes it."""
+    data = _copy(checked, tmp_path)
+    directory = data / "wal" / "messages"
+    shutil.rmtree(directory, ignore_errors=True)
+    log = wal.WriteAheadLog(directory)
+    stamps = [1_750_000_000 * 10**9 + i * 10**9 for i in range(3)]
+    for stamp in stamps:
+        message = WakuMessage(payload=os.urandom(300), content_topic="/check/1/wal/proto", timestamp=stamp)
+        log.append(batch_records(MESSAGE_CODEC.to_arrow([_row(message)])))
+    log.close()
+    (segment,) = directory.glob("*.wal")
+    raw = bytearray(segment.read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 16] = bytes(b ^ 0x5A for b in raw[middle : middle + 16])
+    segment.write_bytes(bytes(raw))
+    times = "2025-06-15T15:06:40.000000Z to 2025-06-15T15:06:42.000000Z"
+
+    result = _check(data)
+    assert result.returncode == 1
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("write-ahead log")]
+    assert f"{segment}: damaged: bytes " in line and line.endswith(f"holding times {times}")
+
+    reopened = wal.WriteAheadLog(directory, times=log_times("messages"))  # as the node opens it
+    (region,) = reopened.damage
+    result = _check(data)
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("write-ahead log")]
+    assert f"(a copy is kept at {region.kept})" in line
+
+    reopened.trim(reopened.last_seq)
+    reopened.close()
+    assert not segment.exists()
+    result = _check(data)
+    assert result.returncode == 1
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("write-ahead log")]
+    assert line.startswith(f"write-ahead log {region.kept}: bytes {region.start} to {region.end} of {segment.name}")
+    assert "remove the copy once seen" in line and line.endswith(f"holding times {times}")
+
+    region.kept.unlink()
+    assert _check(data).returncode == 0
+
+
+def _row(message):
+    return Row.build("/waku/2/rs/16/32", message, message.timestamp)
 
 
 def test_no_table_is_one_line(tmp_path):
