@@ -65,8 +65,11 @@ class GoWaku:
     cluster_id: int
     pubsub_topics: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    # Runs discv5 (``--discv5-discovery``) on a UDP port from the kernel.
+    discv5: bool = False
     tcp_port: int = 0
     rest_port: int = 0
+    udp_port: int = 0
     peer_id: str = ""
     enr: str = ""
     _process: subprocess.Popen | None = None
@@ -79,7 +82,8 @@ class GoWaku:
     def start(self) -> GoWaku:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(START_ATTEMPTS):
-            self.tcp_port, self.rest_port = free_tcp_port(), free_tcp_port()
+            self.tcp_port, self.rest_port = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+            self.udp_port = free_port(socket.SOCK_DGRAM) if self.discv5 else 0
             self._log_path = self.workdir / f"gowaku-{attempt}.log"
             try:
                 self._launch()
@@ -106,6 +110,7 @@ class GoWaku:
             "--log-encoding=nocolor",
             "--log-level=DEBUG",
             *(f"--pubsub-topic={t}" for t in self.pubsub_topics),
+            *(["--discv5-discovery", f"--discv5-udp-port={self.udp_port}"] if self.discv5 else []),
             *self.flags,
         ]
         log = open(self._log_path, "wb")
@@ -244,7 +249,7 @@ def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
