@@ -21,11 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from gowaku_build import GoWakuBuildError, ensure_gowaku  # noqa: E402
 from gowaku_node import GoWaku  # noqa: E402
+from our_node import RelayNode  # noqa: E402
 from store_node_harness import NodeThread, node_config  # noqa: E402
-
-
-class RelayNode(NodeThread):
-    with_relay = True
 
 
 @pytest.fixture(scope="session")

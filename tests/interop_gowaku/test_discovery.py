@@ -23,8 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-from conftest import RelayNode  # noqa: E402
 from gowaku_node import GoWaku, wait_for  # noqa: E402
+from our_node import RelayNode  # noqa: E402
 from store_node_harness import node_config  # noqa: E402
 
 from wakustore.node import discovery  # noqa: E402
@@ -66,7 +66,13 @@ def relay_peer_ids(node) -> set[str]:
 
 def test_gowaku_and_our_node_find_each_other_by_discv5_and_relay(ours, gowaku):
     wait_for(lambda: gowaku.peer_id in relay_peer_ids(ours), "never relay peers", gowaku, DISCOVERY_S)
-    assert any(r.peer_id == gowaku.peer_id for r in ours.peer_exchange.records.sample(100))
+    # Our discv5 finds go-waku's record (kept for our peer exchange).
+    wait_for(
+        lambda: any(r.peer_id == gowaku.peer_id for r in ours.peer_exchange.records.sample(100)),
+        "our discv5 never found go-waku's record",
+        gowaku,
+        DISCOVERY_S,
+    )
 
 
 def test_our_node_learns_a_relay_node_from_gowaku_by_peer_exchange(engine, ours, gowaku, tmp_path, monkeypatch):

@@ -33,13 +33,12 @@ import trio
 
 from wakustore.clients.store import StoreClient
 from wakustore.protocols.lightpush import LightpushStatus
-from wakustore.protocols.message import WakuMessage, message_hash
-from wakustore.protocols.store_query import HistoryQuery
+from wakustore.protocols.message import WakuMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
 from gowaku_node import rest_message, wait_for  # noqa: E402
-from store_node_harness import NodeThread  # noqa: E402
+from our_node import stored  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -75,25 +74,13 @@ def as_rest(message: WakuMessage) -> dict:
     return rest_message(message.payload, message.content_topic, message.timestamp, **extra)
 
 
-def stored(node: NodeThread, *messages: WakuMessage, topic: str = PUBSUB_TOPIC) -> list[WakuMessage]:
-    """The messages among ``messages`` that our node serves by hash."""
-
-    async def lookup():
-        async with StoreClient.connect(node.tcp_addr) as client:
-            response = await client.query(
-                HistoryQuery(message_hashes=tuple(message_hash(topic, m) for m in messages), limit=100)
-            )
-        assert response.status_code == 200, response
-        return [e.message for e in response.messages]
-
-    return trio.run(lookup)
-
-
 def test_message_gowaku_publishes_on_relay_is_stored_by_our_node(ours, meshed):
     message = new_message("relayed by go-waku", meta=b"\x01\x02")
     # go-waku refuses to publish until its relay counts a peer on the topic.
     wait_for(lambda: meshed.relay_publish(PUBSUB_TOPIC, as_rest(message)).status == 200, "go-waku never published")
-    assert wait_for(lambda: stored(ours, message), "our node never stored go-waku's message") == [message]
+    assert wait_for(lambda: stored(ours, message, topic=PUBSUB_TOPIC), "our node never stored go-waku's message") == [
+        message
+    ]
 
 
 def test_message_lightpushed_to_our_node_reaches_gowaku_by_relay(ours, meshed):
@@ -123,7 +110,7 @@ def test_gowaku_lightpush_outcomes(ours, meshed):
     assert (first.status, first.json()) == (200, True), first
     again = meshed.lightpush(PUBSUB_TOPIC, as_rest(accepted))
     assert (again.status, again.json()) == (200, True), again
-    assert stored(ours, accepted) == [accepted]
+    assert stored(ours, accepted, topic=PUBSUB_TOPIC) == [accepted]
 
     old = new_message("sixty seconds old", timestamp=time.time_ns() - 60 * 10**9)
     drifted = meshed.lightpush(PUBSUB_TOPIC, as_rest(old))
@@ -132,7 +119,7 @@ def test_gowaku_lightpush_outcomes(ours, meshed):
     large = new_message("x" * (150 * 1024 + 1))
     too_large = meshed.lightpush(PUBSUB_TOPIC, as_rest(large))
     assert too_large.status == 503 and too_large.text.startswith("lightpush errortoo_large: "), too_large
-    assert stored(ours, old, large) == []
+    assert stored(ours, old, large, topic=PUBSUB_TOPIC) == []
 
 
 def test_gowaku_lightpush_to_a_shard_we_do_not_serve_is_refused_by_us(ours, meshed):
@@ -152,3 +139,33 @@ def test_gowaku_lightpush_to_a_shard_we_do_not_serve_is_refused_by_us(ours, mesh
     assert refused.status == 503, refused
     assert refused.text == f"lightpush errorpubsub topic {topic} is not served by this node", refused
     assert stored(ours, message, topic=topic) == []
+
+
+def test_identify_tells_each_side_what_the_other_serves(ours, meshed):
+    """go-waku's admin API lists the Waku protocols our identify announced;
+    our peer store holds what go-waku's announced."""
+    [us] = [p for p in meshed.peers() if p["id"] == ours.peer_id]
+    assert {
+        "/vac/waku/store-query/3.0.0",
+        "/vac/waku/store/2.0.0-beta4",
+        "/vac/waku/lightpush/2.0.0-beta1",
+        "/vac/waku/relay/2.0.0",
+    } <= set(us["protocols"])
+    peer_id = next(p for p in ours.relay.peers if str(p) == meshed.peer_id)
+    peerstore = ours.host.get_peerstore()
+    theirs = set(peerstore.get_protocols(peer_id))
+    assert {"/vac/waku/relay/2.0.0", "/vac/waku/metadata/1.0.0", "/ipfs/ping/1.0.0"} <= theirs, theirs
+
+
+def test_we_ping_gowaku(ours, meshed):
+    """/ipfs/ping/1.0.0 from our host (go-waku pings us too, its keep-alive)."""
+    from libp2p.host.ping import PingService
+
+    peer_id = next(p for p in ours.relay.peers if str(p) == meshed.peer_id)
+
+    async def ping():
+        with trio.fail_after(10):
+            return await PingService(ours.host).ping(peer_id, ping_amt=3)
+
+    rtts = trio.from_thread.run(ping, trio_token=ours._token)
+    assert len(rtts) == 3 and all(rtt >= 0 for rtt in rtts)
