@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # `make run ARGS="--tcp-port 0 --shard 1"`: flags passed on to `wakustore serve`
 ARGS ?=
 
-.PHONY: install run test lint typecheck bench fuzz soak powercut protos clean
+.PHONY: install run test lint typecheck bench fuzz soak powercut protos clean interop interop-deps
 
 install: $(STAMP)
 
@@ -44,6 +44,24 @@ lint: install
 
 typecheck: install
 	cd src && ../$(BIN)/mypy --config-file ../pyproject.toml -p wakustore
+
+# The interop tests against real peers (also part of `make test`):
+# js-waku and @chainsafe/discv5 from npm (tests/interop, `npm ci`), and
+# go-waku's node built through the Go module proxy from the pinned module
+# in tests/interop_gowaku/build (kept under .cache/gowaku; a rerun reuses
+# it). interop-deps installs both ahead of time; the tests install either
+# when it is missing.
+INTEROP_TESTS := tests/interop_gowaku tests/node/test_js_waku_interop.py \
+	tests/node/test_peer_exchange.py::test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found \
+	tests/node/test_discv5.py::test_chainsafe_discv5_on_d5waku_finds_our_nodes_and_ours_handshake_with_it \
+	tests/node/test_hostile_peers.py::test_js_waku_pages_through_a_key_rotating_query_flood
+
+interop-deps: install
+	test -x tests/interop/node_modules/.bin/node || (cd tests/interop && npm ci --no-audit --no-fund)
+	$(BIN)/python tests/interop_gowaku/gowaku_build.py
+
+interop: interop-deps
+	$(BIN)/python -m pytest $(INTEROP_TESTS) $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/wakustore bench store

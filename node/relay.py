@@ -43,6 +43,13 @@ message_id.nim), and what py-libp2p 0.8.1 needs to match it:
   ``max_message_size`` plus :data:`RPC_OVERHEAD` and resets the stream of
   a peer that sends more.
 
+- Metadata (66/WAKU2-METADATA): every relay peer, whichever side dialed,
+  is asked for its cluster and shards as it joins, and one that reports
+  no cluster id, another cluster, or no shard in common is disconnected
+  (nwaku's ``onPeerMetadata``, waku/node/peer_manager/peer_manager.nim;
+  :func:`~wakustore.protocols.metadata.refusal`). A peer we dial is asked
+  before its relay stream opens, so the dial fails instead. A peer that
+  does not serve metadata is kept (nwaku drops it).
 - Peer scoring: nwaku's parameters (P2, P4 for invalid messages, the
   gossip/publish/graylist thresholds), with pruning, graylisting and
   disconnection done by :mod:`wakustore.node.relay_scoring`, which
@@ -76,7 +83,8 @@ from wakustore.node.host import HostError
 from wakustore.node.ingest import DISK_FULL, Ingest, Refused
 from wakustore.node.peer_manager import PeerManager
 from wakustore.node.relay_scoring import ScoreKeeper, WakuPeerScorer
-from wakustore.protocols.errors import MessageError
+from wakustore.protocols import metadata
+from wakustore.protocols.errors import MessageError, ProtocolError
 from wakustore.protocols.message import WakuMessage
 from wakustore.protocols.message_codec import decode_message, encode_message
 from wakustore.protocols.topics import parse_shard_topic
@@ -124,6 +132,11 @@ REDIAL_MAX_S = 60.0
 # (node/peer_manager.py): a target per shard, within max_connections
 # (nwaku's default of 50 when that cap is off).
 DEFAULT_MAX_CONNECTIONS = 50
+
+# Relay peers waiting to be asked for their metadata, and how long one may
+# take to answer (a loopback answer takes milliseconds).
+JOINED_QUEUE = 256
+METADATA_TIMEOUT_S = 10.0
 
 # Rejection reasons the relay adds to the ingest ones.
 UNDECODABLE = "undecodable"
@@ -206,6 +219,8 @@ class WakuGossipSub(GossipSub):
         # Message id -> peers our own publish went to, read by WakuPubsub.publish.
         self.published_to: dict[bytes, int] = {}
         self.scorer: WakuPeerScorer = WakuPeerScorer()
+        # Told of every peer that joins (Relay vets its metadata).
+        self.on_peer_added: Callable[[ID], None] | None = None
 
     async def handle_graft(self, graft_msg: rpc_pb2.ControlGraft, sender_peer_id: ID) -> None:
         """gossipsub v1.1: a GRAFT from a peer with a negative score is answered with PRUNE."""
@@ -218,6 +233,8 @@ class WakuGossipSub(GossipSub):
         if protocol_id == PROTOCOL_ID:
             protocol_id = PROTOCOL_ID_V11
         super().add_peer(peer_id, protocol_id)
+        if self.on_peer_added is not None:
+            self.on_peer_added(peer_id)
 
     def _check_equivocation(self, msg: rpc_pb2.Message) -> bool:
         return True
@@ -292,6 +309,10 @@ class WakuPubsub(Pubsub):
                 self.on_failed_stream(peer_id)
 
 
+class MetadataRefused(Exception):
+    """A peer dropped for its metadata (another cluster, no shard in common)."""
+
+
 class Relay:
     """The node's relay: router, pubsub and the validator that feeds the store.
 
@@ -318,6 +339,9 @@ class Relay:
         self.running = False
         self._store_send, self._store_receive = trio.open_memory_channel[tuple[str, Any, int]](STORE_QUEUE)
         self.scores = ScoreKeeper(self.router, self.pubsub, host.disconnect)
+        self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
+        self._joined_send, self._joined_receive = trio.open_memory_channel[ID](JOINED_QUEUE)
+        self.router.on_peer_added = self._joined
         self.pubsub.on_failed_stream = self.scores.strike
         self.manager = PeerManager(
             self,
@@ -400,6 +424,7 @@ class Relay:
                     await self.pubsub.subscribe(topic)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._store_loop)
+                    nursery.start_soon(self._vet_loop)
                     nursery.start_soon(self.scores.run)
                     for info in self.peer_infos:
                         nursery.start_soon(self._keep_connected, info)
@@ -436,8 +461,7 @@ class Relay:
             if not self._connected(info.peer_id):
                 try:
                     with trio.fail_after(DIAL_TIMEOUT_S):
-                        await connect(self.host, info)
-                        await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
+                        await self.dial(info)
                 except Exception as exc:
                     log.warning(
                         "relay peer %s: cannot connect (%s); retrying in %.0f s",
@@ -478,9 +502,55 @@ class Relay:
         return self.scores.is_graylisted(peer_id)
 
     async def dial(self, info: PeerInfo) -> None:
-        """Connect to ``info`` and open the relay stream; raises on failure."""
+        """Connect to ``info``, check its metadata and open the relay stream;
+        raises on failure (:class:`MetadataRefused` for a peer dropped for
+        its metadata)."""
         await connect(self.host, info)
+        reason = await self.vet(info.peer_id)
+        if reason is not None:
+            await self._drop(info.peer_id, reason)
+            raise MetadataRefused(reason)
+        if not self._connected(info.peer_id):
+            # Dropped meanwhile: our router opens its stream on connect, and
+            # the peer is vetted as it joins too.
+            raise MetadataRefused("disconnected while its metadata was asked")
         await self.pubsub.ensure_peer_stream(info.peer_id, timeout=DIAL_TIMEOUT_S)
+
+    async def vet(self, peer_id: ID) -> str | None:
+        """Why the relay peer ``peer_id`` is to be dropped for its metadata
+        (:func:`metadata.refusal`), or None to keep it; a peer that does
+        not answer metadata is kept."""
+        from wakustore.clients.store import ClientError, StoreClient
+
+        try:
+            theirs = await StoreClient(self.host, peer_id, METADATA_TIMEOUT_S).metadata(self.metadata)
+        except (ClientError, ProtocolError) as exc:
+            log.debug("relay peer %s: no metadata (%s); kept", peer_id, exc)
+            return None
+        return metadata.refusal(self.metadata, theirs, relay_peer=True)
+
+    def _joined(self, peer_id: ID) -> None:
+        try:
+            self._joined_send.send_nowait(peer_id)
+        except trio.WouldBlock:
+            log.debug("relay peer %s joined while %d wait to be vetted; not vetted", peer_id, JOINED_QUEUE)
+
+    async def _vet_loop(self) -> None:
+        async with self._joined_receive, trio.open_nursery() as nursery:
+            async for peer_id in self._joined_receive:
+                nursery.start_soon(self._vet_joined, peer_id)
+
+    async def _vet_joined(self, peer_id: ID) -> None:
+        reason = await self.vet(peer_id)
+        if reason is not None:
+            await self._drop(peer_id, reason)
+
+    async def _drop(self, peer_id: ID, reason: str) -> None:
+        log.info("relay peer %s dropped: %s", peer_id, reason)
+        try:
+            await self.host.disconnect(peer_id)
+        except Exception as exc:  # a connection already gone
+            log.debug("dropping %s: %r", peer_id, exc)
 
     def _connected(self, peer_id: ID) -> bool:
         for conn in self.host.get_network().get_connections(peer_id):

@@ -134,6 +134,7 @@ async def running_node(
         ):
             # Tasks that use the host or the relay stop before those close.
             protocols.relay = the_relay
+            protocols.disconnect = host.disconnect
             service.relay = the_relay
             _gauges_at_scrape(service.metrics, host, the_relay)
             private_key = key_pair.private_key.to_bytes()

@@ -168,6 +168,10 @@ class StoreProtocols:
         # messages are published to it.
         self.relay = None
         self.metadata = metadata.Metadata(cluster_id=config.cluster_id, shards=tuple(config.shards))
+        # Closes every connection to a peer (the host's disconnect, once it
+        # runs): a peer whose metadata request names another cluster is
+        # answered, then dropped.
+        self.disconnect: Callable[[Any], Awaitable[None]] | None = None
         # Per peer id and per IP address: fresh keys are free, addresses are not.
         self.store_buckets = PeerAndAddressBuckets(rate_limits.store, clock)
         self.lightpush_buckets = PeerAndAddressBuckets(rate_limits.lightpush, clock)
@@ -222,7 +226,32 @@ class StoreProtocols:
         await self._serve(stream, LIGHTPUSH_MAX_REQUEST_SIZE, self.answer_lightpush_v2, _lightpush_v2_framing_error)
 
     async def handle_metadata(self, stream) -> None:
-        await self._serve(stream, METADATA_MAX_SIZE, self.answer_metadata, lambda exc: None)
+        """Answer; then drop a peer whose request names another cluster
+        (nwaku drops it once its own request to the peer says so)."""
+        theirs: list[metadata.Metadata] = []
+
+        async def answer(peer: str, raw: bytes) -> bytes | None:
+            """Our cluster and shards; an undecodable request gets no answer."""
+            try:
+                theirs.append(metadata.decode_request(raw))
+            except MetadataError as exc:
+                log.debug("metadata from %s: %s", peer, exc)
+                return None
+            return metadata.encode_response(self.metadata)
+
+        await self._serve(stream, METADATA_MAX_SIZE, answer, lambda exc: None)
+        if not theirs or theirs[0].cluster_id in (None, self.metadata.cluster_id) or self.disconnect is None:
+            return
+        log.info(
+            "peer %s is on cluster %s, we are on %s: dropped",
+            peer_of(stream),
+            theirs[0].cluster_id,
+            self.metadata.cluster_id,
+        )
+        try:
+            await self.disconnect(stream.muxed_conn.peer_id)
+        except Exception as exc:  # a connection already gone
+            log.debug("dropping %s: %r", peer_of(stream), exc)
 
     # --- protocol logic -----------------------------------------------------
 
@@ -294,17 +323,6 @@ class StoreProtocols:
         except LightpushError as exc:
             return lightpush.encode_error_v2(exc)
         return lightpush.encode_response_v2(request.request_id, True, lightpush.OK_INFO)
-
-    async def answer_metadata(self, peer: str, raw: bytes) -> bytes | None:
-        """Our cluster and shards; an undecodable request gets no answer."""
-        try:
-            theirs = metadata.decode_request(raw)
-        except MetadataError as exc:
-            log.debug("metadata from %s: %s", peer, exc)
-            return None
-        if theirs.cluster_id is not None and theirs.cluster_id != self.metadata.cluster_id:
-            log.debug("peer %s is on cluster %s, we are on %s", peer, theirs.cluster_id, self.metadata.cluster_id)
-        return metadata.encode_response(self.metadata)
 
     async def _ingest(self, request: PushRequest) -> int:
         """Validate, store and relay one pushed message; return the number of

@@ -2,7 +2,8 @@
 
 Both peers send the same shape: the request carries the dialer's cluster id
 and shards, the response the listener's. Peers on a different cluster are
-dropped by nwaku and js-waku, so every connection runs this exchange.
+dropped by nwaku and js-waku, so every connection runs this exchange;
+:func:`refusal` says why a peer's metadata makes it one to drop.
 
 Shards are written twice, as nwaku does (waku/waku_metadata/rpc.nim): field
 2 unpacked (what js-waku reads) and field 3 packed (what nwaku and go-waku
@@ -29,6 +30,22 @@ class Metadata:
 
     cluster_id: int | None
     shards: tuple[int, ...] = ()
+
+
+def refusal(ours: Metadata, theirs: Metadata, *, relay_peer: bool) -> str | None:
+    """Why a peer that sent ``theirs`` is to be dropped, or None to keep it.
+
+    nwaku's ``onPeerMetadata`` (waku/node/peer_manager/peer_manager.nim)
+    drops a peer that reports no cluster id or another one, and a relay
+    peer that shares none of our shards.
+    """
+    if theirs.cluster_id is None:
+        return "no cluster id reported"
+    if theirs.cluster_id != ours.cluster_id:
+        return f"different cluster id reported: {ours.cluster_id} vs {theirs.cluster_id}"
+    if relay_peer and not set(theirs.shards) & set(ours.shards):
+        return f"no shards in common: ours {sorted(ours.shards)}, theirs {sorted(theirs.shards)}"
+    return None
 
 
 def encode_request(metadata: Metadata) -> bytes:

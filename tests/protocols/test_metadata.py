@@ -10,6 +10,7 @@ from wakustore.protocols.metadata import (
     decode_response,
     encode_request,
     encode_response,
+    refusal,
 )
 
 uint32 = st.integers(0, 2**32 - 1)
@@ -91,3 +92,13 @@ def test_truncated_messages_raise_only_metadata_error(value, data):
         decode_response(raw[:cut])
     except MetadataError:
         pass
+
+
+def test_refusal_names_why_a_peer_is_dropped_as_nwaku_drops_it():
+    ours = Metadata(cluster_id=16, shards=(32, 64))
+    assert refusal(ours, Metadata(16, (64, 128)), relay_peer=True) is None
+    assert refusal(ours, Metadata(None, (32,)), relay_peer=True) == "no cluster id reported"
+    assert refusal(ours, Metadata(1, (32,)), relay_peer=False) == ("different cluster id reported: 16 vs 1")
+    assert refusal(ours, Metadata(16, (1,)), relay_peer=True) == ("no shards in common: ours [32, 64], theirs [1]")
+    # Shards matter for relay peers only (a light client subscribes to none).
+    assert refusal(ours, Metadata(16, ()), relay_peer=False) is None
