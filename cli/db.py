@@ -20,7 +20,7 @@ from wakustore.protocols.message import WakuMessage
 from wakustore.usage import UsageError, parse_hex
 
 # Commands that only read the committed table: no lock, they run beside a node.
-READ_ONLY_VERBS = frozenset({"stats", "export", "check"})
+READ_ONLY_VERBS = frozenset({"stats", "export", "check", "sql"})
 MAX_JSONL_LINE = 1024 * 1024  # a 150 KiB payload in hex plus topics fits
 
 

@@ -12,7 +12,7 @@ holds each difference against the real engines.
 | ``CREATE TABLE delta.`path` ... TBLPROPERTIES`` | refused | creates the table |
 | a MERGE's answer | one ``count`` column: rows written | ``num_affected_rows``, ``num_inserted_rows``, ... |
 | a lost commit race | ``Failed to commit transaction: <version>``, no condition | error conditions ``DELTA_CONCURRENT_*`` |
-| a Delta write's file size | option ``targetFileSize`` | no such write option (its files follow the tasks) |
+| a Delta write's file size | option ``targetFileSize`` (bytes) | Spark's ``maxRecordsPerFile`` (rows) |
 """
 
 from __future__ import annotations
@@ -59,11 +59,20 @@ def inserted_rows(result: list) -> int:
     return int(row.get("count", next(iter(row.values()))))
 
 
+# What a message row takes in a data file, for a bound in rows: the three
+# 32-byte hashes, topics and payload of status.prod's traffic (~1 KiB).
+ROW_BYTES_ESTIMATE = 1024
+
+
 def window_write_options(kind: str | None, target_file_bytes: int) -> dict[str, str]:
-    """Options of a Delta write that replaces a window: Sail keeps an open
-    file per partition and core buffered up to its target size (see
-    table.REPLACE_TARGET_FILE_BYTES); Spark writes a file a task."""
-    return {"targetFileSize": str(target_file_bytes)} if kind == SAIL else {}
+    """Options of a Delta write that replaces a window, for files of about
+    ``target_file_bytes``: Sail keeps an open file per partition and core
+    buffered up to its target size (see table.REPLACE_TARGET_FILE_BYTES);
+    Spark has no size option for Delta writes, and rolls a task's file at a
+    row count."""
+    if kind == SAIL:
+        return {"targetFileSize": str(target_file_bytes)}
+    return {"maxRecordsPerFile": str(max(1, target_file_bytes // ROW_BYTES_ESTIMATE))}
 
 
 # --- commit conflicts --------------------------------------------------------

@@ -77,7 +77,8 @@ SPARK_START_TIMEOUT_S = 120.0
 PROBE_TIMEOUT_S = 5.0
 # Spark plans a SELECT 1 in a few ms too, but a JVM in a full garbage
 # collection or compiling a MERGE's code on a busy 2-core host stalls for
-# seconds.
+# seconds, and a new session's first query took 10 s on a loaded one. A
+# remote endpoint may be either engine: it gets Spark's bound.
 SPARK_PROBE_TIMEOUT_S = 20.0
 
 # How long run()/session() wait for a restart before raising
@@ -215,7 +216,7 @@ class Engine:
         if start_timeout_s is None:
             start_timeout_s = SPARK_START_TIMEOUT_S if spark else START_TIMEOUT_S
         if probe_timeout_s is None:
-            probe_timeout_s = SPARK_PROBE_TIMEOUT_S if spark else PROBE_TIMEOUT_S
+            probe_timeout_s = PROBE_TIMEOUT_S if self.kind == SAIL else SPARK_PROBE_TIMEOUT_S
         self.wait_timeout_s = start_timeout_s + probe_timeout_s if wait_timeout_s is None else wait_timeout_s
         self.probe_timeout_s = probe_timeout_s
         self._stop_timeout_s = SPARK_STOP_TIMEOUT_S if spark else STOP_TIMEOUT_S

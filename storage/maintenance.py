@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 import pyarrow as pa
 
 from wakustore import allocator
-from wakustore.storage import day_rewrite, schema, window_files
+from wakustore.storage import day_rewrite, dialect, schema, window_files
 from wakustore.storage.staging import is_local
 from wakustore.storage.table import DeltaTableRef
 
@@ -276,13 +276,14 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
     bloom filters on the keys, when it has more than one file); bin-pack
     today once it has many files."""
     if not table.engine.is_embedded:
-        try:
-            table.engine.run(
-                lambda spark: spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect()
-            )
-        except Exception as exc:
-            if "found OPTIMIZE" not in str(exc):
-                raise
+
+        def optimize(spark) -> bool:
+            if not dialect.has_optimize(table.engine.kind):
+                return False
+            spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect()
+            return True
+
+        if not table.engine.run(optimize):
             # A Sail cluster parses no OPTIMIZE: not a failed run (it would
             # keep /health at ok: false), a fleet whose engine cannot compact.
             if not _warned_no_optimize:
@@ -510,8 +511,11 @@ def run_maintenance(
     # building now rather than at the next look at the log.
     store.reader.committed()
     checkpoint(store.table)
-    # On a cluster, VACUUM is the operator's (`db vacuum`): Sail rejects it.
-    vacuumed = vacuum(store.table, vacuum_hours) if vacuum_hours is not None and store.table.engine.is_embedded else 0
+    # On a Sail cluster, VACUUM is the operator's (`db vacuum` with the
+    # embedded engine): Sail parses none. A Spark cluster runs Delta's.
+    engine = store.table.engine
+    can_vacuum = engine.is_embedded or dialect.has_optimize(engine.kind)
+    vacuumed = vacuum(store.table, vacuum_hours) if vacuum_hours is not None and can_vacuum else 0
     # A compaction streams a day through the C heap, and glibc keeps what
     # it freed: ~130 MB of a 330k-message day's, given back here.
     allocator.trim_heap()

@@ -78,7 +78,10 @@ SERVER_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "2",
+    # A commit's rows (an Arrow batch in the request) in one task, so one
+    # file a day a commit, as Sail writes them: two tasks wrote two files a
+    # day, which compaction then had to rewrite.
+    "spark.default.parallelism": "1",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
@@ -193,9 +196,13 @@ class SparkProcess:
             **os.environ,
             "SPARK_HOME": str(home),
             "SPARK_CONF_DIR": str(conf_dir),
-            "SPARK_LOCAL_IP": host,
             "SPARK_LOCAL_DIRS": str(self._workdir / "local"),
         }
+        if host in ("127.0.0.1", "localhost", "::1"):
+            # The driver too: nothing of it listens beyond this machine.
+            # Listening on every interface, it keeps Spark's own choice (the
+            # host's address), which a cluster's executors can reach.
+            env["SPARK_LOCAL_IP"] = host
         command = [
             str(home / "bin" / "spark-submit"),
             "--class",

@@ -347,6 +347,11 @@ class _File:
         self.bytes = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
+        if not batch.schema.equals(_PHYSICAL):
+            # Rows read back from a file Spark wrote: its Parquet schema
+            # marks every column nullable (the table's do not; a null there
+            # is refused here rather than written).
+            batch = batch.cast(_PHYSICAL)
         self.writer.write_batch(batch, row_group_size=self.layout.row_group_rows)
         self.rows += batch.num_rows
         self.bytes += batch.nbytes

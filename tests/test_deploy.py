@@ -33,14 +33,14 @@ def _bucket_of(table_root: str) -> str:
 def test_compose_file_describes_two_nodes_on_sail_in_cluster_mode_and_a_minio_bucket():
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"minio", "bucket", "sail", "node-a", "node-b", "spark"} <= set(services)
+    assert {"minio", "bucket", "sail", "node-a", "node-b", "spark", "spark-master", "spark-worker-1"} <= set(services)
     sail = services["sail"]
     assert sail["environment"]["SAIL_MODE"] == "local-cluster"
     assert S3_KEYS <= set(sail["environment"])
     for name in ("node-a", "node-b"):
         node = services[name]
-        assert "sc://sail:15002" in node["command"]
         env = node["environment"]
+        assert env["WAKUSTORE_ENGINE"] == "${WAKUSTORE_ENGINE:-sc://sail:15002}"
         assert env["WAKUSTORE_SHARED_TABLE"] == "true"
         assert S3_KEYS <= set(env)
         # The nodes and the engine reach the same store with the same keys.
@@ -56,8 +56,17 @@ def test_compose_file_describes_two_nodes_on_sail_in_cluster_mode_and_a_minio_bu
         services["minio"]["environment"]["MINIO_ROOT_PASSWORD"]
         == (services["node-a"]["environment"]["AWS_SECRET_ACCESS_KEY"])
     )
-    # Spark with Delta stays available, off by default.
-    assert services["spark"]["profiles"] == ["spark"]
+    # Spark with Delta: a standalone cluster and one Spark Connect server
+    # on it, all from the project's Spark image, off by default.
+    spark = services["spark"]
+    assert spark["profiles"] == ["spark"]
+    assert spark["command"][:3] == ["python", "-m", "wakustore.storage.spark_server"]
+    assert "--s3" in spark["command"] and "spark://spark-master:7077" in spark["command"]
+    assert S3_KEYS <= set(spark["environment"])
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2"):
+        assert services[name]["profiles"] == ["spark"]
+        assert services[name]["build"]["dockerfile"] == "deploy/container/spark-connect.Containerfile"
+    assert "spark://spark-master:7077" in services["spark-worker-2"]["command"]
     for service in services.values():
         dockerfile = service.get("build", {}).get("dockerfile")
         if dockerfile:
@@ -109,6 +118,30 @@ def test_kubernetes_manifests_run_sail_in_cluster_mode_on_a_minio_bucket():
         assert doc["metadata"].get("namespace", "wakustore") == "wakustore"
 
 
+def test_kubernetes_spark_manifests_run_one_connect_server_on_a_standalone_cluster():
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "spark.yaml").read_text()) if d]
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert {("Deployment", "spark-master"), ("Service", "spark-master"), ("Deployment", "spark-worker")} <= set(by_name)
+    connect = by_name["Deployment", "spark"]
+    assert connect["spec"]["replicas"] == 1 and connect["spec"]["strategy"]["type"] == "Recreate"
+    container = connect["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["python", "-m", "wakustore.storage.spark_server"]
+    assert "spark://spark-master.wakustore.svc:7077" in container["command"] and "--s3" in container["command"]
+    assert {"secretRef": {"name": "wakustore-storage"}} in container["envFrom"]
+    assert by_name["Service", "spark"]["spec"]["ports"][0]["port"] == 15002
+    worker = by_name["Deployment", "spark-worker"]["spec"]["template"]["spec"]["containers"][0]
+    assert worker["command"][-1] == "spark://spark-master.wakustore.svc:7077"
+    for doc in docs:
+        assert doc["metadata"]["namespace"] == "wakustore"
+
+
+def test_spark_image_installs_the_node_and_its_pinned_jars():
+    text = (DEPLOY / "container" / "spark-connect.Containerfile").read_text()
+    assert "pip install --no-cache-dir ." in text
+    assert "python -m wakustore.storage.spark_jars" in text
+    assert "openjdk-17-jre-headless" in text
+
+
 def test_sail_image_installs_the_pysail_the_node_requires():
     requirement = next(
         d
@@ -120,10 +153,11 @@ def test_sail_image_installs_the_pysail_the_node_requires():
 
 def test_containerfiles_copy_existing_paths():
     root = DEPLOY.parent
-    for line in (DEPLOY / "container" / "Containerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            for source in line.split()[1:-1]:
-                assert (root / source).exists(), source
+    for name in ("Containerfile", "spark-connect.Containerfile"):
+        for line in (DEPLOY / "container" / name).read_text().splitlines():
+            if line.startswith("COPY "):
+                for source in line.split()[1:-1]:
+                    assert (root / source).exists(), source
 
 
 def test_containerfile_copies_every_package_folder():

@@ -59,7 +59,7 @@ def test_serve_help_shows_the_node_defaults():
     text = " ".join(result.stdout.split())
     for shown in (
         "(default: ./data)",
-        "(default: embedded)",
+        "(default: sail)",
         "(default: 60000)",
         "(default: 8000)",
         "(default: 8008)",

@@ -33,15 +33,15 @@ CONTENT_TOPIC = "/serve/1/test/proto"
 READY_LINE = "wakustore node ready"
 
 
-def wakustore(*args, **kwargs):
+def wakustore(*args, timeout=CLI_TIMEOUT_S, **kwargs):
     return subprocess.run(
-        [sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, **kwargs
+        [sys.executable, "-m", "wakustore", *args], capture_output=True, text=True, timeout=timeout, **kwargs
     )
 
 
 class ServeProcess:
-    def __init__(self, data_dir, *extra, log_level="WARNING", stderr=subprocess.PIPE):
-        env = {**os.environ, "WAKUSTORE_LOG_LEVEL": log_level}
+    def __init__(self, data_dir, *extra, log_level="WARNING", stderr=subprocess.PIPE, env=None):
+        env = {**os.environ, **(env or {}), "WAKUSTORE_LOG_LEVEL": log_level}
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -1,5 +1,7 @@
 """Servers the fleet tests share: one moto S3 server behind a gate, one
-bucket, one Sail server in cluster mode that reaches it. Started once per session; each
+bucket, one Sail server in cluster mode and one Spark standalone cluster
+with its Spark Connect server, both reaching it. Started once per session
+(when a test asks for them); each
 test module starts its own nodes on them and each test writes its own
 content topic, so tests see only their own messages."""
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet.fleet import Gate, MotoServer, SailCluster, s3_environment
+from tests.fleet.fleet import Gate, MotoServer, SailCluster, SparkCluster, s3_environment
 
 BUCKET = "wakustore-fleet"
 
@@ -39,5 +41,16 @@ def sail_cluster(fleet_dir, object_store):
     cluster = SailCluster(fleet_dir / "sail-cluster.log", s3_environment(object_store[1].endpoint)).start()
     try:
         yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(fleet_dir, object_store):
+    """A Spark standalone cluster (a master, two workers) and the fleet's
+    one Spark Connect server with Delta on it, able to reach the bucket."""
+    cluster = SparkCluster(fleet_dir / "spark-cluster", s3_environment(object_store[1].endpoint))
+    try:
+        yield cluster.start()
     finally:
         cluster.stop()
