@@ -208,7 +208,9 @@ def test_sent_check_sees_every_published_message_stored(ours, statusgo_binary, t
 @pytest.fixture(scope="module")
 def history(ours, second):
     """Three days of history on 12 content topics, in both of our nodes:
-    (topics, from_s, to_s, the hashes in [from, to) on those topics).
+    (topics, from_s, to_s, the hashes in [from, to) on those topics). Put
+    straight into the nodes' stores, as sync or an import brings history:
+    lightpush and relay refuse timestamps over 20 s off (as nwaku does).
 
     Beside them, messages the query must not return: before ``from``, at
     ``to``, and on a content topic not asked for. One message sits exactly
