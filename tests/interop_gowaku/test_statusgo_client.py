@@ -51,6 +51,7 @@ Where the two sides differ, and why the tests are shaped as they are:
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 
@@ -143,6 +144,10 @@ def test_missing_message_verifier_fetches_each_message_it_lacks_once(ours, statu
     push(ours, messages[130:])
     held = hashes_of(messages)
     known = held[::4]
+    # The verifier's first window is [start - 2 delay, tick - delay): it
+    # must reach back past the messages (stamped before the pushes and the
+    # commit) with room for the harness to start, ~3 s.
+    delay_s = max(8, math.ceil(((time.time_ns() - now) / NS + 6) / 2))
 
     run = run_statusgo(
         statusgo_binary,
@@ -150,10 +155,10 @@ def test_missing_message_verifier_fetches_each_message_it_lacks_once(ours, statu
         "missing",
         [ours.tcp_addr],
         topics,
-        timeout_s=60,
+        timeout_s=40 + delay_s,
         expect=held,
         known=known,
-        delay="8s",
+        delay=f"{delay_s}s",
         interval="1s",
         settle="2s",
         light=True,
