@@ -47,10 +47,11 @@ typecheck: install
 
 # The interop tests against real peers (also part of `make test`):
 # js-waku and @chainsafe/discv5 from npm (tests/interop, `npm ci`), and
-# go-waku's node built through the Go module proxy from the pinned module
-# in tests/interop_gowaku/build (kept under .cache/gowaku; a rerun reuses
-# it). interop-deps installs both ahead of time; the tests install either
-# when it is missing.
+# go-waku's node and the status-go store client harness (go-waku's
+# waku/v2/api packages) built through the Go module proxy from the pinned
+# module in tests/interop_gowaku/build (kept under .cache/gowaku; a rerun
+# reuses them). interop-deps installs them ahead of time; the tests install
+# any that is missing.
 INTEROP_TESTS := tests/interop_gowaku tests/node/test_js_waku_interop.py \
 	tests/node/test_peer_exchange.py::test_js_waku_learns_from_our_node_a_relay_node_that_dns_discovery_found \
 	tests/node/test_discv5.py::test_chainsafe_discv5_on_d5waku_finds_our_nodes_and_ours_handshake_with_it \

@@ -2,6 +2,7 @@
 
 ``gowaku_binary``: go-waku's node, built when missing (gowaku_build.py); a
 failed or timed-out build fails the tests that need it, loudly.
+``statusgo_binary``: the status-go store client harness, the same way.
 
 ``ours`` and ``gowaku``: one node of each per test module, on the module's
 ``CLUSTER_ID`` and ``SHARDS``. Our node runs relay when the module sets
@@ -19,7 +20,7 @@ from wakustore.node.store_protocols import RateLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-from gowaku_build import GoWakuBuildError, ensure_gowaku  # noqa: E402
+from gowaku_build import GoWakuBuildError, ensure_gowaku, ensure_statusgo  # noqa: E402
 from gowaku_node import GoWaku  # noqa: E402
 from our_node import RelayNode  # noqa: E402
 from store_node_harness import NodeThread, node_config  # noqa: E402
@@ -27,10 +28,19 @@ from store_node_harness import NodeThread, node_config  # noqa: E402
 
 @pytest.fixture(scope="session")
 def gowaku_binary() -> Path:
+    return _built(ensure_gowaku, "go-waku")
+
+
+@pytest.fixture(scope="session")
+def statusgo_binary() -> Path:
+    return _built(ensure_statusgo, "the status-go harness")
+
+
+def _built(ensure, what: str) -> Path:
     try:
-        return ensure_gowaku()
+        return ensure()
     except GoWakuBuildError as exc:
-        pytest.fail(f"go-waku could not be built: {exc}", pytrace=False)
+        pytest.fail(f"{what} could not be built: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="module")

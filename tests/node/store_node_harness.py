@@ -93,6 +93,12 @@ class NodeThread:
         """Commit the buffered messages to the table; returns how many."""
         return trio.from_thread.run(self.service.flush, trio_token=self._token)
 
+    def put(self, messages: list):
+        """Store ``(pubsub topic, message, receive time ns)`` past lightpush's
+        and relay's checks (no timestamp drift window), as history that
+        reaches a node by sync or import; returns the store's PutResult."""
+        return trio.from_thread.run(self.service.put, messages, trio_token=self._token)
+
     def _run(self) -> None:
         try:
             trio.run(self._main)
