@@ -13,7 +13,7 @@ import argparse
 def register(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
         "bench",
-        help="benchmarks: store, wire, mailserver, archive (wakustore bench --help)",
+        help="benchmarks: store, wire, mailserver, archive, engine (wakustore bench --help)",
         add_help=False,
         # Everything after `bench` is the benchmark parser's, --help included.
         prefix_chars="\x01",
@@ -25,13 +25,14 @@ def register(commands: argparse._SubParsersAction) -> None:
 def bench_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The parser of ``wakustore bench``'s verbs (loads the benchmarks)."""
     from wakustore.bench import archive as bench_archive
+    from wakustore.bench import engine as bench_engine
     from wakustore.bench import mailserver as bench_mailserver
     from wakustore.bench import store as bench_store
     from wakustore.bench import wire as bench_wire
 
     parser = parser_class(prog="wakustore bench", description="Benchmarks; each prints its figures.")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
-    for module in (bench_store, bench_wire, bench_mailserver, bench_archive):
+    for module in (bench_store, bench_wire, bench_mailserver, bench_archive, bench_engine):
         module.register_verb(verbs)
     from wakustore.cli.parser import document
 

@@ -82,8 +82,8 @@ PROBE_TIMEOUT_S = 5.0
 SPARK_PROBE_TIMEOUT_S = 20.0
 
 # How long run()/session() wait for a restart before raising
-# EngineUnavailable: one full start plus one failed probe.
-WAIT_TIMEOUT_S = START_TIMEOUT_S + PROBE_TIMEOUT_S
+# EngineUnavailable: one full start plus one failed probe (of the engine's
+# own bounds: 35 s for Sail, 140 s for Spark).
 
 # A planned restart (memory ceiling, recycle()) lets operations already
 # running finish first, up to this bound. A MERGE of one batch takes

@@ -68,12 +68,8 @@ JVM_STOP_TIMEOUT_S = 20.0
 # (Spark's default of 200 made a 2-row MERGE take seconds of task
 # scheduling), the Delta snapshot's state in two. The node decides
 # retention (VACUUM ... RETAIN), so Delta's 7-day floor check is off. No
-# web UI. Local files through Hadoop's raw file systems: its default ones
-# write a hidden checksum file beside every data file and log entry (two
-# more files a commit, which nothing removes with its entry).
+# web UI.
 SERVER_CONF = {
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
-    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.ui.enabled": "false",
@@ -93,6 +89,17 @@ SERVER_CONF = {
     # Spark's default and it warns of it once a session.
     "spark.sql.debug.maxToStringFields": "100",
     "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
+}
+
+# Local files through Hadoop's raw file systems: its default ones write a
+# hidden checksum file beside every data file and log entry (two more files
+# a commit, which the node's own trimming, compaction and vacuum do not
+# know of). Not with S3A: it takes its buffers from the local file system
+# as Hadoop's checksummed class and fails on the raw one (a ClassCastException
+# at the first s3:// table); a server for buckets keeps Hadoop's default.
+RAW_LOCAL_FILES = {
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
 
 # Spark's log at WARN, but for the line that says it listens.
@@ -189,7 +196,7 @@ class SparkProcess:
         (conf_dir / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
         settings = {
             **SERVER_CONF,
-            **(s3_conf(os.environ) if s3 else {}),
+            **(s3_conf(os.environ) if s3 else RAW_LOCAL_FILES),
             "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port),
             "spark.sql.warehouse.dir": str(self._workdir / "warehouse"),

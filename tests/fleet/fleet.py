@@ -44,7 +44,7 @@ PUBSUB_TOPIC = f"/waku/2/rs/{CLUSTER_ID}/{SHARD}"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 60.0
 # Longest a fault's aftermath may take to settle: the engine restarts
-# (up to 35 s, storage.engine.WAIT_TIMEOUT_S) and the flush retries.
+# (up to 35 s for Sail, Engine.wait_timeout_s) and the flush retries.
 RECOVERY_TIMEOUT_S = 90.0
 CLIENT_TIMEOUT_S = 30.0
 
