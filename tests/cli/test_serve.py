@@ -483,6 +483,19 @@ def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
     assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
 
 
+def test_a_start_that_fails_on_the_data_dir_is_not_called_cannot_listen(tmp_path):
+    """Only a listener that cannot bind is "cannot listen"; the data dir
+    failing under the start is named as what it is."""
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "messages").write_text("a file where the write-ahead log's directory belongs")
+    ports = ("--tcp-port", "0", "--ws-port", "0", "--metrics-port", "0", "--mailserver-port", "0")
+    result = wakustore("serve", "--data-dir", str(tmp_path), *ports, "--listen-host", "127.0.0.1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"wakustore: error: Not a directory ({tmp_path / 'wal' / 'messages'}) [errno 20]"
+    )
+
+
 def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
     """With an archive key configured, serve runs the archive scheduler:
     the past windows are exported, seeded, and their magnet link stored."""
