@@ -678,12 +678,22 @@ class MessageStore:
             # No flush between the commit and the keys learnt (see commits_held).
             with self.writes.commits_held():
                 with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                    self._require_readable_days(start_ns, end_ns)
                     retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
                 self.reader.committed()
                 self._forget_removed()
                 self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
+
+    def _require_readable_days(self, start_ns: int, end_ns: int) -> None:
+        """A window replace rewrites the files of its days that hold rows of
+        the window, keeping their other rows: raise
+        :class:`DataFileUnreadable` (nothing committed) when one of those
+        days holds a bad file, whose damaged rows would come out of it
+        looking like data, or be lost."""
+        first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
+        self.reader.require_readable([path for path, day in self.reader.files() if day and first <= day <= last])
 
     def replace_window_tables(self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable) -> int:
         """:meth:`replace_window` for rows given a batch at a time in the
@@ -747,6 +757,7 @@ class MessageStore:
         self.flush()
         with self.writes.commits_held():  # see replace_window
             with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                self._require_readable_days(window.start_ns, window.end_ns)
                 retry_on_conflict(
                     lambda: self.table.replace_where(
                         window.source, window.start_ns, window.end_ns, window.content_topics

@@ -1019,6 +1019,12 @@ class TableReader:
             return self._check_file_crc(path, index.mapped.header.file_crc)
         return None
 
+    def require_readable(self, paths: Sequence[str]) -> None:
+        """Raise :class:`DataFileUnreadable` for the first of ``paths`` that
+        :meth:`check_files` finds bad."""
+        for path, problem in self.check_files(paths).items():
+            raise DataFileUnreadable(self._location(path)[0], problem)
+
     def report_bad(self, path: str, exc: BaseException) -> DataFileUnreadable | None:
         """A read of the data file ``path`` (as the log names it) made
         elsewhere (a compaction) failed: see :meth:`_failed`."""

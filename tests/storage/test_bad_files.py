@@ -202,3 +202,28 @@ def test_a_start_fills_its_hot_tier_and_key_filter_around_a_file_without_data_or
     assert hot_from is not None and hot_from > newest
     assert taken.accepted == 1 and taken.duplicates == 1
     assert list(bad) == [str(data / "tables" / "messages" / victim)]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_window_replace_over_a_day_holding_a_bad_file_is_refused_and_commits_nothing(
+    written, engine, tmp_path, damage, how
+):
+    """It would rewrite the day's files without the window's rows: a bad
+    one's other rows would be lost, or come out of its damage looking like data."""
+    from wakustore.storage.reader import DataFileUnreadable
+    from wakustore.storage.rows import Row
+
+    data = _copy(written, tmp_path)
+    _, first = written
+    victim = _file_of(data, NEWER[1])
+    damage(data / "tables" / "messages" / victim, how)
+    before = _files(data)
+    start = first[NEWER[0]]
+    store = _store(engine, data)
+    try:
+        replacement = Row.build(PUBSUB, WakuMessage(b"archived", NEWER[0], timestamp=start), start)
+        with pytest.raises(DataFileUnreadable, match="cannot be read"):
+            store.replace_window(start, start + 10**9, [NEWER[0]], [replacement])
+    finally:
+        store.close()
+    assert _files(data) == before
