@@ -289,6 +289,9 @@ class TableReader:
         self._bad_at: dict[str, float] = {}
         # Files the background pass found there whole (see _index_one).
         self._looked_at: set[str] = set()
+        # Files whose index was mapped and has not passed its CRC yet (a
+        # page looks for them only while there are some: after a start).
+        self._unchecked: set[str] = set()
         # Index files found damaged since the reader started (where -> the
         # problem), each removed and built again from its data file.
         self._index_problems: dict[str, str] = {}
@@ -402,6 +405,7 @@ class TableReader:
             self._bad_at = {path: at for path, at in self._bad_at.items() if path in live_set}
         self._crc_checked &= live_set
         self._looked_at &= live_set
+        self._unchecked &= live_set
         with self._index_lock:
             if any(path not in live_set for path in self._indexes):
                 gone = [p for p in self._indexes if p not in live_set]
@@ -464,6 +468,7 @@ class TableReader:
                 index = self._load(path, sizes.get(path))
                 if index is not None:
                     with self._index_lock:
+                        self._unchecked.add(path)
                         self._indexes.setdefault(path, index)
             finally:
                 with self._index_lock:
@@ -506,11 +511,15 @@ class TableReader:
         file indexed again (by the caller that needs it now, else in the
         background)."""
         mapped = index.mapped
-        if mapped is None or mapped.verified or mapped.verify():
+        if mapped is None or mapped.verified:
+            return True
+        if mapped.verify():
+            self._unchecked.discard(index.path)
             return True
         with self._index_lock:
             if self._indexes.get(index.path) is index:
                 del self._indexes[index.path]
+                self._unchecked.discard(index.path)
             first, mapped.rejected = not mapped.rejected, True
             if first:  # removed before another thread that found it so can map it again
                 self._index_damaged(index.path, "its body does not match its CRC")
@@ -706,6 +715,8 @@ class TableReader:
                 if index is None:
                     return None
             out.append(index)
+        if not self._unchecked:
+            return out
         unchecked = [i.mapped.nbytes for i in out if i.mapped is not None and not i.mapped.verified]
         if not unchecked:
             return out
