@@ -370,7 +370,11 @@ class Soak:
         self._trio(self._relay, self._messages(self.rng.randint(1, 15)))
 
     def _step_flush(self) -> None:
-        self._wait(lambda h: h.get("ok") and h.get("pending_messages") == 0, "the buffer to be committed")
+        # A bad data file leaves /health ok (the node serves around it): here it is a failure.
+        self._wait(
+            lambda h: h.get("ok") and not h.get("bad_files") and h.get("pending_messages") == 0,
+            "the buffer to be committed",
+        )
 
     def _step_kill(self) -> None:
         # Often right after acknowledgements, while the node commits them.

@@ -202,7 +202,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from wakustore.cli.logs import configure as configure_logging
     from wakustore.node import data_dir
-    from wakustore.node.host import HostError
+    from wakustore.node.host import HostError, ListenError
     from wakustore.node.process import configure_node_process
     from wakustore.node.rate_limits import RateLimits
 
@@ -259,10 +259,15 @@ def run_serve(args: argparse.Namespace) -> int:
         except HostError as exc:
             print(f"wakustore: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_BAD_SETUP
-        except OSError as exc:
+        except ListenError as exc:
             # A listener that cannot bind: an address not on this machine, a
             # name that does not resolve.
             print(f"wakustore: error: cannot listen: {_os_error(exc)}", file=sys.stderr, flush=True)
+            return EXIT_BAD_SETUP
+        except OSError as exc:
+            # The data dir or the storage failed under the start (a bad
+            # data file does not: the node starts beside it).
+            print(f"wakustore: error: {_os_error(exc)}", file=sys.stderr, flush=True)
             return EXIT_BAD_SETUP
         finally:
             for timer in _deadline:

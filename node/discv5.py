@@ -172,8 +172,11 @@ class Discv5Node:
         """Open the UDP socket; returns its port (``port`` 0: the kernel's)."""
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
         sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
+        from wakustore.node.host import binding
+
         try:
-            await sock.bind((host, port))
+            with binding("discv5", host, port):
+                await sock.bind((host, port))
         except OSError:
             sock.close()
             raise

@@ -22,8 +22,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,53 @@ StreamHandler = Callable[[Any], Awaitable[None]]
 
 class HostError(RuntimeError):
     """The host cannot start (port in use, unreadable key); one line for the operator."""
+
+
+class ListenError(OSError):
+    """A listener cannot bind its address (not on this machine, a name
+    that does not resolve, a port taken or not allowed): the only failure
+    ``serve`` reports as "cannot listen"."""
+
+
+@contextmanager
+def binding(what: str, host: str, port: int) -> Iterator[None]:
+    """Around the bind of one listener (``what``, e.g. "metrics"): an
+    OSError raised there is a :class:`ListenError` naming it and its address."""
+    try:
+        yield
+    except ListenError:
+        raise
+    except OSError as exc:
+        raise _listen_error(exc, what, host, port) from exc
+    except BaseExceptionGroup as group:  # a server that binds in a nursery of its own
+        failure = _os_error_of(group)
+        if failure is None:
+            raise
+        raise _listen_error(failure, what, host, port) from group
+
+
+def _listen_error(exc: OSError, what: str, host: str, port: int) -> ListenError:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return ListenError(exc.errno, f"{exc.strerror or exc} ({what} on {where})")
+
+
+def _os_error_of(group: BaseExceptionGroup) -> OSError | None:
+    """The first OSError in ``group`` when every failure in it is one (or a cancellation)."""
+    errors: list[OSError] = []
+    for leaf in _leaves(group):
+        if isinstance(leaf, OSError):
+            errors.append(leaf)
+        elif not isinstance(leaf, trio.Cancelled):
+            return None
+    return errors[0] if errors else None
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +206,9 @@ async def running_host(
     gatekeeper.install(host)
     for protocol, handler in handlers.items():
         host.set_stream_handler(TProtocol(protocol), gatekeeper.guard(protocol, handler))
-    async with host.run(listen_addrs=addrs):
+    async with AsyncExitStack() as running:
+        with binding("libp2p", config.listen_host, config.tcp_port):
+            await running.enter_async_context(host.run(listen_addrs=addrs))
         await stop_auto_dialing(host)
         try:
             yield host, host_info(host, config.ext_multiaddrs)

@@ -213,14 +213,18 @@ def _give_responses_reason_phrases() -> None:
 
 async def serve_app(app: Any, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` (ASGI) on ``host:port`` (0: a port from the kernel)
-    until cancelled; ``task_status.started`` gets the port. Raises OSError
-    when the address cannot be bound."""
+    until cancelled; ``task_status.started`` gets the port. Raises
+    :class:`~wakustore.node.host.ListenError` when the address cannot be
+    bound."""
     import hypercorn.trio
+
+    from wakustore.node.host import binding
 
     _give_responses_reason_phrases()
     config = _hypercorn_config(host, port)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: hypercorn.trio.serve(Bounded(app), config, task_status=task_status)
-        )
+        with binding("http", host, port):
+            binds = await nursery.start(
+                lambda task_status: hypercorn.trio.serve(Bounded(app), config, task_status=task_status)
+            )
         task_status.started(int(binds[0].rsplit(":", 1)[1]))

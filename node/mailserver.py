@@ -280,7 +280,10 @@ class Mailserver:
 
     async def serve(self, host: str, port: int, *, flush: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host``:``port`` (0: any free port) until cancelled."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        from wakustore.node.host import binding
+
+        with binding("mailserver", host, port):
+            listeners = await trio.open_tcp_listeners(port, host=host)
         self._port = listeners[0].socket.getsockname()[1]
         info = MailserverInfo(enode_url(self.public_key, host, self._port), self.public_key, host, self._port)
         async with trio.open_nursery() as nursery:

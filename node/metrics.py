@@ -64,6 +64,12 @@ class NodeMetrics:
         self.table_bad_files = Gauge(
             "wakustore_table_bad_files", "Data files of the table a read failed on (see /health)", ["table"], registry=r
         )
+        self.key_index_damaged = Gauge(
+            "wakustore_key_index_damaged_files",
+            "Key index files found damaged or stale since the start, each built again (see /health key_index)",
+            ["table"],
+            registry=r,
+        )
         self.table_log_repaired = Gauge(
             "wakustore_table_log_versions_repaired",
             "Log versions a power cut tore, put aside at start (see /health log_repair)",

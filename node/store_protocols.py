@@ -26,7 +26,9 @@ What each failure is answered with:
   ``is_success = false``; an unknown cursor: 300 (nwaku's BAD_RESPONSE);
 - a frame over the limit: Store 400, lightpush 413;
 - over the peer's rate: 429 (legacy TOO_MANY_REQUESTS);
-- the store failing under a request: 503 (lightpush v3 SERVICE_NOT_AVAILABLE);
+- the store failing under a request: 503 (lightpush v3 SERVICE_NOT_AVAILABLE),
+  a page that needs a bad data file (damaged, missing) included, with
+  :data:`BAD_FILE_TEXT`;
 - a stream that ends before any byte (js-waku opens streams ahead and
   drops them): closed without answer;
 - a stream idle past :data:`IDLE_STREAM_TIMEOUT_S`, or stalled inside a
@@ -73,10 +75,15 @@ from wakustore.protocols.framing import (
 from wakustore.protocols.lightpush import LightpushStatus, PushRequest
 from wakustore.protocols.message import Rejection
 from wakustore.protocols.store_query import StatusCode
+from wakustore.storage.reader import DataFileUnreadable
 from wakustore.transport.libp2p import corked
 from wakustore.transport.streams import ReadTimeout, close_stream, peer_of, read_frame, reset_stream
 
 log = logging.getLogger(__name__)
+
+# The 503 of a page that needs a data file the node cannot read (damaged,
+# missing): the pages that do not are answered.
+BAD_FILE_TEXT = "part of the history this page needs is in a data file the node cannot read"
 
 # How long an inbound stream may wait for the first byte of its request:
 # nim-libp2p's idle stream timeout, so nwaku's (libp2p/builders.nim,
@@ -270,8 +277,7 @@ class StoreProtocols:
             exc.request_id = request_id
             return _v3_error(exc)
         except Exception as exc:
-            log.warning("store query failed: %s", exc)
-            return _v3_error(_unavailable(request_id))
+            return _v3_error(_unavailable(request_id, exc))
         body = store_v3.encode_response(request_id, page, include_data=query.include_data)
         return StoreReply(body, StatusCode.OK)
 
@@ -290,8 +296,7 @@ class StoreProtocols:
             exc.request_id = request_id
             return _v2_error(exc)
         except Exception as exc:
-            log.warning("legacy store query failed: %s", exc)
-            return _v2_error(_unavailable(request_id))
+            return _v2_error(_unavailable(request_id, exc))
         return StoreReply(store_v2.encode_response(request_id, page, forward=query.forward), StatusCode.OK)
 
     async def answer_lightpush_v3(self, peer: str, raw: bytes) -> bytes:
@@ -430,7 +435,13 @@ def _too_many(request_id: str) -> StoreError:
     return StoreError(StatusCode.TOO_MANY_REQUESTS, f"TOO_MANY_REQUESTS: {TOO_MANY_REQUESTS_TEXT}", request_id)
 
 
-def _unavailable(request_id: str) -> StoreError:
+def _unavailable(request_id: str, exc: Exception) -> StoreError:
+    """503 for a query the store failed under. A bad data file was named
+    once in the log (and is in /health): its pages are not logged again."""
+    if isinstance(exc, DataFileUnreadable):
+        log.debug("store query needs a bad data file: %s", exc)
+        return StoreError(StatusCode.SERVICE_UNAVAILABLE, f"SERVICE_UNAVAILABLE: {BAD_FILE_TEXT}", request_id)
+    log.warning("store query failed: %s", exc)
     return StoreError(StatusCode.SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE: the store is unavailable", request_id)
 
 

@@ -119,6 +119,7 @@ class StoreService:
         self._maintain_now = trio.Event()
         self._full_since: float | None = None
         self.metrics.table_bad_files.labels("messages").set_function(lambda: len(self.store.reader.bad_files()))
+        self.metrics.key_index_damaged.labels("messages").set_function(lambda: self.store.reader.index_damaged)
         self.metrics.table_log_repaired.labels("messages").set(len(self.store.repaired.versions))
         for table in self.wal_damage():
             self.metrics.wal_damaged_regions.labels(table).set_function(functools.partial(self._damaged_regions, table))
@@ -228,11 +229,13 @@ class StoreService:
             )
         return {
             # A failed maintenance run (retention, compaction) is the
-            # operator's to see: the node answers, but is not well.
+            # operator's to see: the node answers, but is not well. A bad
+            # data file is reported below but leaves ``ok`` alone: the node
+            # serves every page that does not need it, and a restart (what
+            # a failing probe leads to) would not mend it.
             "ok": bool(engine.healthy)
             and all(run is None or run.ok for run in (self.last_maintenance, commit))
-            and not self.disk.full()
-            and not bad_files,
+            and not self.disk.full(),
             "maintenance": {} if self.last_maintenance is None else asdict(self.last_maintenance),
             "commit": {} if commit is None else asdict(commit),
             "engine": {"generation": engine.generation, "rss_bytes": engine.rss_bytes, "problem": engine.problem},
@@ -249,8 +252,10 @@ class StoreService:
             },
             **self._relay_health(),
             "disk": self.disk.report(),
-            # Data files a read failed on (damaged, truncated, unreadable):
-            # pages over them answer 503 until the file is replaced.
+            # Data files a read failed on (damaged, truncated, missing,
+            # unreadable), each with its problem: pages that need one answer
+            # 503 until it reads again or leaves the table (retention of its
+            # day); the others are served.
             "bad_files": bad_files,
             # Log versions a power cut tore, put aside when the node started
             # (their rows came back from the write-ahead log).

@@ -87,6 +87,7 @@ from wakustore.protocols.message import WakuMessage, message_hash
 from wakustore.protocols.message_codec import encode_message
 from wakustore.protocols.store_query import HistoryQuery, StatusCode
 from wakustore.protocols.topics import shard_pubsub_topic
+from wakustore.storage.reader import TableUnreadable
 from wakustore.transport.peers import connect, parse_peer
 from wakustore.transport.streams import Frames, close_stream, peer_of, reset_stream, write_frame
 
@@ -354,6 +355,11 @@ class SyncService:
         except (IOException, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._count_failure(RESPONDER)
             log.debug("reconciliation from %s: stream failed: %r", peer, exc)
+            await reset_stream(stream)
+            return
+        except TableUnreadable as exc:  # a bad data file in the window (named once by the reader)
+            self._count_failure(RESPONDER)
+            log.warning("reconciliation from %s: the store cannot read its window: %s", peer, exc)
             await reset_stream(stream)
             return
         except Exception:

@@ -21,12 +21,15 @@ this (a put is durable when it returns).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from pathlib import Path
 from urllib.parse import unquote
 
 from wakustore.durable import fsync_ancestors, fsync_dir, fsync_file
+
+log = logging.getLogger(__name__)
 
 _LOG = "_delta_log"
 _LAST_CHECKPOINT = "_last_checkpoint"
@@ -51,6 +54,9 @@ def read_synced_marker(root: str | os.PathLike) -> int:
         data = (Path(root) / SYNCED_MARKER).read_bytes()
     except FileNotFoundError:
         return -1
+    except OSError as exc:  # not a file, unreadable: as torn
+        log.warning("the table's synced marker cannot be read (%s): every version of the log is checked", exc)
+        return -1
     if len(data) != _MARKER_BYTES or not data[:20].isdigit() or data != _marker(int(data[:20])):
         return -1
     return int(data[:20])
@@ -60,6 +66,8 @@ def write_synced_marker(root: Path, version: int) -> None:
     """Overwrite the marker in place and fsync it: one fsync a commit. The
     write may tear at a power cut; the CRC then makes it read as none."""
     path = root / SYNCED_MARKER
+    if path.is_dir():  # a damaged data dir: the marker takes its place
+        path.rmdir()
     created = not path.exists()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:

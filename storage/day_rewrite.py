@@ -38,6 +38,7 @@ import os
 import shutil
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +65,15 @@ CHUNK_ROWS = 8192
 _SORT_KEYS = [("pubsub_topic", "ascending"), ("content_topic", "ascending"), ("timestamp", "ascending")]
 
 
+class FileUnreadable(Exception):
+    """A data file of the day that cannot be read (its error is the
+    cause); ``path`` as the log names it. Nothing was committed."""
+
+    def __init__(self, path: str):
+        super().__init__(f"data file {path} cannot be read")
+        self.path = path
+
+
 def rewrite_day(uri: str, day: dt.date, row_group_rows: int, paths: Collection[str] | None = None) -> bool:
     """Rewrite the files of ``day`` of the Delta table at ``uri`` (a local
     path) as sorted files, or those of them named in ``paths`` (as the log
@@ -71,7 +81,8 @@ def rewrite_day(uri: str, day: dt.date, row_group_rows: int, paths: Collection[s
     that is at most one file or the table has rows deleted by deletion
     vectors (the caller rewrites it another way). Raises ``deltalake``'s
     CommitFailedError when another writer removed one of the files
-    meanwhile."""
+    meanwhile, :class:`FileUnreadable` for a file that cannot be read
+    (page CRCs, where it has them, are checked)."""
     import time
 
     from deltalake import DeltaTable
@@ -140,12 +151,12 @@ def _write_runs(uri: str, files: Sequence[tuple[str, int]], staging: str):
         if groups[-1] and held + size > RUN_BYTES:
             groups.append([])
             held = 0
-        groups[-1].append(os.path.join(uri, path))
+        groups[-1].append(path)
         held += size
     stored = pa.schema([f for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION])
     runs, pairs, stamps = [], [], []
     for number, group in enumerate(groups):
-        rows = pa.concat_tables([pq.read_table(p, schema=stored) for p in group]).sort_by(_SORT_KEYS)
+        rows = pa.concat_tables([_read(uri, path, stored) for path in group]).sort_by(_SORT_KEYS)
         run = os.path.join(staging, f"run-{number}.parquet")
         pq.write_table(
             rows, run, row_group_size=RUN_GROUP_ROWS, compression="NONE", use_dictionary=False, write_statistics=False
@@ -159,6 +170,14 @@ def _write_runs(uri: str, files: Sequence[tuple[str, int]], staging: str):
         stamps.append(rows.column("timestamp").to_numpy())
         del rows
     return runs, pairs, stamps
+
+
+def _read(uri: str, path: str, stored: pa.Schema) -> pa.Table:
+    """The data file ``path`` (as the log names it) whole; raises :class:`FileUnreadable`."""
+    try:
+        return pq.read_table(os.path.join(uri, unquote(path)), schema=stored, page_checksum_verification=True)
+    except Exception as exc:
+        raise FileUnreadable(path) from exc
 
 
 def _merged(

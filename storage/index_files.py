@@ -44,10 +44,12 @@ which ~7 the page layout of a compacted day.
 
 Checks: a map is used only when its header is whole (magic, version, CRC),
 names the data file and its size, and its sections lie inside the file;
-the body's CRC is checked once after the map opens (:meth:`Mapped.verify`,
-by the reader's background thread, which rebuilds an index that fails
-it). Indexes are written durably (:mod:`durable`), so a crash leaves the
-old file or the whole new one; damage comes from the disk.
+the body's CRC is checked before anything of the body is used
+(:meth:`Mapped.verify`: the reader checks those a start or a page needs
+first, and its background thread every one), and an index that fails it
+is removed and built again from its data file. Indexes are written
+durably (:mod:`durable`), so a crash leaves the old file or the whole new
+one; damage comes from the disk.
 
 Memory: the sections are read through ``mmap``: the pages a lookup touches
 are the kernel's page cache, shared and reclaimable, but count in the
@@ -63,6 +65,8 @@ import hashlib
 import json
 import mmap
 import os
+import shutil
+import stat
 import struct
 import threading
 import time
@@ -145,13 +149,15 @@ class Mapped:
     """One index file mapped read-only: its header and its sections as
     numpy arrays (views of the map, valid while this object lives)."""
 
-    __slots__ = ("header", "arrays", "_map", "verified", "__weakref__")
+    __slots__ = ("header", "arrays", "_map", "verified", "rejected", "__weakref__")
 
     def __init__(self, header: Header, mapped: mmap.mmap):
         self.header = header
         self._map = mapped
         # The body's CRC was checked (or the body was written by this process).
         self.verified = False
+        # Found damaged and set aside by its user (reported once).
+        self.rejected = False
         self.arrays: dict[str, np.ndarray] = {}
         for name, (offset, length) in header.sections.items():
             dtype = SECTIONS[name]
@@ -199,7 +205,10 @@ class IndexDirectory:
         except FileNotFoundError:
             return None
         try:
-            length = os.fstat(fd).st_size
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode):
+                raise IndexDamaged("not a file")
+            length = found.st_size
             if length < _PREAMBLE.size:
                 raise IndexDamaged("shorter than its preamble")
             mapped = mmap.mmap(fd, length, prot=mmap.PROT_READ)
@@ -257,11 +266,9 @@ class IndexDirectory:
         replace_durably(self.path_of(data_path), [header, *body])
 
     def remove(self, data_paths: Iterable[str]) -> None:
+        """Remove the index files of ``data_paths`` (anything in their place)."""
         for data_path in data_paths:
-            try:
-                os.unlink(self.path_of(data_path))
-            except OSError:
-                pass
+            _remove(self.path_of(data_path))
 
     def keep_only(self, live: Iterable[str]) -> int:
         """Remove every index but those of ``live`` (and any temporary
@@ -273,13 +280,20 @@ class IndexDirectory:
         except OSError:
             return 0
         for name in names:
-            if name not in wanted:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                    removed += 1
-                except OSError:
-                    pass
+            if name not in wanted and _remove(os.path.join(self.directory, name)):
+                removed += 1
         return removed
+
+
+def _remove(path: str) -> bool:
+    """Remove the file (or a directory found in its place) at ``path``; True when it was there."""
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        return False
+    return True
 
 
 def _encode_header(draft: dict, placed: Mapping[str, tuple[int, int]]) -> bytes:

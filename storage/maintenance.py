@@ -78,6 +78,17 @@ class RetentionError(ValueError):
     """A retention policy string that does not parse."""
 
 
+class FileHealth(Protocol):
+    """What retention and compaction ask about the table's data files
+    (:class:`~wakustore.storage.reader.TableReader` answers): a bad file
+    (damaged, missing, unreadable) is never rewritten, and never keeps the
+    rest of the table from its maintenance."""
+
+    def check_files(self, paths: Sequence[str], whole: bool = True) -> dict[str, str]: ...
+
+    def report_bad(self, path: str, exc: BaseException) -> object: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     max_age_s: int | None = None
@@ -130,23 +141,40 @@ class RetentionResult:
 
 
 def apply_retention(
-    table: DeltaTableRef, policy: RetentionPolicy, now_ns: int, keep_from_ns: int | None = None
+    table: DeltaTableRef,
+    policy: RetentionPolicy,
+    now_ns: int,
+    keep_from_ns: int | None = None,
+    health: FileHealth | None = None,
 ) -> RetentionResult:
     """Delete what the policy no longer allows, oldest first.
 
     ``keep_from_ns``: never delete messages at or after this time (the
     archive scheduler passes the end of the last seeded archive, so that
-    history leaves the store only once it is in an archive).
+    history leaves the store only once it is in an archive). ``health``:
+    see :func:`delete_before`.
     """
     before = count_rows(table)
     cutoff = None
     if policy.max_age_s is not None:
         cutoff = now_ns - policy.max_age_s * 1_000_000_000
     if policy.max_messages is not None and before > policy.max_messages:
-        newest = table.scalar(
-            "SELECT min(timestamp) FROM (SELECT timestamp FROM {table} "
-            f"ORDER BY timestamp DESC LIMIT {int(policy.max_messages)})"
-        )
+        try:
+            newest = table.scalar(
+                "SELECT min(timestamp) FROM (SELECT timestamp FROM {table} "
+                f"ORDER BY timestamp DESC LIMIT {int(policy.max_messages)})"
+            )
+        except Exception:
+            # It reads every file's timestamps: a bad file fails it.
+            bad = {} if health is None else health.check_files((_actions(table) or {"path": []})["path"])
+            if not bad:
+                raise
+            log.warning(
+                "retention: the capacity limit is not applied this time: %d data files cannot be read (%s)",
+                len(bad),
+                ", ".join(sorted(bad)),
+            )
+            newest = None
         if newest is not None:
             cutoff = newest if cutoff is None else max(cutoff, newest)
     if policy.max_bytes is not None:
@@ -156,16 +184,49 @@ def apply_retention(
     if cutoff is not None and keep_from_ns is not None:
         cutoff = min(cutoff, keep_from_ns)
     if cutoff is not None:
-        delete_before(table, cutoff)
+        delete_before(table, cutoff, health)
     return RetentionResult(cutoff, before, count_rows(table) if cutoff is not None else before)
 
 
-def delete_before(table: DeltaTableRef, cutoff_ns: int) -> None:
-    """Delete rows with timestamp < cutoff: whole days, then the boundary day."""
+def delete_before(table: DeltaTableRef, cutoff_ns: int, health: FileHealth | None = None) -> None:
+    """Delete rows with timestamp < cutoff: whole days, then the boundary day.
+
+    Whole days leave the log without a data file read, bad files (damaged,
+    missing) included. The boundary day is rewritten from its files: with
+    a bad file among them (``health`` says which) it is left whole this
+    time (logged), and goes whole once the cutoff passes its end."""
     day = schema.day_of_ns(cutoff_ns)
     table.delete_where(f"day < DATE'{day.isoformat()}'")
-    if cutoff_ns > schema.day_start_ns(day):
-        table.delete_where(f"day = DATE'{day.isoformat()}' AND timestamp < {int(cutoff_ns)}")
+    if cutoff_ns <= schema.day_start_ns(day):
+        return
+    # Checked first: the engine would read a damaged file that still
+    # decodes and write its rows out again, clean-looking.
+    bad = {} if health is None else health.check_files(_day_files(table, day))
+    if not bad:
+        try:
+            table.delete_where(f"day = DATE'{day.isoformat()}' AND timestamp < {int(cutoff_ns)}")
+            return
+        except Exception:
+            bad = {} if health is None else health.check_files(_day_files(table, day))
+            if not bad:
+                raise
+    log.warning(
+        "retention: %s keeps its rows before the cutoff until the whole day expires: %d of its data files "
+        "cannot be read (%s)",
+        day,
+        len(bad),
+        ", ".join(sorted(bad)),
+    )
+
+
+def _day_files(table: DeltaTableRef, day: dt.date) -> list[str]:
+    """The data files of ``day`` in the table's latest version, as the log names them."""
+    actions = _actions(table) or {"partition.day": [], "path": []}
+    return [path for d, path in zip(actions["partition.day"], actions["path"]) if _as_date(d) == day]
+
+
+def _as_date(value) -> dt.date:
+    return value if isinstance(value, dt.date) else dt.date.fromisoformat(str(value))
 
 
 def _size_cutoff(table: DeltaTableRef, max_bytes: int) -> int | None:
@@ -269,12 +330,20 @@ def _writer_properties():
 _warned_no_optimize: list[bool] = []  # once a process
 
 
-def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = True) -> dict[str, int]:
+def compact(
+    table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = True, health: FileHealth | None = None
+) -> dict[str, int]:
     """Rewrite finished days into sorted files (streamed,
     :mod:`day_rewrite`, on a table of this machine: only the files
     :func:`files_to_rewrite` names; else the whole day read at once, with
     bloom filters on the keys, when it has more than one file); bin-pack
-    today once it has many files."""
+    today once it has many files.
+
+    A bad data file (``health`` checks each file before it is rewritten:
+    there, whole, and its bytes those its index took a CRC-32 of) is never
+    rewritten, which would make its damage look like data: a streamed day
+    is rewritten without it (it stays as it is, and a read of it still
+    fails), a day rewritten another way is left as it is (logged)."""
     if not table.engine.is_embedded:
 
         def optimize(spark) -> bool:
@@ -299,15 +368,19 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
     files_of_day: dict[dt.date, list[tuple[str, int]]] = {}
     actions = _actions(table) or {"partition.day": [], "path": [], "size_bytes": []}
     for day, path, size in zip(actions["partition.day"], actions["path"], actions["size_bytes"]):
-        day = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
-        files_of_day.setdefault(day, []).append((path, int(size)))
+        files_of_day.setdefault(_as_date(day), []).append((path, int(size)))
     rewritten = 0
     local = is_local(table.uri)
     for day, day_files in sorted(files_of_day.items()):
         files = len(day_files)
         redo = files_to_rewrite(day_files) if day < today and rewrite_finished_days and local else []
-        if redo and day_rewrite.rewrite_day(table.uri.removeprefix("file://"), day, ROW_GROUP_ROWS, set(redo)):
+        if redo and _rewrite_day_around_bad_files(table, day, day_files, redo, health):
             rewritten += 1  # streamed: the node never holds the day
+        elif (
+            (day < today and files > 1 and rewrite_finished_days and not local)
+            or (day >= today and files >= COMPACT_DAY_FILES)
+        ) and _day_has_bad_files(health, day, [path for path, _ in day_files]):
+            continue
         elif day < today and files > 1 and rewrite_finished_days and not local:
             dtable = DeltaTable(table.uri)
             data = dtable.to_pyarrow_table(filters=[("day", "=", day)])
@@ -332,6 +405,50 @@ def compact(table: DeltaTableRef, today: dt.date, rewrite_finished_days: bool = 
             rewritten += 1
     table.sync_commits()
     return {"days_rewritten": rewritten}
+
+
+def _rewrite_day_around_bad_files(
+    table: DeltaTableRef,
+    day: dt.date,
+    day_files: list[tuple[str, int]],
+    redo: list[str],
+    health: FileHealth | None,
+) -> bool:
+    """:func:`day_rewrite.rewrite_day` of the files ``redo`` of ``day``,
+    less the bad ones (checked first; one found bad while it is read is
+    reported and the day is rewritten without it); False when nothing
+    was rewritten."""
+    root = table.uri.removeprefix("file://")
+    if health is None:
+        return day_rewrite.rewrite_day(root, day, ROW_GROUP_ROWS, set(redo))
+    bad = set(health.check_files(redo))
+    while True:
+        if bad:
+            log.warning(
+                "compaction of %s leaves %d data files that cannot be read as they are: %s",
+                day,
+                len(bad),
+                ", ".join(sorted(bad)),
+            )
+            redo = files_to_rewrite([(path, size) for path, size in day_files if path not in bad])
+            if not redo:
+                return False
+        try:
+            return day_rewrite.rewrite_day(root, day, ROW_GROUP_ROWS, set(redo))
+        except day_rewrite.FileUnreadable as exc:
+            health.report_bad(exc.path, exc.__cause__ or exc)
+            bad.add(exc.path)
+
+
+def _day_has_bad_files(health: FileHealth | None, day: dt.date, paths: list[str]) -> bool:
+    """Does ``day`` hold a bad file (then the engine's rewrite of the day
+    is not run: it would copy the damage into clean files)?"""
+    bad = {} if health is None else health.check_files(paths)
+    if bad:
+        log.warning(
+            "compaction of %s skipped: %d of its data files cannot be read (%s)", day, len(bad), ", ".join(sorted(bad))
+        )
+    return bool(bad)
 
 
 # A sorted file under this size is merged again with a finished day's
@@ -502,10 +619,10 @@ def run_maintenance(
     retention = None
     with rewrite_lock(store.table):
         if policy is not None:
-            retention = apply_retention(store.table, policy, now_ns, keep_from_ns=keep_from_ns)
+            retention = apply_retention(store.table, policy, now_ns, keep_from_ns=keep_from_ns, health=store.reader)
             if retention.cutoff_ns is not None:
                 store.forget_before(retention.cutoff_ns)
-        compaction = compact(store.table, today=schema.day_of_ns(now_ns))
+        compaction = compact(store.table, today=schema.day_of_ns(now_ns), health=store.reader)
         store.table.sync_commits()
     # Pages read the compacted files at once, and their key index starts
     # building now rather than at the next look at the log.

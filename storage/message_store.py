@@ -38,7 +38,7 @@ from wakustore.storage.hash_worker import BatchHasher
 from wakustore.storage.hot_tier import ALL_TIME, HotTier
 from wakustore.storage.key_filter import DEFAULT_DAY_CAPACITY, DayKeyFilter
 from wakustore.storage.read_path import ReadPath
-from wakustore.storage.reader import TableReader
+from wakustore.storage.reader import DataFileUnreadable, TableReader
 from wakustore.storage.rows import (
     Row,
     binary_prefixes,
@@ -303,7 +303,14 @@ class MessageStore:
         with maintenance.rewrite_lock(self.table, wait=False) as held:
             if not held:
                 return
+            files = self.reader.files()
             for day, target in crowded:
+                # Never bin-packed with a bad file (its damage would come out
+                # looking like data); the reader named it, and this runs at
+                # every commit: not logged again.
+                if self.reader.check_files([path for path, d in files if d == day]):
+                    log.debug("compaction of %s waits: a data file of it cannot be read", day)
+                    continue
                 started = time.monotonic()
                 try:
                     removed = maintenance.compact_day(self.table, day, target)
@@ -361,7 +368,10 @@ class MessageStore:
 
         When the whole table lies inside the window (a young node), the tier
         is complete for all time and even unbounded forward queries stay in
-        memory.
+        memory. A bad data file never stops it: the tier is then complete
+        from after the rows that file may hold (see
+        :meth:`TableReader.newest_rows`), or, when the engine cannot read
+        the window either, from now on (the table answers the rest).
         """
         now = time.time_ns()
         since = now - self.hot.window_ns
@@ -374,15 +384,26 @@ class MessageStore:
             recent, cut = found
             start = cut
         else:
-            recent = self.table.recent(since, budget_rows)
-            start = since
-            if recent.num_rows >= budget_rows:
-                # Cut at a timestamp boundary so the tier is complete from start.
-                start = pc.min(recent.column("timestamp")).as_py() + 1
+            try:
+                recent = self.table.recent(since, budget_rows)
+            except Exception as exc:
+                log.warning(
+                    "hot tier: the table's newest rows cannot be read (%s); it holds the messages from now on", exc
+                )
+                recent, start = schema.MESSAGES.empty_table(), now
+            else:
+                start = since
+                if recent.num_rows >= budget_rows:
+                    # Cut at a timestamp boundary so the tier is complete from start.
+                    start = pc.min(recent.column("timestamp")).as_py() + 1
         if start == since:
-            oldest = self.table.oldest_timestamp()
-            if oldest is None or oldest >= since:
-                start = ALL_TIME
+            try:
+                oldest = self.table.oldest_timestamp()
+            except Exception as exc:  # unknown: the tier claims its window alone
+                log.info("hot tier: the table's oldest timestamp cannot be read: %s", exc)
+            else:
+                if oldest is None or oldest >= since:
+                    start = ALL_TIME
         pending = to_arrow(self.writes.pending_rows())
         self.hot.start(
             start, pa.concat_tables([recent.select(pending.schema.names).cast(pending.schema), pending]), now
@@ -412,7 +433,14 @@ class MessageStore:
                 for path, day in todo:
                     if self._closing.is_set():
                         return
-                    words = self.reader.muid_words(path)
+                    try:
+                        words = self.reader.muid_words(path)
+                    except DataFileUnreadable:
+                        # Neither its index nor its data can be read (the
+                        # reader names it): a copy of its keys is unreadable
+                        # anyway, and a new message with one is stored again.
+                        done.add(path)
+                        continue
                     if words is None or day is None:
                         raise ValueError(f"no MUIDs in the key index of {path}")
                     assert self.writes.key_filter is not None  # open() starts this thread only with one
@@ -666,12 +694,22 @@ class MessageStore:
             # No flush between the commit and the keys learnt (see commits_held).
             with self.writes.commits_held():
                 with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                    self._require_readable_days(start_ns, end_ns)
                     retry_on_conflict(lambda: self.table.replace_where(source, start_ns, end_ns, content_topics))
                 self.reader.committed()
                 self._forget_removed()
                 self.writes.remember(list(seen), list(seen.values()))
         self.hot.replace(start_ns, end_ns, content_topics, recent)
         return len(seen)
+
+    def _require_readable_days(self, start_ns: int, end_ns: int) -> None:
+        """A window replace rewrites the files of its days that hold rows of
+        the window, keeping their other rows: raise
+        :class:`DataFileUnreadable` (nothing committed) when one of those
+        days holds a bad file, whose damaged rows would come out of it
+        looking like data, or be lost."""
+        first, last = schema.day_of_ns(start_ns), schema.day_of_ns(max(end_ns - 1, start_ns))
+        self.reader.require_readable([path for path, day in self.reader.files() if day and first <= day <= last])
 
     def replace_window_tables(self, start_ns: int, end_ns: int, content_topics: Sequence[str], tables: Iterable) -> int:
         """:meth:`replace_window` for rows given a batch at a time in the
@@ -735,6 +773,7 @@ class MessageStore:
         self.flush()
         with self.writes.commits_held():  # see replace_window
             with maintenance.rewrite_lock(self.table):  # it removes files a compaction may rewrite
+                self._require_readable_days(window.start_ns, window.end_ns)
                 retry_on_conflict(
                     lambda: self.table.replace_where(
                         window.source, window.start_ns, window.end_ns, window.content_topics

@@ -324,7 +324,10 @@ def read_rows(
         footer += group_bytes
     footer += template.tail
     metadata = parquet_footer._parsed(bytes(footer))
-    file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buffer)), metadata=metadata, pre_buffer=False)
+    # The pages keep their headers: their CRCs (the node writes them) are checked.
+    file = pq.ParquetFile(
+        pa.BufferReader(pa.py_buffer(buffer)), metadata=metadata, pre_buffer=False, page_checksum_verification=True
+    )
     table = file.read_row_groups(list(range(len(groups))), columns=list(names), use_threads=False)
     return table.take(pa.array(np.concatenate(takes), pa.int64()))
 

@@ -50,19 +50,32 @@ Storage: the table URI is what the engine writes (a path, ``s3://``,
 ``gs://``, ``az://``...); delta-rs reads the object store's credentials
 from the same environment variables the engine does (``AWS_*`` and so on),
 or from ``storage_options``.
+
+Bad files. A data file the version names that cannot be read (damaged,
+cut short, not a file, missing) is a bad file: named once in the log and
+in :meth:`TableReader.bad_files` (the node's /health), and an answer that
+needs it raises :class:`DataFileUnreadable` (the wire's 503) instead of
+being short; the others are answered. It is found by the read that fails,
+by the background pass (each file looked at once a start: there, a file,
+its size; an ingest file's CRC-32, see index_files), and by
+:meth:`TableReader.check_files`, which maintenance asks before it
+rewrites a file. A key index file is used only once its body has passed
+its CRC (:meth:`TableReader._verified`); one that fails is built again.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import functools
 import logging
 import os
+import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, SupportsInt, cast
@@ -106,6 +119,15 @@ WHOLE_FILE = -1
 
 # Bad data files remembered (each reported once): more is a broken disk.
 MAX_BAD_FILES = 1000
+# A bad data file whose index could not be built is tried again by the
+# background pass at most this often (a restored file is indexed again;
+# a broken one is not read at every commit).
+BAD_FILE_RETRY_S = 60.0
+# A page checks the CRC of the mapped indexes it needs that the background
+# pass has not checked yet when they hold at most this much (~20 ms to
+# read); beyond, DataFusion answers it until the pass has (a start of a
+# node with hundreds of GB of history).
+VERIFY_INLINE_BYTES = 32 << 20
 
 # Row groups a lookup by hash with data reads side by side (2 cores).
 LOOKUP_THREADS = 2
@@ -149,12 +171,32 @@ OBJECT_STORE_OPTIONS = {
 }
 
 
-class DataFileDamaged(Exception):
+class TableUnreadable(Exception):
+    """The table cannot be read (missing, unreachable, a file gone)."""
+
+
+class DataFileUnreadable(TableUnreadable):
+    """A data file of the table that an answer needs cannot be read
+    (damaged, truncated, missing, not a file): a bad file, named in
+    :meth:`TableReader.bad_files`. ``path`` is where it is (a local path,
+    or its key in the object store)."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"data file {path} cannot be read: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class DataFileDamaged(DataFileUnreadable):
     """A data file whose bytes changed since it was indexed (its CRC-32)."""
 
 
-class TableUnreadable(Exception):
-    """The table cannot be read (missing, unreachable, a file gone)."""
+class _SkipFile(Exception):
+    """A data file found bad while the newest rows were read (see TableReader.newest_rows)."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +285,16 @@ class TableReader:
         # leave the table; and the files checked since the reader started.
         self._damaged: dict[str, str] = {}
         self._crc_checked: set[str] = set()
+        # When each bad file last failed (time.monotonic()): see BAD_FILE_RETRY_S.
+        self._bad_at: dict[str, float] = {}
+        # Files the background pass found there whole (see _index_one).
+        self._looked_at: set[str] = set()
+        # Files whose index was mapped and has not passed its CRC yet (a
+        # page looks for them only while there are some: after a start).
+        self._unchecked: set[str] = set()
+        # Index files found damaged since the reader started (where -> the
+        # problem), each removed and built again from its data file.
+        self._index_problems: dict[str, str] = {}
 
     # --- versions -----------------------------------------------------------
 
@@ -349,7 +401,11 @@ class TableReader:
             self._bad = {path: error for path, error in self._bad.items() if path in live_set}
         if self._damaged:
             self._damaged = {path: error for path, error in self._damaged.items() if path in live_set}
+        if self._bad_at:
+            self._bad_at = {path: at for path, at in self._bad_at.items() if path in live_set}
         self._crc_checked &= live_set
+        self._looked_at &= live_set
+        self._unchecked &= live_set
         with self._index_lock:
             if any(path not in live_set for path in self._indexes):
                 gone = [p for p in self._indexes if p not in live_set]
@@ -379,32 +435,54 @@ class TableReader:
         unverified = any(
             index.mapped is not None and not index.mapped.verified for index in list(self._indexes.values())
         )
-        if (missing or unverified) and self._indexable and self.index_in_background:
-            with self._index_lock:
-                self._index_wanted = True
-                if self._indexer is None:
-                    self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
-                    self._indexer.start()
+        if missing or unverified:
+            self._want_index()
+
+    def _want_index(self) -> None:
+        """Have the background thread look at every file of the version
+        (start it unless it runs)."""
+        if not (self._indexable and self.index_in_background):
+            return
+        with self._index_lock:
+            if self._closed:
+                return
+            self._index_wanted = True
+            if self._indexer is None:
+                self._indexer = threading.Thread(target=self._index_all, name="table-reader-index", daemon=True)
+                self._indexer.start()
 
     def _map_kept(self, paths: Sequence[str]) -> None:
         """Map the index on disk of each of ``paths`` not indexed yet; one
         that is damaged or stale is removed (the background thread builds
-        it again)."""
+        it again). Each is mapped as :meth:`_index_of` builds: one thread
+        at a time."""
         sizes = self._snapshot_sizes()
         for path in paths:
             if path in self._indexes or path in self._building:
                 continue
-            index = self._load(path, sizes.get(path))
-            if index is not None:
+            with self._index_lock:
+                if path in self._indexes or path in self._building:
+                    continue
+                mine = self._building[path] = threading.Event()
+            try:
+                index = self._load(path, sizes.get(path))
+                if index is not None:
+                    with self._index_lock:
+                        self._unchecked.add(path)
+                        self._indexes.setdefault(path, index)
+            finally:
                 with self._index_lock:
-                    self._indexes.setdefault(path, index)
+                    del self._building[path]
+                mine.set()
 
     def _snapshot_sizes(self) -> Mapping[str, int]:
         snapshot = self._snapshot
         return {} if snapshot is None else snapshot.size_of
 
     def _load(self, path: str, size: int | None) -> row_index.FileIndex | None:
-        """The index of ``path`` from the index directory; None when there is none (or it was damaged)."""
+        """The index of ``path`` from the index directory; None when there
+        is none (or it was damaged: removed). Its body is not checked here
+        (see :meth:`_verified`)."""
         assert self._files is not None  # callers: with an index directory only
         try:
             mapped = self._files.open(path, size)
@@ -420,17 +498,57 @@ class TableReader:
                 mapped,
             )
         except (index_files.IndexDamaged, OSError, KeyError, ValueError) as exc:
-            self.index_damaged += 1
-            log.warning("key index of %s is damaged or stale, building it again: %s", path, _one_line(exc))
-            self._files.remove([path])
+            self._index_damaged(path, _one_line(exc))
             return None
         self.index_loads += 1
         return index
 
+    def _verified(self, index: row_index.FileIndex) -> bool:
+        """Is ``index`` fit to use: held, or mapped with its body's CRC
+        checked (now, when it was not yet)? Nothing of a mapped index is
+        used before: a damaged body's offsets would reach the Parquet
+        reader. One that fails is dropped, its file removed, and its data
+        file indexed again (by the caller that needs it now, else in the
+        background)."""
+        mapped = index.mapped
+        if mapped is None or mapped.verified:
+            return True
+        if mapped.verify():
+            self._unchecked.discard(index.path)
+            return True
+        with self._index_lock:
+            if self._indexes.get(index.path) is index:
+                del self._indexes[index.path]
+                self._unchecked.discard(index.path)
+            first, mapped.rejected = not mapped.rejected, True
+            if first:  # removed before another thread that found it so can map it again
+                self._index_damaged(index.path, "its body does not match its CRC")
+        if first:
+            self._want_index()
+        return False
+
+    def _index_damaged(self, path: str, problem: str) -> None:
+        """The index file of the data file ``path`` is damaged (or stale):
+        counted, named once in the log and in :meth:`index_state`, removed."""
+        assert self._files is not None  # only mapped indexes are damaged
+        where = self._files.path_of(path)
+        self.index_damaged += 1
+        if len(self._index_problems) < MAX_BAD_FILES:
+            self._index_problems[where] = problem
+        log.warning(
+            "key index file %s of data file %s is damaged or stale (%s): not used, built again from its data file",
+            where,
+            path,
+            problem,
+        )
+        self._files.remove([path])
+
     def _index_all(self) -> None:
         """Index every file of the latest version and check the body of
         every mapped index once; again whenever a version with new files
-        arrived meanwhile (``_index_wanted``)."""
+        arrived meanwhile (``_index_wanted``). A file that fails is
+        skipped (a bad data file is named by :meth:`_failed`), the others
+        are done."""
         while True:
             with self._index_lock:
                 if not self._index_wanted:
@@ -440,81 +558,97 @@ class TableReader:
             snapshot = self._snapshot
             if snapshot is None or not self._indexable:
                 continue
-            try:
-                for path, _ in snapshot.files:
-                    if self._closed:
-                        return
-                    if snapshot is not self._snapshot:
-                        self._index_wanted = True
-                        break  # a newer version wants its own pass
-                    index = self._indexes.get(path)
-                    if index is None:
-                        self._index_of(path)
-                    elif index.mapped is not None and not index.mapped.verify():
-                        self._rebuild_damaged(path)
-                    elif index.mapped is not None:
-                        self._check_file_crc(path, index.mapped.header.file_crc)
-            except Exception as exc:
-                # A file gone (compacted and vacuumed meanwhile) or not
-                # readable now: pages over it read through DataFusion; the
-                # next version tries again.
-                log.info("key index not built in the background: %s", _one_line(exc))
+            for path, _ in snapshot.files:
+                if self._closed:
+                    return
+                if snapshot is not self._snapshot:
+                    self._index_wanted = True
+                    break  # a newer version wants its own pass
+                try:
+                    self._index_one(path)
+                except DataFileUnreadable:
+                    pass  # a bad file, named once; tried again after BAD_FILE_RETRY_S
+                except Exception as exc:
+                    # A file gone (compacted and vacuumed meanwhile) or not
+                    # readable now: pages over it read through DataFusion;
+                    # the next version tries again.
+                    log.info("key index of %s not built in the background: %s", path, _one_line(exc))
 
-    def _check_file_crc(self, path: str, expected: int | None) -> None:
+    def _index_one(self, path: str) -> None:
+        """The background pass on one data file: once a process, is it
+        there whole (a file of the size the log gives); its index checked
+        (built when missing or damaged); then the data file's own CRC."""
+        if path not in self._looked_at:
+            self._check_file(path, self._snapshot_sizes().get(path), whole=False)
+            self._looked_at.add(path)
+        index = self._indexes.get(path)
+        if index is None or not self._verified(index):
+            index = self._index_of(path)
+        if index is not None and index.mapped is not None:
+            self._check_file_crc(path, index.mapped.header.file_crc)
+
+    def _failed_lately(self, path: str) -> bool:
+        at = self._bad_at.get(path)
+        return at is not None and time.monotonic() - at < BAD_FILE_RETRY_S
+
+    def _check_file_crc(self, path: str, expected: int | None) -> str | None:
         """Once a process: is the data file as it was when indexed? A file
-        that is not is never read again (its pages answer an error)."""
+        that is not is never read again (its pages answer an error).
+        Returns what is wrong (None: nothing found)."""
         if expected is None or path in self._crc_checked:
-            return
+            return self._damaged.get(path)
         location, filesystem = self._location(path)
         if filesystem is not None:
-            return
+            return None
         try:
             actual = index_files.file_crc32(location)
-        except FileNotFoundError:
-            return  # left the table meanwhile
         except OSError as exc:
-            self._failed(path, exc)
-            return
+            return _problem(self._failed(path, exc))
         self._crc_checked.add(path)
-        if actual != expected:
-            problem = f"its bytes do not match the CRC-32 taken when it was indexed ({actual:08x}, not {expected:08x})"
-            self._damaged[path] = problem
-            self._failed(path, DataFileDamaged(problem))
+        if actual == expected:
+            return None
+        problem = f"its bytes do not match the CRC-32 taken when it was indexed ({actual:08x}, not {expected:08x})"
+        self._damaged[path] = problem
+        return self._record_bad(path, problem).problem
 
-    def _refuse_damaged(self, path: str) -> None:
+    def _before_read(self, path: str, index: row_index.FileIndex | None) -> None:
+        """Raise :class:`DataFileDamaged` for a data file whose bytes changed
+        since it was indexed; a file the index holds a CRC-32 of is checked
+        before this process first reads it."""
+        if index is not None and index.mapped is not None and path not in self._crc_checked:
+            self._check_file_crc(path, index.mapped.header.file_crc)
         if self._damaged and path in self._damaged:
-            raise DataFileDamaged(f"data file {self._location(path)[0]}: {self._damaged[path]}")
-
-    def _rebuild_damaged(self, path: str) -> None:
-        self.index_damaged += 1
-        log.warning("key index of %s failed its check (CRC), building it again", path)
-        with self._index_lock:
-            self._indexes.pop(path, None)
-        assert self._files is not None  # the index was mapped from the index directory
-        self._files.remove([path])
-        self._index_of(path)
+            raise DataFileDamaged(self._location(path)[0], self._damaged[path])
 
     def _index_of(self, path: str) -> row_index.FileIndex | None:
-        """The index of the file at ``path``: mapped from the index
-        directory, else built now from the data file (and written there),
-        unless another thread is building it (then: wait for that one).
-        Built outside the lock: a refresh (and the pages waiting on it)
-        never waits for a build. None when the other thread's build failed."""
+        """The index of the file at ``path``, fit to use (:meth:`_verified`):
+        mapped from the index directory, else built now from the data file
+        (and written there), unless another thread is building it (then:
+        wait for that one, then build it when that one did not). Built
+        outside the lock: a refresh (and the pages waiting on it) never
+        waits for a build. Raises :class:`DataFileUnreadable` when the data
+        file cannot be read."""
         while True:
             index = self._indexes.get(path)
             if index is not None:
-                return index
-            with self._index_lock:
-                index = self._indexes.get(path)
-                if index is not None:
+                if self._verified(index):
                     return index
+                continue  # dropped: built below (or by another thread)
+            with self._index_lock:
+                if path in self._indexes:
+                    continue
                 other = self._building.get(path)
-                if other is None:
+                # A file that just failed is not read again at every put
+                # and page (see BAD_FILE_RETRY_S).
+                lately = other is None and self._failed_lately(path)
+                if other is None and not lately:
                     mine = self._building[path] = threading.Event()
+            if lately:
+                raise DataFileUnreadable(self._location(path)[0], self._bad.get(path, "unreadable"))
             if other is not None:
                 other.wait()
-                if path not in self._indexes:
-                    return None
+                if path not in self._indexes and path in self._bad:
+                    raise DataFileUnreadable(self._location(path)[0], self._bad[path])
                 continue
             try:
                 index = self._built(path)
@@ -531,25 +665,29 @@ class TableReader:
                 mine.set()
 
     def _built(self, path: str) -> row_index.FileIndex:
-        """The index of ``path``: mapped from disk when kept there, else
-        read from the data file (and kept)."""
+        """The index of ``path``: mapped from disk when kept there (and
+        whole), else read from the data file (and kept)."""
         index: row_index.FileIndex | None
         location, filesystem = self._location(path)
         if self._files is None:
-            index = row_index.build(location, self._pairs, filesystem)
+            with self._reading(path):
+                index = row_index.build(location, self._pairs, filesystem)
             self.index_builds += 1
             return index
         size = self._snapshot_sizes().get(path)
         index = self._load(path, size)
-        if index is not None:
+        if index is not None and self._verified(index):
             return index
-        rows, pairs, head, sections = row_index.build_sections(location, filesystem)
-        if size is None:
-            size = (filesystem or _local_files()).get_file_info(location).size
         file_crc = None
-        if filesystem is None and size <= index_files.WHOLE_FILE_CRC_BYTES and not _has_page_crcs(location):
-            file_crc = index_files.file_crc32(location)
+        with self._reading(path):
+            rows, pairs, head, sections = row_index.build_sections(location, filesystem)
+            if size is None:
+                size = (filesystem or _local_files()).get_file_info(location).size
+            if filesystem is None and size <= index_files.WHOLE_FILE_CRC_BYTES and not _has_page_crcs(location):
+                file_crc = index_files.file_crc32(location)
+        if file_crc is not None:
             self._crc_checked.add(path)
+        self._read_again(path)
         self._files.write(path, size, rows, pairs, head, sections, file_crc)
         self.index_builds += 1
         index = self._load(path, size)
@@ -560,9 +698,10 @@ class TableReader:
         return index
 
     def _indexed(self, snapshot: _Snapshot, days: Sequence[dt.date] | None, build: bool) -> list | None:
-        """The indexes of the snapshot's files on ``days`` (None: all),
-        built now when missing and ``build``; None when the key index
-        cannot answer (off, or a file not indexed)."""
+        """The indexes of the snapshot's files on ``days`` (None: all), fit
+        to use; built now when missing or damaged and ``build``; None when
+        the key index cannot answer (off, a file not indexed, or more index
+        files to check than a page does: see VERIFY_INLINE_BYTES)."""
         if not self._indexable:
             return None
         wanted = None if days is None else set(days)
@@ -576,7 +715,22 @@ class TableReader:
                 if index is None:
                     return None
             out.append(index)
-        return out
+        if not self._unchecked:
+            return out
+        unchecked = [i.mapped.nbytes for i in out if i.mapped is not None and not i.mapped.verified]
+        if not unchecked:
+            return out
+        if not build and sum(unchecked) > VERIFY_INLINE_BYTES:
+            return None
+        checked = []
+        for index in out:
+            if not self._verified(index):
+                rebuilt = self._index_of(index.path) if build else None
+                if rebuilt is None:
+                    return None
+                index = rebuilt
+            checked.append(index)
+        return checked
 
     def index_now(self) -> None:
         """Index every file of the current version now (the background
@@ -620,8 +774,10 @@ class TableReader:
     def muid_words(self, path: str) -> np.ndarray | None:
         """The first 16 bytes of each MUID of a data file as two 64-bit
         words (what the key filter takes), from its key index (mapped, or
-        built now); None when the index has no MUIDs."""
-        index = self._indexes.get(path) or self._index_of(path)
+        built now); None when the index has no MUIDs. Raises
+        :class:`DataFileUnreadable` when the index must be built and the
+        data file cannot be read."""
+        index = self._index_of(path)
         if index is None or index.muids is None:
             return None
         words = np.ascontiguousarray(index.muids.reshape(-1, row_index.KEY_BYTES)[:, :16]).view("<u8").reshape(-1, 2)
@@ -634,12 +790,18 @@ class TableReader:
         not indexed yet (being built in the background), and counts."""
         snapshot = self._snapshot
         files = () if snapshot is None else snapshot.files
+        bad = self._bad
         return {
             "files": len(files),
-            "building": sum(1 for path, _ in files if path not in self._indexes) if self._indexable else 0,
+            "building": (
+                sum(1 for path, _ in files if path not in self._indexes and path not in bad) if self._indexable else 0
+            ),
             "built": self.index_builds,
             "mapped": self.index_loads,
             "damaged": self.index_damaged,
+            # Each index file found damaged since the start (removed, and
+            # built again from its data file), with what was wrong.
+            "damaged_files": dict(self._index_problems),
         }
 
     def _location(self, path: str):
@@ -664,7 +826,7 @@ class TableReader:
         query on a busy topic, mostly reads the same row groups."""
         import pyarrow.parquet as pq
 
-        self._refuse_damaged(index.path)
+        self._before_read(index.path, index)
         cacheable = cache and self.row_group_cache_bytes > 0 and set(columns) <= _FULL_SET
         if cacheable:
             key = (index.path, group)
@@ -676,26 +838,31 @@ class TableReader:
             columns = _FULL_COLUMNS
         opened = (index.path, group)
         file = self._open.take(opened)
-        if file is None:
-            location, filesystem = self._location(index.path)
-            # The footer was read once, when the file was indexed, and is
-            # kept serialized: the reader gets this row group's alone (its
-            # row group 0). Opened from the file system's input file, not
-            # its path: 50 instead of 105 us (pyarrow 26). Without
-            # pre-buffering, a row group of 256 rows reads in 0.5 ms
-            # instead of 1.5.
-            source = (filesystem or _local_files()).open_input_file(location)
+        with self._reading(index.path):
+            if file is None:
+                # The footer was read once, when the file was indexed, and
+                # is kept serialized: the reader gets this row group's
+                # alone (its row group 0). Opened from the file system's
+                # input file, not its path: 50 instead of 105 us (pyarrow
+                # 26). Without pre-buffering, a row group of 256 rows reads
+                # in 0.5 ms instead of 1.5. Page CRCs, where the file has
+                # them (the node's own files), are checked.
+                source = self._input_file(index.path)
+                try:
+                    file = pq.ParquetFile(
+                        source,
+                        metadata=index.footers.metadata(group),
+                        pre_buffer=False,
+                        page_checksum_verification=True,
+                    )
+                except BaseException:
+                    source.close()
+                    raise
             try:
-                file = pq.ParquetFile(source, metadata=index.footers.metadata(group), pre_buffer=False)
+                table = file.read_row_group(0, columns=list(columns), use_threads=False)
             except BaseException:
-                source.close()
+                file.close(force=True)
                 raise
-        try:
-            table = file.read_row_group(0, columns=list(columns), use_threads=False)
-        except BaseException as exc:
-            file.close(force=True)
-            self._failed(index.path, exc)
-            raise
         self._open.give(opened, file)
         self._read_again(index.path)
         if cacheable:
@@ -753,41 +920,126 @@ class TableReader:
         for group in np.unique(groups).tolist():
             first = int(starts[group])
             wanted.append((group, int(starts[group + 1]) - first, rows[groups == group] - first))
-        self._refuse_damaged(index.path)
+        self._before_read(index.path, index)
         opened = (index.path, WHOLE_FILE)
         source = self._open.take(opened)
-        if source is None:
-            location, filesystem = self._location(index.path)
-            source = (filesystem or _local_files()).open_input_file(location)
-        try:
-            found = parquet_pages.read_rows(
-                index.template(), index.pages, lambda offset, size: source.read_at(size, offset), wanted, columns
-            )
-        except BaseException as exc:
-            source.close()
-            self._failed(index.path, exc)
-            raise
+        with self._reading(index.path):
+            if source is None:
+                source = self._input_file(index.path)
+            try:
+                found = parquet_pages.read_rows(
+                    index.template(), index.pages, lambda offset, size: source.read_at(size, offset), wanted, columns
+                )
+            except BaseException:
+                source.close()
+                raise
         self._open.give(opened, source)
         self._read_again(index.path)
         return found
 
+    def _input_file(self, path: str):
+        """The data file ``path`` opened for reading (pyarrow's input file)."""
+        location, filesystem = self._location(path)
+        return (filesystem or _local_files()).open_input_file(location)
+
     def _read_again(self, path: str) -> None:
         """A read of ``path`` succeeded: not (or no longer: a transient
-        error of object storage) a bad file."""
-        if self._bad and path in self._bad:
+        error of object storage, a file restored) a bad file."""
+        if self._bad and path in self._bad and path not in self._damaged:
             self._bad.pop(path, None)
+            self._bad_at.pop(path, None)
             log.warning("data file %s of the message table reads again", self._location(path)[0])
 
-    def _failed(self, path: str, exc: BaseException) -> None:
-        """A read of the data file ``path`` failed: a bad file unless it is
-        gone (another node's vacuum: the next version does not name it) or
-        the read was interrupted."""
-        if not isinstance(exc, Exception) or isinstance(exc, FileNotFoundError):
-            return
-        if path in self._bad or len(self._bad) >= MAX_BAD_FILES:
-            return
-        self._bad[path] = _one_line(exc)
-        log.error("data file %s of the message table cannot be read: %s", self._location(path)[0], self._bad[path])
+    @contextlib.contextmanager
+    def _reading(self, path: str) -> Iterator[None]:
+        """Around a read of the data file ``path``: a failure is raised as
+        the bad file's :class:`DataFileUnreadable` (see :meth:`_failed`)."""
+        try:
+            yield
+        except Exception as exc:
+            bad = self._failed(path, exc)
+            if bad is None:
+                raise
+            raise bad from exc
+
+    def _failed(self, path: str, exc: BaseException) -> DataFileUnreadable | None:
+        """A read of the data file ``path`` failed: a bad file, named once
+        in the log and in :meth:`bad_files`, returned as the error an
+        answer that needs it raises. None when it is not one: the read was
+        interrupted, or the file left the table (another node's vacuum:
+        the latest version no longer names it)."""
+        if isinstance(exc, DataFileUnreadable):
+            return exc
+        if not isinstance(exc, Exception):
+            return None
+        if isinstance(exc, FileNotFoundError):
+            if not self._still_in_table(path):
+                return None
+            return self._record_bad(path, "missing: the table's log names it, the storage does not hold it")
+        return self._record_bad(path, _one_line(exc))
+
+    def _record_bad(self, path: str, problem: str) -> DataFileUnreadable:
+        location = self._location(path)[0]
+        self._bad_at[path] = time.monotonic()
+        if path not in self._bad and len(self._bad) < MAX_BAD_FILES:
+            self._bad[path] = problem
+            log.error("data file %s of the message table cannot be read: %s", location, problem)
+        return DataFileUnreadable(location, self._bad.get(path, problem))
+
+    def _still_in_table(self, path: str) -> bool:
+        """Does the latest version name ``path`` (a file found missing)?
+        True when the log cannot be read now."""
+        try:
+            self.refresh()
+        except TableUnreadable:
+            return True
+        snapshot = self._snapshot
+        return snapshot is not None and path in snapshot.size_of
+
+    def check_files(self, paths: Sequence[str], whole: bool = True) -> dict[str, str]:
+        """Which of ``paths`` (data files of the version held, as the log
+        names them) are bad files, each newly found one named as
+        :meth:`bad_files` names it: known bad, missing, not a file, not the
+        size the log gives, and (``whole``) not the bytes their index took
+        a CRC-32 of. Path -> the problem. Files on object storage are
+        judged by the reads that fail only."""
+        sizes = self._snapshot_sizes()
+        found = {}
+        for path in paths:
+            problem = self._bad.get(path) or self._check_file(path, sizes.get(path), whole)
+            if problem is not None:
+                found[path] = problem
+        return found
+
+    def _check_file(self, path: str, size: int | None, whole: bool) -> str | None:
+        """What is wrong with the data file ``path`` now (None: nothing
+        found), as :meth:`check_files` looks; a problem found is a bad file."""
+        location, filesystem = self._location(path)
+        if filesystem is not None:
+            return None
+        try:
+            found = os.stat(location)
+        except OSError as exc:
+            return _problem(self._failed(path, exc))
+        if not stat.S_ISREG(found.st_mode):
+            return self._record_bad(path, "not a file").problem
+        if size is not None and found.st_size != size:
+            return self._record_bad(path, f"{found.st_size} bytes where the log says {size}").problem
+        index = self._indexes.get(path)
+        if whole and index is not None and index.mapped is not None:
+            return self._check_file_crc(path, index.mapped.header.file_crc)
+        return None
+
+    def require_readable(self, paths: Sequence[str]) -> None:
+        """Raise :class:`DataFileUnreadable` for the first of ``paths`` that
+        :meth:`check_files` finds bad."""
+        for path, problem in self.check_files(paths).items():
+            raise DataFileUnreadable(self._location(path)[0], problem)
+
+    def report_bad(self, path: str, exc: BaseException) -> DataFileUnreadable | None:
+        """A read of the data file ``path`` (as the log names it) made
+        elsewhere (a compaction) failed: see :meth:`_failed`."""
+        return self._failed(path, exc)
 
     def bad_files(self) -> dict[str, str]:
         """Data files of the table a read failed on: where each is (a local
@@ -901,8 +1153,8 @@ class TableReader:
             return None
         try:
             return self._indexed_page(snapshot, query, key, fetch, columns)
-        except DataFileDamaged:
-            raise  # DataFusion would read the same bytes without a check
+        except DataFileUnreadable:
+            raise  # DataFusion would read the same bytes (without a check)
         except Exception as exc:
             log.info(
                 "key index could not answer at version %d (read through DataFusion): %s",
@@ -981,7 +1233,12 @@ class TableReader:
             indexes = []
             for path, day in snapshot.files:
                 if day in wanted:
-                    index = self._indexes.get(path) or self._index_of(path)
+                    try:
+                        index = self._index_of(path)
+                    except DataFileUnreadable:
+                        # Neither its index nor its data: what it held is
+                        # unreadable, a copy of a key there counts as none.
+                        continue
                     if index is None:
                         return None
                     indexes.append(index)
@@ -1005,14 +1262,59 @@ class TableReader:
         what the file does). Read in process: the key index holds the
         timestamps, and only the row groups of those rows are read. None
         when the index cannot say (off, or a file of those days not
-        indexed yet)."""
+        indexed yet).
+
+        A bad data file of those days (damaged, missing, unreadable) is
+        skipped: the cut is then after the newest row it may hold (its
+        index's newest timestamp, else the log's statistics of it, else
+        the end of its day), so the rows are still complete from cut on,
+        and pages before it read the table (and answer an error where
+        they need that file)."""
         snapshot = self._current()
         if not self._indexable or snapshot.days is None:
             return None
         first_day = schema.day_of_ns(since_ns)
-        indexes = self._indexed(snapshot, [d for d in snapshot.days if d >= first_day], build=True)
-        if indexes is None:
-            return None
+        indexes = []
+        floor = since_ns
+        for path, day in snapshot.files:
+            if day is None or day < first_day:
+                continue
+            try:
+                index = self._index_of(path)
+            except DataFileUnreadable:
+                floor = max(floor, self._newest_in(path, day) + 1)
+                continue
+            if index is None:
+                return None
+            indexes.append(index)
+        skipped: set[str] = set()
+        while True:
+            bad = [i for i in indexes if i.path in skipped or i.path in self._bad]
+            cut_floor = max([floor] + [int(i.ts.max()) + 1 for i in bad if len(i.ts)])
+            good = [i for i in indexes if i not in bad]
+            try:
+                return self._rows_from(good, cut_floor, max_bytes)
+            except _SkipFile as exc:
+                skipped.add(exc.path)
+
+    def _newest_in(self, path: str, day: dt.date) -> int:
+        """The newest timestamp the data file ``path`` of ``day`` may hold,
+        without reading it: its add action's statistics, else the end of its day."""
+        newest = None
+        try:
+            table = self._table
+            if table is not None:
+                actions = pa.table(table.get_add_actions(flatten=True))
+                if "max.timestamp" in actions.column_names:
+                    at = actions.column("path").to_pylist().index(path)
+                    newest = actions.column("max.timestamp")[at].as_py()
+        except Exception as exc:  # not named, no statistics: the day says
+            log.debug("no statistics of %s: %s", path, exc)
+        return schema.day_start_ns(day) + schema.NS_PER_DAY - 1 if newest is None else int(newest)
+
+    def _rows_from(self, indexes: Sequence[row_index.FileIndex], since_ns: int, max_bytes: int) -> tuple[pa.Table, int]:
+        """:meth:`newest_rows` of the files of ``indexes`` (none of them
+        known bad); raises :class:`_SkipFile` for a file found bad."""
         sizes = self._snapshot_sizes()
         stamps = [index.ts[index.ts >= since_ns] for index in indexes]
         weights = [
@@ -1026,17 +1328,24 @@ class TableReader:
             fits = int(np.searchsorted(held, max_bytes, "right"))  # rows that fit, newest first
             cut = int(ts[newest_first[fits]]) + 1 if fits < len(ts) else since_ns
         del stamps, weights
-        files, rows = [], []
+        columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
+        pieces = []
         for index in indexes:
             positions = np.flatnonzero(index.ts >= cut)
-            if len(positions):
-                files.append(index)
-                rows.append(np.sort(index.rows_at(positions)))
-        columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
-        table = row_index.read_rows(
-            row_index.Candidates(files, rows), columns, functools.partial(self._read_group, cache=False)
-        )
-        if table is None:
+            if not len(positions):
+                continue
+            rows = np.sort(index.rows_at(positions))
+            try:
+                read = row_index.read_rows(
+                    row_index.Candidates([index], [rows]), columns, functools.partial(self._read_group, cache=False)
+                )
+            except DataFileUnreadable:
+                raise _SkipFile(index.path) from None
+            if read is not None:
+                pieces.append(read)
+        if pieces:
+            table = pa.concat_tables(pieces, promote_options="permissive") if len(pieces) > 1 else pieces[0]
+        else:
             table = schema.page_schema(columns).empty_table()
         days = pc.cast(pc.divide(table.column("timestamp"), schema.NS_PER_DAY), pa.int32())
         return table.append_column(schema.MESSAGES.field(schema.MESSAGES_PARTITION), days.cast(pa.date32())), cut
@@ -1049,7 +1358,12 @@ class TableReader:
         (timestamp, message_hash) order, as :meth:`DeltaTableRef.window_days`
         gives them: read from the day's files of the latest version (the
         caller committed first). None when the files alone do not hold the
-        answer (deletion vectors, a table without day partitions)."""
+        answer (deletion vectors, a table without day partitions).
+
+        A bad file of the day (damaged, missing, unreadable; page CRCs are
+        checked, and an ingest file's CRC-32) is left out, with a warning
+        naming it: an archive never holds its damaged bytes, and a file
+        that cannot be read does not stop every later archive."""
         import pyarrow.dataset as ds
 
         with self._lock:
@@ -1058,16 +1372,35 @@ class TableReader:
         assert snapshot is not None  # a refresh that returns sets it
         if not exact or snapshot.days is None:
             return None
-        located = [self._location(path) for path, file_day in snapshot.files if file_day == day]
+        paths = [path for path, file_day in snapshot.files if file_day == day]
         columns = [f.name for f in schema.MESSAGES if f.name != schema.MESSAGES_PARTITION]
-        if not located:
+        if not paths:
             return schema.MESSAGES.empty_table()
         stored = pa.schema([schema.MESSAGES.field(name) for name in columns])
-        dataset = ds.dataset([path for path, _ in located], schema=stored, format="parquet", filesystem=located[0][1])
         condition = (ds.field("timestamp") >= start_ns) & (ds.field("timestamp") < end_ns)
         if content_topics is not None:
             condition &= ds.field("content_topic").isin(list(content_topics))
-        table = dataset.to_table(columns=columns, filter=condition)
+        parquet = ds.ParquetFileFormat(
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+        )
+        pieces = [stored.empty_table()]
+        for path in paths:
+            # A file at a time, looked at first (a directory in its place
+            # would read as an empty dataset): a failure names its file.
+            location, filesystem = self._location(path)
+            problem = self._check_file(path, snapshot.size_of.get(path), whole=True)
+            if problem is None:
+                try:
+                    with self._reading(path):
+                        dataset = ds.dataset(location, schema=stored, format=parquet, filesystem=filesystem)
+                        pieces.append(dataset.to_table(columns=columns, filter=condition))
+                except DataFileUnreadable as exc:
+                    problem = exc.problem
+            if problem is not None:
+                log.warning("the rows of %s on %s are left out of the export: %s", location, day, problem)
+                continue
+            self._read_again(path)
+        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
         table = table.append_column(
             schema.MESSAGES.field(schema.MESSAGES_PARTITION), pa.array([day] * table.num_rows, pa.date32())
         )
@@ -1082,6 +1415,8 @@ class TableReader:
         snapshot = self._current()
         try:
             result = read(snapshot)
+        except DataFileUnreadable:
+            raise  # named in bad_files(); a later version would not mend it
         except Exception as first:
             # A file of the version held may be gone (vacuumed by another
             # node): the latest version lists only live files.
@@ -1095,8 +1430,19 @@ class TableReader:
             except TableUnreadable:
                 raise
             except Exception as exc:
+                # DataFusion names no file: one of the version's that is
+                # missing, not a file or cut short is the likely cause.
+                bad = self.check_files([path for path, _ in snapshot.files], whole=False)
+                if bad:
+                    path, problem = next(iter(bad.items()))
+                    raise DataFileUnreadable(self._location(path)[0], problem) from exc
                 raise TableUnreadable(f"the message table at {self.uri} cannot be read: {_one_line(exc)}") from exc
         return result.select(list(columns)).cast(schema.page_schema(columns))
+
+
+def _problem(bad: DataFileUnreadable | None) -> str:
+    """What :meth:`TableReader._failed` found (None: the file left the table)."""
+    return "not in the table any more" if bad is None else bad.problem
 
 
 def _has_page_crcs(path: str) -> bool:

@@ -231,7 +231,7 @@ def _rewrite_without_window(
     """None when the file holds no row of the window; else the add actions
     of its other rows, written to a new file (none when it held only rows
     of the window)."""
-    source = pq.ParquetFile(root / unquote(path))
+    source = pq.ParquetFile(root / unquote(path), page_checksum_verification=True)
     keys = source.read(columns=["timestamp", "content_topic"])
     if not pc.any(_in_window(keys, start_ns, end_ns, topics)).as_py():
         return None

@@ -17,8 +17,8 @@ from pathlib import Path
 
 def replace_durably(path: str | os.PathLike, chunks: bytes | Iterable[bytes | memoryview]) -> None:
     """Write ``chunks`` (bytes, or buffers back to back) as the file at
-    ``path``, durably (see the module). The temporary file is removed when
-    the write fails."""
+    ``path``, durably (see the module); an empty directory at ``path`` is
+    replaced. The temporary file is removed when the write fails."""
     path = Path(path)
     if isinstance(chunks, (bytes, bytearray, memoryview)):
         chunks = (chunks,)
@@ -29,7 +29,14 @@ def replace_durably(path: str | os.PathLike, chunks: bytes | Iterable[bytes | me
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temporary, path)
+        try:
+            os.replace(temporary, path)
+        except IsADirectoryError:
+            # An empty directory where the file belongs (a data dir someone
+            # damaged): the file takes its place. One that holds anything
+            # is not this writer's to remove (rmdir refuses it).
+            os.rmdir(path)
+            os.replace(temporary, path)
     except BaseException:
         try:
             os.unlink(temporary)

@@ -483,6 +483,119 @@ def test_serve_refuses_a_taken_port_on_one_line(tmp_path):
     assert result.stderr.strip() == f"wakustore: error: tcp_port {port} on 127.0.0.1 is already in use"
 
 
+def test_a_start_that_fails_on_the_data_dir_is_not_called_cannot_listen(tmp_path):
+    """Only a listener that cannot bind is "cannot listen"; the data dir
+    failing under the start is named as what it is."""
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "messages").write_text("a file where the write-ahead log's directory belongs")
+    ports = ("--tcp-port", "0", "--ws-port", "0", "--metrics-port", "0", "--mailserver-port", "0")
+    result = wakustore("serve", "--data-dir", str(tmp_path), *ports, "--listen-host", "127.0.0.1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"wakustore: error: Not a directory ({tmp_path / 'wal' / 'messages'}) [errno 20]"
+    )
+
+
+@pytest.fixture(scope="module")
+def committed(engine, tmp_path_factory):
+    """A data dir of 300 messages committed in three files (one content
+    topic each, today), their key index built, the store stopped cleanly:
+    (data dir, {topic: [hash]}, {topic: data file as the log names it})."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wakustore.storage.message_store import MessageStore
+    from wakustore.storage.table import DeltaTableRef
+
+    data = tmp_path_factory.mktemp("committed") / "data"
+    store = MessageStore(
+        DeltaTableRef(engine, str(data / "tables" / "messages")),
+        data / "wal" / "messages",
+        index_directory=data / "index" / "messages",
+    )
+    store.open()
+    sent: dict[str, list[bytes]] = {}
+    start = time.time_ns() - 600 * 10**9
+    for n in range(3):
+        topic = f"/serve/1/file-{n}/proto"
+        batch = [
+            (PUBSUB_TOPIC, WakuMessage(os.urandom(200), topic, timestamp=start + (100 * n + i) * 10**6), start)
+            for i in range(100)
+        ]
+        sent[topic] = [message_hash(PUBSUB_TOPIC, m) for _, m, _ in batch]
+        store.put(batch)
+        store.flush()
+    store.reader.index_now()
+    store.close()
+    uri = data / "tables" / "messages"
+    paths = pa.table(deltalake.DeltaTable(str(uri)).get_add_actions(flatten=True)).column("path").to_pylist()
+    files = {pq.read_table(uri / p, columns=["content_topic"]).column(0)[0].as_py(): p for p in paths}
+    return data, sent, files
+
+
+@pytest.mark.parametrize("fault", ["ingest file flipped", "index files flipped", "data file deleted"])
+def test_serve_starts_beside_a_bad_file_names_it_and_serves_the_pages_that_do_not_need_it(
+    committed, tmp_path, damage, fault
+):
+    """The node starts (a flipped ingest file stopped its hot tier's
+    warm-up; a damaged key index reached the Parquet reader and aborted the
+    process; a deleted data file was reported as "cannot listen"), /health
+    names the bad file, a page that needs it answers 503, the others are
+    served, and SIGTERM stops it cleanly."""
+    import shutil
+
+    import trio
+
+    from wakustore.clients.store import StoreClient
+    from wakustore.protocols.store_query import HistoryQuery
+    from wakustore.storage.index_files import IndexDirectory
+
+    base, sent, files = committed
+    data = tmp_path / "data"
+    shutil.copytree(base, data)
+    needed, other = "/serve/1/file-1/proto", "/serve/1/file-0/proto"
+    victim = data / "tables" / "messages" / files[needed]
+    if fault == "ingest file flipped":
+        damage(victim, "flipped")
+    elif fault == "index files flipped":
+        for path in files.values():
+            damage(Path(IndexDirectory(data / "index" / "messages").path_of(path)), "flipped", flipped_bytes=32)
+    else:
+        damage(victim, "deleted")
+    server = ServeProcess(data, log_level="INFO")
+    try:
+        peer = server.wait_ready()[0]
+        port = json.loads((data / "node-info.json").read_text())["metrics_port"]
+
+        async def ask():
+            async with StoreClient.connect(peer) as client:
+                return [
+                    await client.query(
+                        HistoryQuery(pubsub_topic=PUBSUB_TOPIC, content_topics=(topic,), limit=100, forward=True)
+                    )
+                    for topic in (needed, other)
+                ]
+
+        needing, not_needing = trio.run(ask)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
+            health = json.loads(response.read())
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(STOP_TIMEOUT_S)
+    stderr = server.proc.stderr.read()
+    assert code == 0 and "cannot listen" not in stderr and "Traceback" not in stderr
+    assert not_needing.status_code == 200 and [m.message_hash for m in not_needing.messages] == sent[other]
+    assert health["ok"] is True
+    if fault == "index files flipped":
+        assert needing.status_code == 200 and [m.message_hash for m in needing.messages] == sent[needed]
+        assert len(health["key_index"]["damaged_files"]) == 3 and health["bad_files"] == {}
+    else:
+        assert needing.status_code == 503 and "cannot read" in needing.status_desc
+        assert list(health["bad_files"]) == [str(victim)]
+        named = [line for line in stderr.splitlines() if files[needed] in line]
+        assert len(named) == 1 and '"level":"ERROR"' in named[0], named
+
+
 def test_a_control_node_exports_and_seeds_its_community_archives(tmp_path):
     """With an archive key configured, serve runs the archive scheduler:
     the past windows are exported, seeded, and their magnet link stored."""

@@ -3,8 +3,8 @@ over real TCP from their own trio loop (or from a subprocess).
 
 The node thread runs :func:`~wakustore.node.running.running_node`, as
 ``wakustore serve`` does, on the session's shared engine and a
-system-chosen loopback port, without the mailserver, the metrics listener
-and (unless a subclass asks for it) the relay.
+system-chosen loopback port, without the mailserver and (unless a
+subclass asks for them) the metrics listener and the relay.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class NodeThread:
     """Start with :meth:`start`, stop with :meth:`stop` (commits the buffer)."""
 
     with_relay = False
+    with_metrics = False  # /metrics and /health on config.metrics_port (0: the kernel's)
 
     def __init__(self, config: NodeConfig, engine, rate_limits: RateLimits = RateLimits(), **protocol_options):
         """``protocol_options`` go to :func:`running_node` (the protocols' timeouts)."""
@@ -58,6 +59,7 @@ class NodeThread:
         self.multiaddrs: list[str] = []
         self.peer_id = ""
         self.service = None
+        self.metrics_port: int | None = None
         self.relay = None
         self.gatekeeper = None
         self._ready = threading.Event()
@@ -115,11 +117,12 @@ class NodeThread:
             engine=self.engine,
             rate_limits=self.rate_limits,
             mailserver=False,
-            metrics=False,
+            metrics=self.with_metrics,
             relay=self.with_relay,
             **self.protocol_options,
         ) as node:
             self.service = node.service
+            self.metrics_port = node.metrics_port
             self.relay = node.relay
             self.gatekeeper = node.gatekeeper
             self.host = node.host

@@ -434,7 +434,8 @@ def test_a_damaged_data_file_answers_an_error_and_is_named_in_health_and_metrics
     assert seen["bad_day"] != "answered" and "cannot be read" in seen["bad_day"]
     assert seen["good_day"] == 100
     health = seen["health"]
-    assert health["ok"] is False and list(health["bad_files"]) == [seen["path"]]
+    # Named, and the node stays well: it serves every page that does not need the file.
+    assert health["ok"] is True and list(health["bad_files"]) == [seen["path"]]
     assert seen["bad_metric"] == 1
     # A file that reads again is no longer reported.
     assert seen["again"] == 100

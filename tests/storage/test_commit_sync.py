@@ -196,3 +196,13 @@ def test_a_marker_torn_between_two_versions_reads_as_none(tmp_path):
     old = path.read_bytes()
     path.write_bytes(new[:18] + old[18:])
     assert commit_sync.read_synced_marker(tmp_path) == -1
+
+
+def test_a_directory_in_the_markers_place_reads_as_none_and_is_replaced_by_the_next_marker(tmp_path):
+    """A damaged data dir (a directory where the marker belongs) never
+    stops a start: the marker reads as none (the whole log is checked), and
+    the next commit's marker takes its place."""
+    (tmp_path / commit_sync.SYNCED_MARKER).mkdir()
+    assert commit_sync.read_synced_marker(tmp_path) == -1
+    commit_sync.write_synced_marker(tmp_path, 7)
+    assert commit_sync.read_synced_marker(tmp_path) == 7
