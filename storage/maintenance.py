@@ -349,7 +349,10 @@ def compact(
         def optimize(spark) -> bool:
             if not dialect.has_optimize(table.engine.kind):
                 return False
-            spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (content_topic, timestamp)").collect()
+            # Quoted: Delta's grammar takes a bare `timestamp` for its
+            # keyword and the whole statement falls through to Spark's
+            # parser, which knows no OPTIMIZE.
+            spark.sql(f"OPTIMIZE delta.`{table.uri}` ZORDER BY (`content_topic`, `timestamp`)").collect()
             return True
 
         if not table.engine.run(optimize):

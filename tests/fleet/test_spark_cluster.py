@@ -111,7 +111,17 @@ def test_a_worker_killed_mid_commit_and_the_server_restarted_lose_nothing(
         check_served(run(stored_when_available, node.peer, topic), sent, exactly=sent)
     for node in (a, b):
         checked = subprocess.run(
-            [sys.executable, "-m", "wakustore", "db", "check", "--config", str(node.config_path)],
+            [
+                sys.executable,
+                "-m",
+                "wakustore",
+                "db",
+                "check",
+                "--data-dir",
+                str(node.data_dir),
+                "--config",
+                str(node.config_path),
+            ],
             capture_output=True,
             text=True,
             timeout=300,
