@@ -1,10 +1,13 @@
 """Member mode: a magnet link arriving in the store leads, after the quiet
-period, to the community's history being imported; forged links do not."""
+period, to the community's history being imported; forged links do not.
+On both engines: the control node's export and the member's hydration
+commit through the one the node runs."""
 
 import dataclasses
 import time
 
 import coincurve
+import pytest
 import trio
 
 from wakustore.node import archive as node_archive
@@ -30,6 +33,11 @@ CHATS = ("general",)
 PUBSUB = "/waku/2/rs/16/32"
 LOOPBACK = "127.0.0.1:0"
 NS = 10**9
+
+
+@pytest.fixture(scope="session")
+def engine(any_engine):
+    return any_engine
 
 
 def _channel_history(store, now_s):
