@@ -2,11 +2,10 @@
 Delta Lake, on loopback.
 
 Run as ``python -m wakustore.storage.spark_server --port N [--host H]
-[--driver-memory 1g] [--master URL] [--s3] [--conf KEY=VALUE ...]``. It is a
-small Python process that
-starts the JVM (``spark-submit`` of the pinned pyspark's jars, class
-``SparkConnectServer``, Delta's jars from the cache,
-:mod:`spark_jars`), forwards its log to stderr, and keeps
+[--driver-memory 1g] [--master URL] [--s3] [--conf KEY=VALUE ...]``. It
+is a small Python process that starts the JVM (``spark-submit`` of the
+pinned pyspark's jars, class ``SparkConnectServer``, Delta's jars from
+the cache, :mod:`spark_jars`), forwards its log to stderr, and keeps
 :mod:`engine_process`'s contract for it: the ready line
 ``SPARK_LISTENING <host> <port>`` once Spark Connect listens, a stop on
 SIGTERM, stdin EOF or the parent's death. The JVM cannot watch its
@@ -29,6 +28,7 @@ safe while every commit to the table goes through this one server.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -280,7 +280,7 @@ class SparkProcess:
                     self._ready.set()
             if any(noise in line for noise in _START_NOISE):
                 continue
-            with _quiet():
+            with contextlib.suppress(OSError, ValueError):  # the parent went away
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()
         self._ready.set()
@@ -291,16 +291,6 @@ def _die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-class _quiet:
-    """Ignore a closed stderr (the parent went away)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        return kind is not None and issubclass(kind, (OSError, ValueError))
 
 
 def main(argv: list[str] | None = None) -> int:
