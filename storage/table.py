@@ -1,9 +1,10 @@
 """A Delta table reached through the engine: the only place queries are built.
 
 Everything here goes through the Spark Connect DataFrame API or SQL that
-both Sail and Spark with Delta accept. Creating the table and setting its
-properties use delta-rs in embedded mode (Sail has no CREATE ... TBLPROPERTIES
-for path tables) and Delta SQL on a cluster.
+both Sail and Spark with Delta accept; where they differ,
+:mod:`dialect` decides. Creating the table and setting its properties use
+delta-rs with an embedded engine (either), and on a remote one Delta SQL
+where the engine has it, an empty append where not (a Sail cluster).
 """
 
 from __future__ import annotations
