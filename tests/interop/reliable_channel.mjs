@@ -158,7 +158,7 @@ class Participant {
     this.name = name;
     this.cfg = cfg;
     this.offline = false;
-    this.sent = []; // {id, text, hint, hash}
+    this.sent = []; // {id, text, hint}: hint, the Waku message hash SDS gives others to find it by
     this.inbox = new Map(); // id -> {id, text, count}: what the application was handed
     this.deliveries = new Map(); // id -> times SDS delivered it
     this.missing = new Map(); // id -> hint
