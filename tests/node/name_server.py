@@ -3,6 +3,8 @@ trees signed by the tests themselves)."""
 
 from __future__ import annotations
 
+import errno
+import random
 import socket
 import threading
 
@@ -22,17 +24,47 @@ DOMAIN = "nodes.wakustore.test"
 class NameServer:
     """A UDP name server on loopback answering TXT questions from a table
     (name -> text); NXDOMAIN for the rest. Texts over 255 bytes are split
-    into character-strings, as zone files do."""
+    into character-strings, as zone files do. ``records`` may be replaced
+    while it runs (a tree published anew).
 
-    def __init__(self, records: dict[str, str]):
+    It listens on ``host`` (127.0.0.1) and ``port`` (0: one from the
+    kernel); :meth:`on_port_53` for clients that ask port 53 only."""
+
+    def __init__(self, records: dict[str, str], host: str = "127.0.0.1", port: int = 0):
         self.records = records
         self.questions: list[str] = []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+        try:
+            self.sock.bind((host, port))
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.settimeout(0.2)
+        self.host = host
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @classmethod
+    def on_port_53(cls, records: dict[str, str], attempts: int = 20) -> NameServer:
+        """A name server on port 53 of a loopback address of its own, for
+        clients that cannot be given a port (go-waku's resolver joins its
+        name server with "53", waku/v2/dnsdisc/resolver.go): an address of
+        127.0.0.0/8 picked at random, another one when it is taken. Port 53
+        takes root (or CAP_NET_BIND_SERVICE); without it this raises."""
+        for attempt in range(attempts):
+            host = f"127.{random.randrange(1, 255)}.{random.randrange(0, 256)}.{random.randrange(1, 255)}"
+            try:
+                return cls(records, host, 53)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as nwaku's ``--dns-discovery-name-server`` takes it."""
+        return f"{self.host}:{self.port}"
 
     def __enter__(self) -> NameServer:
         self._thread.start()
