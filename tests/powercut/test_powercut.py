@@ -33,6 +33,8 @@ SCHEDULE = [
     "kill",
     "replace",
     "push",
+    "damage_log",
+    "push",
     "kill_engine",
     "flush",
     "kill",
