@@ -303,9 +303,7 @@ class SailCluster:
         return self
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        _kill_group(self.process)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
