@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.cli.test_serve import CONTENT_TOPIC, PUBSUB_TOPIC, ServeProcess, wakustore
+from wakustore.cli.db import message_to_json
 from wakustore.protocols.message import WakuMessage, message_hash
 
 pytestmark = pytest.mark.slow
@@ -27,20 +28,8 @@ JVM_GONE_WITHIN_S = 40
 
 
 def _jsonl(path, batch):
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "pubsub_topic": PUBSUB_TOPIC,
-                    "content_topic": m.content_topic,
-                    "payload": m.payload.hex(),
-                    "timestamp": m.timestamp,
-                }
-            )
-            + "\n"
-            for m in batch
-        )
-    )
+    """``batch`` as ``db export`` writes it (what push and import read)."""
+    path.write_text("".join(json.dumps(message_to_json(PUBSUB_TOPIC, m)) + "\n" for m in batch))
     return path
 
 

@@ -225,16 +225,14 @@ class GoWaku:
 
 
 def wait_for(condition, what: str, gowaku: GoWaku | None = None, timeout_s: float = 20.0):
-    """Poll ``condition`` until it returns something true (returned); fail
-    with ``what`` and go-waku's log tail after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}\n{gowaku.log_tail() if gowaku else ''}")
-        time.sleep(0.1)
+    """The fleet tests' :func:`~tests.fleet.fleet.wait_for`, failing with
+    go-waku's log tail too."""
+    from tests.fleet.fleet import wait_for as poll
+
+    try:
+        return poll(condition, what, timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{gowaku.log_tail() if gowaku else ''}") from None
 
 
 def rest_message(payload: bytes, content_topic: str, timestamp: int | None, **extra) -> dict:
